@@ -1,0 +1,107 @@
+"""The cost ledger: one row per model call (every attempt, retries included).
+
+Rows are appended as jsonl to `OUT/ledger/<run>.<pid>.<rand>.jsonl` (one file
+per process, so threads, Dask and Ray workers never interleave a line). Totals
+per task, per stage and per run are one polars query away:
+
+    import polars as pl
+    from evolforge.storage.ledger import read_ledger, totals
+    df = read_ledger("out/")                  # every row
+    totals(df, by=["stage"])                  # calls, tokens, USD, seconds per stage
+    totals(df, by=["task_id"])                # per record / batch the calls served
+
+`cost_usd` is null when the price of a model is unknown (never a silent 0);
+`price_source` says where a price came from (genai-prices, config override,
+embedded model = free).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import polars as pl
+
+LEDGER_SCHEMA: dict[str, pl.DataType] = {
+    "ts": pl.Float64,
+    "run_id": pl.Utf8,
+    "stage": pl.Utf8,
+    "task_id": pl.Utf8,
+    "model": pl.Utf8,
+    "attempt": pl.Int64,
+    "outcome": pl.Utf8,
+    "http_status": pl.Int64,
+    "prompt_tokens": pl.Int64,
+    "completion_tokens": pl.Int64,
+    "cost_usd": pl.Float64,
+    "price_source": pl.Utf8,
+    "latency_s": pl.Float64,
+    "error": pl.Utf8,
+}
+
+
+class LedgerWriter:
+    """Thread-safe appender; one per process and ledger folder."""
+
+    def __init__(self, ledger_dir: Path, run_id: str):
+        self.dir = Path(ledger_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.run_id = run_id
+        self.path = self.dir / f"{_safe(run_id)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.jsonl"
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._lock = threading.Lock()
+        self.rows_written = 0
+
+    def record(self, **row) -> None:
+        full = {k: row.get(k) for k in LEDGER_SCHEMA}
+        full["ts"] = full["ts"] or time.time()
+        full["run_id"] = full["run_id"] or self.run_id
+        line = (json.dumps(full, ensure_ascii=False) + "\n").encode()
+        with self._lock:
+            os.write(self._fd, line)
+            self.rows_written += 1
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+def _safe(s: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in s)[:80] or "run"
+
+
+def read_ledger(out_dir: str | Path) -> pl.DataFrame:
+    """Every ledger row of an output folder (all runs), torn last lines skipped."""
+    ledger_dir = Path(out_dir) / "ledger"
+    rows: list[dict] = []
+    for f in sorted(ledger_dir.glob("*.jsonl")) if ledger_dir.exists() else []:
+        with open(f, "rb") as fh:
+            for raw in fh:
+                try:
+                    rows.append(json.loads(raw))
+                except ValueError:
+                    continue
+    return pl.DataFrame(rows, schema=LEDGER_SCHEMA, strict=False)
+
+
+def totals(df: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Calls, retries, tokens, USD and model seconds grouped by `by` columns."""
+    return (
+        df.group_by(by)
+        .agg(
+            pl.len().alias("calls"),
+            (pl.col("outcome") != "ok").sum().alias("failed_attempts"),
+            pl.col("prompt_tokens").sum().alias("prompt_tokens"),
+            pl.col("completion_tokens").sum().alias("completion_tokens"),
+            pl.col("cost_usd").sum().alias("cost_usd"),
+            pl.col("cost_usd").is_null().sum().alias("unpriced_calls"),
+            pl.col("latency_s").sum().alias("model_seconds"),
+        )
+        .sort(by)
+    )
