@@ -153,13 +153,8 @@ class Gateway:
         self._client = openai.OpenAI(
             base_url=self.base_url,
             api_key=self._api_key,
-            timeout=httpx.Timeout(self.cfg.timeout_seconds, connect=min(10.0, self.cfg.timeout_seconds)),
+            timeout=self.cfg.timeout_seconds,
             max_retries=0,  # retries are ours: counted, ledgered, Retry-After aware
-            http_client=httpx.Client(
-                limits=httpx.Limits(max_connections=self.cfg.concurrency + 4,
-                                    max_keepalive_connections=self.cfg.concurrency + 4),
-                timeout=self.cfg.timeout_seconds,
-            ),
         )
         self._sem = threading.BoundedSemaphore(self.cfg.concurrency)
         self._sleep = sleep

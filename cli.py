@@ -1,0 +1,185 @@
+"""The `evolforge` command line.
+
+    evolforge run --seeds PATH --out DIR [--rounds N] [--base-url URL] [--model NAME] [--config FILE]
+    evolforge serve-model [--port N]          # the embedded model in the foreground
+    evolforge preflight [--base-url URL]      # one minimal request per configured model
+    evolforge costs --out DIR [--by stage]    # totals from the cost ledger
+
+The API key comes from EVOLFORGE_API_KEY, falling back to OPENAI_API_KEY.
+Running `run` again over the same --out resumes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def _settings(args, extra: dict | None = None):
+    from evolforge.config.settings import ConfigError, load_settings
+
+    overrides: dict = dict(extra or {})
+    if getattr(args, "base_url", None):
+        overrides.setdefault("gateway", {})["base_url"] = args.base_url
+    if getattr(args, "model", None):
+        overrides.setdefault("models", {})["default"] = args.model
+    try:
+        return load_settings(getattr(args, "config", None), overrides)
+    except ConfigError as e:
+        print(f"evolforge: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def cmd_run(args) -> int:
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    settings = _settings(args, {"evol_instruct": {"rounds": args.rounds}} if args.rounds else None)
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    from evolforge.flows.evolve import EvolveParams, evolve_flow
+
+    params = EvolveParams(seeds=str(Path(args.seeds).resolve()), out=str(Path(args.out).resolve()),
+                          rounds=args.rounds, config=args.config, base_url=args.base_url, model=args.model)
+    flow = evolve_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=settings.runner.max_workers))
+    try:
+        summary = flow(params)
+    except Exception as e:  # one clear line, not a stack trace per batch
+        print(f"\nevolforge run failed: {e}", file=sys.stderr)
+        print(f"Checkpoints are kept in {args.out}; run the same command again to resume.", file=sys.stderr)
+        return 1
+    out = Path(summary["out_dir"])
+    cost = summary["cost"].get("cost_usd")
+    print("\n== evolforge run complete ==")
+    for r in summary["rounds"]:
+        print(f"round {r['round']}: {r['accepted']}/{r['attempts']} accepted (survival {r['survival']:.0%}), "
+              f"eliminated by rule: {r['by_rule'] or '-'}")
+    print(f"records (seeds + accepted evolutions): {summary['counts']['evolved']} -> {summary['datasets']['evolved']}")
+    print(f"lineage of every attempt:              {summary['datasets']['lineage']}")
+    print(f"cost ledger ({summary['cost'].get('attempts', 0)} calls): {summary['datasets']['cost_ledger']}  "
+          f"total: {'unknown (unpriced model)' if cost is None else f'${cost:.6f}'}")
+    print(f"summary:                               {out / 'summary.json'}")
+    print(f"per-stage costs: evolforge costs --out {args.out} --by stage")
+    return 0
+
+
+def cmd_serve_model(args) -> int:
+    settings = _settings(args)
+    from evolforge.tasks.embedded_model import EmbeddedModelError, server_command
+
+    cfg = settings.embedded
+    port = args.port or cfg.port or 8080
+    try:
+        cmd = server_command(cfg, port)
+    except EmbeddedModelError as e:
+        print(f"evolforge: {e}", file=sys.stderr)
+        return 2
+    print(f"serving {cfg.alias} on http://{cfg.host}:{port}/v1  "
+          f"(use: EVOLFORGE__GATEWAY__BASE_URL=http://{cfg.host}:{port}/v1)", flush=True)
+    os.execv(cmd[0], cmd)
+    return 0  # pragma: no cover
+
+
+def preflight(settings, base_url: str, embedded: bool) -> list[dict]:
+    from evolforge.tasks.gateway import Gateway, GatewayError
+
+    gw = Gateway(settings.model_copy(update={"gateway": settings.gateway.model_copy(update={"max_retries": 0})}),
+                 base_url=base_url, run_id="preflight",
+                 embedded_models={settings.embedded.alias} if embedded else set())
+    stages = ["evolve", "answer", "judge"]
+    by_model: dict[str, list[str]] = {}
+    for s in stages:
+        by_model.setdefault(settings.models.for_stage(s), []).append(s)
+    report = []
+    for model, used_by in by_model.items():
+        t0 = time.perf_counter()
+        try:
+            res = gw.chat(used_by[0], [{"role": "user", "content": "Reply with the word OK."}],
+                          task_id="preflight", max_tokens=4, temperature=0.0, model=model)
+            report.append({"model": model, "stages": used_by, "ok": True,
+                           "latency_s": round(time.perf_counter() - t0, 3), "reply": res.text[:40]})
+        except GatewayError as e:
+            report.append({"model": model, "stages": used_by, "ok": False, "error": str(e)})
+    gw.close()
+    return report
+
+
+def cmd_preflight(args) -> int:
+    settings = _settings(args)
+    from evolforge.tasks.embedded_model import embedded_server
+    from evolforge.tasks.gateway import mask_secret, read_api_key
+
+    import contextlib
+
+    ctx = embedded_server(settings.embedded) if settings.uses_embedded_model else contextlib.nullcontext(
+        settings.gateway.base_url)
+    with ctx as base_url:
+        print(f"endpoint: {base_url}  key: {mask_secret(read_api_key())}")
+        report = preflight(settings, base_url, settings.uses_embedded_model)
+    ok = True
+    for r in report:
+        if r["ok"]:
+            print(f"  OK    {r['model']:<40} {r['latency_s']:.2f}s  stages={','.join(r['stages'])}")
+        else:
+            ok = False
+            print(f"  FAIL  {r['model']:<40} stages={','.join(r['stages'])}\n        {r['error']}")
+    return 0 if ok else 1
+
+
+def cmd_costs(args) -> int:
+    from evolforge.storage.ledger import read_ledger, totals
+
+    df = read_ledger(args.out)
+    if df.is_empty():
+        print(f"no ledger rows in {args.out}/ledger", file=sys.stderr)
+        return 1
+    by = [c.strip() for c in args.by.split(",")]
+    import polars as pl
+
+    with pl.Config(tbl_rows=args.limit, tbl_cols=20, tbl_width_chars=200):
+        print(totals(df, by).sort("cost_usd", descending=True, nulls_last=True).head(args.limit))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="evolforge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(p):
+        p.add_argument("--config", help="TOML config file (default: config/default.toml)")
+        p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: the embedded model)")
+        p.add_argument("--model", help="model for every stage without its own model in the config")
+
+    p = sub.add_parser("run", help="evolve seeds through Evol-Instruct rounds (resumes over the same --out)")
+    from evolforge.config.settings import SAMPLE_SEEDS
+
+    p.add_argument("--seeds", default=str(SAMPLE_SEEDS), help="jsonl, parquet or csv of seed instructions")
+    p.add_argument("--out", required=True, help="output folder (checkpoints, datasets, ledger)")
+    p.add_argument("--rounds", type=int, help="evolution rounds (default: evol_instruct.rounds)")
+    common(p)
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("serve-model", help="serve the embedded model (foreground) for the UI and deployments")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--config")
+    p.set_defaults(fn=cmd_serve_model)
+
+    p = sub.add_parser("preflight", help="send one minimal request per configured model")
+    common(p)
+    p.set_defaults(fn=cmd_preflight)
+
+    p = sub.add_parser("costs", help="cost totals from the ledger of an output folder")
+    p.add_argument("--out", required=True)
+    p.add_argument("--by", default="stage,model", help="comma-separated columns: stage, model, task_id, run_id, outcome")
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(fn=cmd_costs)
+
+    args = ap.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Round bookkeeping on disk: next pools, completion markers, round tables, final datasets.
+
+Everything streams batch by batch (one row group / part at a time), so memory
+stays flat as the dataset grows. The pool a round evolves has one entry per
+seed: an accepted evolution replaces its parent, an eliminated (or errored)
+evolution gives the parent back to the pool to be evolved again next round.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .datasets import POOL_SCHEMA
+from .layout import RunLayout
+from .parts import num_row_groups, read_part, read_row_group, write_table_atomic
+
+
+def batch_count(layout: RunLayout, round_no: int) -> int:
+    return num_row_groups(layout.round_input(round_no))
+
+
+def round_is_complete(layout: RunLayout, round_no: int) -> bool:
+    marker = layout.round_success(round_no)
+    if not marker.exists():
+        return False
+    try:
+        n = json.loads(marker.read_text())["batches"]
+    except (ValueError, KeyError):
+        return False
+    return all(layout.part(round_no, i).exists() for i in range(n))
+
+
+def mark_round_complete(layout: RunLayout, round_no: int, stats: dict) -> None:
+    marker = layout.round_success(round_no)
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps(stats, indent=2))
+    os.replace(tmp, marker)
+
+
+def _next_pool_rows(inp: pa.Table, out: pa.Table) -> pa.Table:
+    if inp.num_rows != out.num_rows or inp.column("id").to_pylist() != out.column("parent_id").to_pylist():
+        raise ValueError("part does not line up with its input batch (rows out of order or missing)")
+    accepted = pc.equal(out.column("status"), "accepted")
+    cols = {}
+    for name in POOL_SCHEMA.names:
+        cols[name] = pc.if_else(accepted, out.column(name).cast(POOL_SCHEMA.field(name).type),
+                                        inp.column(name))
+    return pa.table(cols, schema=POOL_SCHEMA)
+
+
+def build_next_pool(layout: RunLayout, round_no: int, dest: Path, batch_size: int) -> int:
+    """Stream round `round_no`'s input and parts into `dest` (the next round's pool)."""
+    src = layout.round_input(round_no)
+    tmp = dest.with_name(dest.name + ".building")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    buffer: list[pa.Table] = []
+    buffered = 0
+    with pq.ParquetWriter(tmp, POOL_SCHEMA, compression="zstd") as writer:
+        for i in range(num_row_groups(src)):
+            rows = _next_pool_rows(read_row_group(src, i), read_part(layout.part(round_no, i)))
+            buffer.append(rows)
+            buffered += rows.num_rows
+            n += rows.num_rows
+            while buffered >= batch_size:
+                merged = pa.concat_tables(buffer)
+                writer.write_table(merged.slice(0, batch_size), row_group_size=batch_size)
+                rest = merged.slice(batch_size)
+                buffer, buffered = ([rest] if rest.num_rows else []), rest.num_rows
+        if buffered:
+            writer.write_table(pa.concat_tables(buffer), row_group_size=batch_size)
+    os.replace(tmp, dest)
+    return n
+
+
+def round_lineage(layout: RunLayout, round_no: int) -> pl.LazyFrame:
+    return pl.scan_parquet(str(layout.round_dir(round_no) / "parts" / "batch_*.parquet"))
+
+
+def round_table(layout: RunLayout, round_no: int) -> dict:
+    """Counts of one round: by status, by elimination rule and survival by operation."""
+    df = round_lineage(layout, round_no).select("status", "operation", "direction", "elimination_rule",
+                                                 "prompt_tokens", "completion_tokens", "calls").collect()
+    total = df.height
+    accepted = df.filter(pl.col("status") == "accepted").height
+    by_op = (
+        df.group_by("operation", "direction")
+        .agg(pl.len().alias("attempts"), (pl.col("status") == "accepted").sum().alias("accepted"))
+        .with_columns((pl.col("accepted") / pl.col("attempts")).round(3).alias("survival"))
+        .sort("operation")
+    )
+    by_rule = (
+        df.filter(pl.col("status") == "eliminated").group_by("elimination_rule").agg(pl.len().alias("count"))
+        .sort("elimination_rule")
+    )
+    return {
+        "round": round_no,
+        "attempts": total,
+        "accepted": accepted,
+        "eliminated": df.filter(pl.col("status") == "eliminated").height,
+        "errors": df.filter(pl.col("status") == "error").height,
+        "survival": round(accepted / total, 4) if total else 0.0,
+        "calls": int(df["calls"].sum() or 0),
+        "prompt_tokens": int(df["prompt_tokens"].sum() or 0),
+        "completion_tokens": int(df["completion_tokens"].sum() or 0),
+        "by_operation": by_op.to_dicts(),
+        "by_rule": {r["elimination_rule"]: r["count"] for r in by_rule.to_dicts()},
+    }
+
+
+def write_final_datasets(layout: RunLayout, rounds: list[int], batch_size: int) -> dict:
+    """evolved.parquet (seeds + accepted), lineage.parquet (every attempt), final_pool.parquet."""
+    from evolforge.tasks.evolve_batch import LINEAGE_SCHEMA  # schema of the parts
+
+    first_input = layout.round_input(rounds[0]) if rounds else None
+    lineage_tmp = layout.lineage.with_name(layout.lineage.name + ".building")
+    evolved_tmp = layout.evolved.with_name(layout.evolved.name + ".building")
+    layout.dataset_dir.mkdir(parents=True, exist_ok=True)
+    counts = {"lineage": 0, "evolved": 0}
+    with pq.ParquetWriter(lineage_tmp, LINEAGE_SCHEMA, compression="zstd") as lw, \
+            pq.ParquetWriter(evolved_tmp, LINEAGE_SCHEMA, compression="zstd") as ew:
+        if first_input is not None:
+            for i in range(num_row_groups(first_input)):
+                seeds = read_row_group(first_input, i)
+                n = seeds.num_rows
+                null = pa.nulls(n, pa.string())
+                seed_rows = pa.table({
+                    "id": seeds["id"], "parent_id": null, "seed_id": seeds["seed_id"],
+                    "round": pa.array([rounds[0] - 1] * n, pa.int32()), "operation": pa.array(["seed"] * n),
+                    "direction": pa.array(["seed"] * n), "model": null, "status": pa.array(["seed"] * n),
+                    "elimination_rule": null, "instruction": seeds["instruction"], "answer": null,
+                    "judge_verdict": null, "domain": seeds["domain"], "generation": seeds["generation"],
+                    "error": null, "calls": pa.array([0] * n, pa.int32()),
+                    "prompt_tokens": pa.array([0] * n, pa.int64()), "completion_tokens": pa.array([0] * n, pa.int64()),
+                }, schema=LINEAGE_SCHEMA)
+                ew.write_table(seed_rows)
+                counts["evolved"] += n
+        for r in rounds:
+            for i in range(batch_count(layout, r)):
+                t = read_part(layout.part(r, i)).cast(LINEAGE_SCHEMA)
+                lw.write_table(t)
+                counts["lineage"] += t.num_rows
+                acc = t.filter(pc.equal(t.column("status"), "accepted"))
+                if acc.num_rows:
+                    ew.write_table(acc)
+                    counts["evolved"] += acc.num_rows
+    os.replace(lineage_tmp, layout.lineage)
+    os.replace(evolved_tmp, layout.evolved)
+    if rounds:
+        counts["final_pool"] = build_next_pool(layout, rounds[-1], layout.final_pool, batch_size)
+    return counts
+
+
+def compact_ledger(layout: RunLayout, ledger: pl.DataFrame) -> Path:
+    write_table_atomic(ledger.to_arrow(), layout.ledger_parquet)
+    return layout.ledger_parquet
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)

@@ -1,0 +1,90 @@
+"""Run reports: summary.json content, the cost tables and the markdown the Prefect UI shows.
+
+Plain functions over the ledger (polars) and the round tables; the flow turns
+them into artifacts and files.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ..storage.ledger import totals
+
+
+def cost_summary(ledger: pl.DataFrame, lineage: pl.DataFrame | None = None) -> dict:
+    if ledger.is_empty():
+        return {"calls": 0, "attempts": 0, "cost_usd": 0.0, "by_stage": [], "per_task": {}}
+    by_stage = totals(ledger, ["stage", "model"]).to_dicts()
+    per_task = totals(ledger, ["task_id"])
+    cost_known = ledger["cost_usd"].null_count() < ledger.height
+    out = {
+        "attempts": ledger.height,
+        "failed_attempts": int((ledger["outcome"] != "ok").sum()),
+        "prompt_tokens": int(ledger["prompt_tokens"].sum() or 0),
+        "completion_tokens": int(ledger["completion_tokens"].sum() or 0),
+        "cost_usd": float(ledger["cost_usd"].sum()) if cost_known else None,
+        "unpriced_attempts": int(ledger["cost_usd"].null_count()),
+        "price_sources": sorted(s for s in ledger["price_source"].unique().to_list() if s),
+        "by_stage": by_stage,
+        "per_task": {
+            "tasks": per_task.height,
+            "mean_cost_usd": _f(per_task["cost_usd"].mean()),
+            "median_cost_usd": _f(per_task["cost_usd"].median()),
+            "max_cost_usd": _f(per_task["cost_usd"].max()),
+            "mean_calls": _f(per_task["calls"].mean()),
+            "mean_model_seconds": _f(per_task["model_seconds"].mean()),
+        },
+    }
+    if lineage is not None and not lineage.is_empty():
+        by_round = (
+            ledger.join(lineage.select(pl.col("id").alias("task_id"), "round"), on="task_id", how="inner")
+            .group_by("round").agg(pl.col("cost_usd").sum().alias("cost_usd"), pl.len().alias("attempts"))
+            .sort("round")
+        )
+        out["by_round"] = by_round.to_dicts()
+    return out
+
+
+def _f(v) -> float | None:
+    return None if v is None else round(float(v), 8)
+
+
+def round_rows(table: dict) -> list[dict]:
+    """Rows of the per-round table artifact: one per operation, plus the round total."""
+    rows = [
+        {"round": table["round"], "operation": r["operation"], "direction": r["direction"],
+         "attempts": r["attempts"], "accepted": r["accepted"], "survival": r["survival"]}
+        for r in table["by_operation"]
+    ]
+    rows.append({"round": table["round"], "operation": "ALL", "direction": "",
+                 "attempts": table["attempts"], "accepted": table["accepted"], "survival": table["survival"]})
+    return rows
+
+
+def markdown_summary(summary: dict) -> str:
+    lines = [f"# evolforge run `{summary['run_id']}`", "",
+             f"Output folder: `{summary['out_dir']}`  ", f"Endpoint: `{summary['endpoint']}`", "",
+             "## Rounds", "", "| round | attempts | accepted | eliminated | errors | survival | removed by rule |",
+             "|---|---|---|---|---|---|---|"]
+    for r in summary["rounds"]:
+        rules = ", ".join(f"{k}: {v}" for k, v in sorted(r["by_rule"].items())) or "-"
+        lines.append(f"| {r['round']} | {r['attempts']} | {r['accepted']} | {r['eliminated']} | {r['errors']} "
+                     f"| {r['survival']:.1%} | {rules} |")
+    cost = summary["cost"]
+    usd = "unknown (unpriced model)" if cost.get("cost_usd") is None else f"${cost['cost_usd']:.6f}"
+    lines += ["", "## Cost per stage", "", f"Total: {usd} over {cost.get('attempts', 0)} attempts "
+              f"({cost.get('failed_attempts', 0)} failed); prices from: {', '.join(cost.get('price_sources', [])) or '-'}",
+              "", "| stage | model | calls | failed | prompt tok | completion tok | USD | seconds |", "|---|---|---|---|---|---|---|---|"]
+    for s in cost.get("by_stage", []):
+        c = "n/a" if s["cost_usd"] is None or s["unpriced_calls"] else f"{s['cost_usd']:.6f}"
+        lines.append(f"| {s['stage']} | {s['model']} | {s['calls']} | {s['failed_attempts']} | {s['prompt_tokens']} "
+                     f"| {s['completion_tokens']} | {c} | {s['model_seconds']:.1f} |")
+    pt = cost.get("per_task") or {}
+    if pt:
+        lines += ["", "## Cost per task (per evolved record)", "",
+                  f"{pt['tasks']} tasks; mean ${pt['mean_cost_usd'] or 0:.6f}, median ${pt['median_cost_usd'] or 0:.6f}, "
+                  f"max ${pt['max_cost_usd'] or 0:.6f}; mean {pt['mean_calls'] or 0:.2f} calls and "
+                  f"{pt['mean_model_seconds'] or 0:.2f} model seconds per task. "
+                  "Full table: `cost_ledger.parquet` (group by task_id)."]
+    lines += ["", "## Datasets", ""] + [f"- {k}: `{v}`" for k, v in summary["datasets"].items()]
+    return "\n".join(lines)

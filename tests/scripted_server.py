@@ -1,0 +1,205 @@
+"""A scripted OpenAI-compatible chat server on loopback, for unit tests and benchmarks.
+
+It answers `/v1/chat/completions` and `/v1/models` over real HTTP. Replies are
+deterministic functions of the prompt (an evolve prompt gets a rewritten
+instruction, the Equal judge gets "Not Equal", an answer prompt gets steps), so
+a resumed run can be compared with an uninterrupted one. Faults are scripted
+per request with `server.script(...)`: a queue of actions consumed one per
+request ("429", "503", "500", "hang", "401", "404", "400", "malformed",
+"truncated", "close", "ok"), then `default`.
+
+Every request is logged (`server.requests`) with a hash of its body and whether
+a full reply was sent, so tests can prove from the server side that no
+completed call was repeated.
+
+Run standalone: python tests/scripted_server.py --port 8099 [--log FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import socket
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def reply_for(body: dict) -> str:
+    msgs = body.get("messages") or []
+    prompt = msgs[-1]["content"] if msgs else ""
+    h = hashlib.sha1(prompt.encode()).hexdigest()[:6]
+    if "Your Judgement" in prompt:
+        return "Not Equal"
+    if "#Rewritten Prompt#:" in prompt or "#Created Prompt#:" in prompt or "#Rewritten Question#:" in prompt:
+        m = re.search(r"#(?:The )?Given (?:Prompt|Question)#:\n(.*?)\n\n?#", prompt, re.S)
+        base = (m.group(1).strip() if m else "a task")[:300]
+        return f"{base} Also explain each intermediate result and give the answer with unit {h}."
+    if body.get("response_format", {}).get("type") == "json_object":
+        return '```json\n{"ok": true, "id": "%s"}\n```' % h
+    return f"Step 1: Read the task carefully {h}.\nStep 2: Work out the result.\nThe answer is: 42"
+
+
+def completion(body: dict, text: str) -> dict:
+    return {
+        "id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
+        "model": body.get("model", "scripted"),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": max(1, len(str(body.get("messages"))) // 4),
+                  "completion_tokens": max(1, len(text) // 4),
+                  "total_tokens": 0},
+    }
+
+
+class ScriptedServer:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, hang_seconds: float = 5.0,
+                 latency: float = 0.0, log_path: str | None = None, default: str = "ok"):
+        self.actions: deque[str] = deque()
+        self.default = default
+        self.hang_seconds = hang_seconds
+        self.latency = latency
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+        self.log_path = log_path
+        self._log_fh = open(log_path, "a", buffering=1) if log_path else None
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):  # quiet
+                pass
+
+            def do_GET(self):
+                if self.path.rstrip("/").endswith("/models"):
+                    self._json(200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+                else:
+                    self._json(404, {"error": {"message": "not found"}})
+
+            def do_POST(self):
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length)
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    body = {}
+                key = hashlib.sha256(raw).hexdigest()[:16]
+                with outer.lock:
+                    action = outer.actions.popleft() if outer.actions else outer.default
+                entry = {"key": key, "action": action, "completed": False, "t": time.time(),
+                         "auth": self.headers.get("authorization", "")}
+                with outer.lock:
+                    outer.requests.append(entry)
+                if outer.latency:
+                    time.sleep(outer.latency)
+                self._act(action, body, entry)
+
+            def _act(self, action, body, entry):
+                if action in ("429", "503", "500", "502"):
+                    headers = {"retry-after": "0"} if action == "429" else {}
+                    return self._json(int(action), {"error": {"message": f"scripted {action}"}}, headers)
+                if action in ("400", "401", "404"):
+                    return self._json(int(action), {"error": {"message": f"scripted {action}", "type": "invalid"}})
+                if action == "hang":
+                    time.sleep(outer.hang_seconds)
+                    return self._json(200, completion(body, reply_for(body)))
+                if action == "malformed":
+                    data = b'{"id": "x", "choices": [ {"message": '
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                if action == "truncated":
+                    data = json.dumps(completion(body, reply_for(body))).encode()
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    try:
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    return
+                if action == "close":
+                    self.close_connection = True
+                    try:
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    return
+                if action.startswith("text:"):
+                    text = action[5:]
+                else:
+                    text = reply_for(body)
+                self._json(200, completion(body, text))
+                entry["completed"] = True
+                if outer._log_fh:
+                    outer._log_fh.write(json.dumps({"key": entry["key"], "completed": True}) + "\n")
+
+            def _json(self, status, obj, headers=None):
+                data = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                try:
+                    self.wfile.write(data)
+                except OSError:
+                    pass
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+            request_queue_size = 256
+
+        self.httpd = Server((host, port), Handler)
+        self.port = self.httpd.server_address[1]
+        self.base_url = f"http://{host}:{self.port}/v1"
+        self._thread: threading.Thread | None = None
+
+    def script(self, *actions: str) -> "ScriptedServer":
+        with self.lock:
+            self.actions.extend(actions)
+        return self
+
+    def posts(self) -> list[dict]:
+        with self.lock:
+            return list(self.requests)
+
+    def start(self) -> "ScriptedServer":
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._log_fh:
+            self._log_fh.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, default=8099)
+    ap.add_argument("--latency", type=float, default=0.0)
+    ap.add_argument("--log", default=None)
+    a = ap.parse_args()
+    srv = ScriptedServer(port=a.port, latency=a.latency, log_path=a.log)
+    print(f"scripted server on {srv.base_url}", flush=True)
+    srv.httpd.serve_forever()
