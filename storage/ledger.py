@@ -99,7 +99,8 @@ def totals(df: pl.DataFrame, by: list[str]) -> pl.DataFrame:
             (pl.col("outcome") != "ok").sum().alias("failed_attempts"),
             pl.col("prompt_tokens").sum().alias("prompt_tokens"),
             pl.col("completion_tokens").sum().alias("completion_tokens"),
-            pl.col("cost_usd").sum().alias("cost_usd"),
+            pl.when(pl.col("cost_usd").is_not_null().any()).then(pl.col("cost_usd").sum())
+            .otherwise(None).alias("cost_usd"),
             pl.col("cost_usd").is_null().sum().alias("unpriced_calls"),
             pl.col("latency_s").sum().alias("model_seconds"),
         )

@@ -72,7 +72,7 @@ def evolution_id(parent_id: str, round_no: int, operation: str) -> str:
 
 
 _LABEL = re.compile(
-    r"^\s*(#+\s*)?(the\s+)?(rewritten|created|new|given)\s+(prompt|question|instruction)\s*#*\s*:?\s*",
+    r"^\s*#*\s*(the\s+)?(rewritten|created|new)\s+(prompt|question|instruction)\s*(#+\s*:?|:)\s*",
     re.I,
 )
 

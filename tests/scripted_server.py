@@ -28,12 +28,12 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-def reply_for(body: dict) -> str:
+def reply_for(body: dict, judge_verdict: str = "Not Equal") -> str:
     msgs = body.get("messages") or []
     prompt = msgs[-1]["content"] if msgs else ""
     h = hashlib.sha1(prompt.encode()).hexdigest()[:6]
     if "Your Judgement" in prompt:
-        return "Not Equal"
+        return judge_verdict
     if "#Rewritten Prompt#:" in prompt or "#Created Prompt#:" in prompt or "#Rewritten Question#:" in prompt:
         m = re.search(r"#(?:The )?Given (?:Prompt|Question)#:\n(.*?)\n\n?#", prompt, re.S)
         base = (m.group(1).strip() if m else "a task")[:300]
@@ -59,6 +59,7 @@ class ScriptedServer:
                  latency: float = 0.0, log_path: str | None = None, default: str = "ok"):
         self.actions: deque[str] = deque()
         self.default = default
+        self.judge_verdict = "Not Equal"
         self.hang_seconds = hang_seconds
         self.latency = latency
         self.requests: list[dict] = []
@@ -98,6 +99,8 @@ class ScriptedServer:
                 self._act(action, body, entry)
 
             def _act(self, action, body, entry):
+                if action.startswith("429ra:"):
+                    return self._json(429, {"error": {"message": "slow down"}}, {"retry-after": action[6:]})
                 if action in ("429", "503", "500", "502"):
                     headers = {"retry-after": "0"} if action == "429" else {}
                     return self._json(int(action), {"error": {"message": f"scripted {action}"}}, headers)
@@ -138,7 +141,7 @@ class ScriptedServer:
                 if action.startswith("text:"):
                     text = action[5:]
                 else:
-                    text = reply_for(body)
+                    text = reply_for(body, outer.judge_verdict)
                 self._json(200, completion(body, text))
                 entry["completed"] = True
                 if outer._log_fh:
