@@ -38,15 +38,12 @@ def cmd_run(args) -> int:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     settings = _settings(args, {"evol_instruct": {"rounds": args.rounds}} if args.rounds else None)
-    from prefect.task_runners import ThreadPoolTaskRunner
-
     from evolforge.flows.evolve import EvolveParams, evolve_flow
 
     params = EvolveParams(seeds=str(Path(args.seeds).resolve()), out=str(Path(args.out).resolve()),
                           rounds=args.rounds, config=args.config, base_url=args.base_url, model=args.model)
-    flow = evolve_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=settings.runner.max_workers))
     try:
-        summary = flow(params)
+        summary = evolve_flow(params)
     except Exception as e:  # one clear line, not a stack trace per batch
         print(f"\nevolforge run failed: {e}", file=sys.stderr)
         print(f"Checkpoints are kept in {args.out}; run the same command again to resume.", file=sys.stderr)

@@ -5,7 +5,8 @@
 Each job is a small passing pytest file (3 tests) against a one-function solution.
 - sandboxed:   `run_many(jobs, SandboxSettings(max_parallel=N))` (bwrap mode, all limits on);
 - unsandboxed: the same command (`python -m pytest -q -p no:cacheprovider --tb=short`,
-  PYTEST_DISABLE_PLUGIN_AUTOLOAD=1) in a plain subprocess in a temp dir, N at a time;
+  PYTEST_DISABLE_PLUGIN_AUTOLOAD=1) in a plain subprocess (new session, as the sandbox
+  uses one) in a temp dir, N at a time;
 - unsandboxed_autoload: the same without PYTEST_DISABLE_PLUGIN_AUTOLOAD (what a bare
   `python -m pytest` costs with this venv's plugins), for reference only.
 The rounds alternate the variants; the median wall time of each is reported.
@@ -54,7 +55,8 @@ def _plain_one(job: tuple[str, str], python: str, autoload: bool) -> bool:
         env = {"PATH": "/usr/bin:/bin", "HOME": d, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
         if not autoload:
             env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-        r = subprocess.run([python, *PYTEST_ARGS], cwd=d, env=env, capture_output=True, timeout=120)
+        # a new session like the sandbox's: with CFS autogroup on, that alone changes the CPU share under load
+        r = subprocess.run([python, *PYTEST_ARGS], cwd=d, env=env, capture_output=True, timeout=120, start_new_session=True)
         return r.returncode == 0
 
 

@@ -22,7 +22,6 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
-from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel, Field
 
 from evolforge.config.settings import SAMPLE_SEEDS, Settings, load_settings
@@ -34,6 +33,7 @@ from evolforge.tasks.embedded_model import embedded_server
 from evolforge.tasks.evolve_batch import evolve_batch_task, gateway_for
 from evolforge.tasks.gateway import EndpointDown
 from evolforge.tasks.reporting import cost_summary, markdown_summary, round_rows
+from evolforge.tasks.runners import build_task_runner
 
 
 class EvolveParams(BaseModel):
@@ -69,14 +69,15 @@ def model_endpoint(settings: Settings, layout: RunLayout):
         yield settings.gateway.base_url
 
 
-def _run_round(layout: RunLayout, r: int, settings: Settings, base_url: str, run_id: str, logger) -> dict:
+def _run_round(layout: RunLayout, r: int, settings: Settings, base_url: str, run_id: str, runner, logger) -> dict:
     n_batches = round_store.batch_count(layout, r)
     settings_json = settings.model_dump_json()
     progress = create_progress_artifact(progress=0.0, key=f"evolve-round-{r}-progress",
                                         description=f"Round {r}: batches done of {n_batches}")
     futures = [
-        evolve_batch_task.with_options(task_run_name=f"evolve-round-{r}-batch-{b:05d}").submit(
-            str(layout.root), r, b, settings_json, base_url, run_id)
+        runner.submit(evolve_batch_task.with_options(task_run_name=f"evolve-round-{r}-batch-{b:05d}"),
+                      parameters=dict(out_dir=str(layout.root), round_no=r, batch_index=b,
+                                      settings_json=settings_json, base_url=base_url, run_id=run_id))
         for b in range(n_batches)
     ]
     failed: list[tuple[int, BaseException]] = []
@@ -105,7 +106,7 @@ def _run_round(layout: RunLayout, r: int, settings: Settings, base_url: str, run
     return table
 
 
-@flow(name="evolve", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
+@flow(name="evolve", log_prints=True)
 def evolve_flow(params: EvolveParams = EvolveParams()) -> dict:
     logger = get_run_logger()
     settings = resolve_settings(params)
@@ -122,7 +123,7 @@ def evolve_flow(params: EvolveParams = EvolveParams()) -> dict:
                                                     "settings": settings.fingerprint()})
 
     tables: list[dict] = []
-    with model_endpoint(settings, layout) as base_url:
+    with model_endpoint(settings, layout) as base_url, build_task_runner(settings.runner) as runner:
         gw = gateway_for(settings, base_url, run_id, layout.root)
         gw.check_reachable()
         logger.info("model endpoint %s; models: %s", gw.describe(), settings.models.model_dump())
@@ -133,7 +134,7 @@ def evolve_flow(params: EvolveParams = EvolveParams()) -> dict:
                 table = round_store.round_table(layout, r)
                 logger.info("round %d already complete: skipped", r)
             else:
-                table = _run_round(layout, r, settings, base_url, run_id, logger)
+                table = _run_round(layout, r, settings, base_url, run_id, runner, logger)
             create_table_artifact(key=f"evolve-round-{r}", table=round_rows(table),
                                   description=f"Round {r}: survival by operation")
             tables.append(table)

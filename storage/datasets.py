@@ -146,7 +146,10 @@ def import_seeds(
             seen_text[norm] = line_no
             domain = row.get(domain_field)
             domain = domain if domain in ("math", "code", "general") else guess_domain(text)
-            chunk.append({"id": rid, "seed_id": rid, "instruction": text, "domain": domain, "generation": 0})
+            # a pool written by an earlier run (final_pool.parquet) keeps its lineage
+            seed_id = row.get("seed_id") if isinstance(row.get("seed_id"), str) and row.get("seed_id") else rid
+            generation = row.get("generation") if isinstance(row.get("generation"), int) else 0
+            chunk.append({"id": rid, "seed_id": seed_id, "instruction": text, "domain": domain, "generation": generation})
             kept += 1
             if len(chunk) >= batch_size:
                 writer.write_table(pa.Table.from_pylist(chunk, schema=POOL_SCHEMA), row_group_size=batch_size)

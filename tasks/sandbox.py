@@ -33,6 +33,7 @@ only: untrusted code could print them), or "signal:N".
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -64,6 +65,7 @@ _UID_SPAN = 65_536
 _uids_lock = threading.Lock()
 _uids_in_use: set[int] = set()
 _probed: dict[tuple, None] = {}
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -107,6 +109,10 @@ def check_sandbox_available(settings: SandboxSettings) -> None:
         if not os.path.exists(extra):
             raise SandboxUnavailable(f"sandbox.extra_ro_binds: {extra!r} does not exist")
     key = (settings.mode, settings.bwrap_path, settings.python, os.geteuid())
+    if settings.mode == "rlimits-only" and key not in _probed:
+        log.warning("sandbox mode rlimits-only: untrusted code runs WITHOUT isolation (the calling user's files, "
+                    "network and processes are reachable); use mode bwrap for generated code")
+        _probed[key] = None
     if settings.mode == "bwrap" and key not in _probed:  # one real start per configuration
         probe = settings.model_copy(update={"wall_timeout_seconds": 30.0})
         r = _run(probe, {}, ["-c", "print('ok')"], "script")

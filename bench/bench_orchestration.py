@@ -1,0 +1,113 @@
+"""Orchestration overhead: evolve N instructions for one round against an instant scripted endpoint.
+
+    .venv/bin/python bench/bench_orchestration.py [--n 10000] [--batch-size 256]
+
+The instant OpenAI-compatible server (bench/instant_server.py) runs in its own
+process and answers at once, so the wall time is the pipeline's own cost:
+Prefect tasks, the OpenAI SDK, journal and ledger writes, parquet parts.
+Reports items/s for the round and the share of wall time during which no model
+call was in flight (from the ledger's per-call start/end times).
+Target (issue 2): >= 200 items/s on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def busy_share(ledger) -> tuple[float, float, float]:
+    """(first call start, last call end, seconds with at least one call in flight)."""
+    iv = sorted((r["ts"] - r["latency_s"], r["ts"]) for r in ledger.select("ts", "latency_s").to_dicts())
+    busy, cur_s, cur_e = 0.0, iv[0][0], iv[0][1]
+    for s, e in iv[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    return iv[0][0], max(e for _, e in iv), busy
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=10_000)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--concurrency", type=int, default=16, help="records in flight per batch")
+    ap.add_argument("--gateway-concurrency", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=4, help="batches in flight")
+    a = ap.parse_args()
+
+    os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="evolforge-bench-prefect-"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+    work = Path(tempfile.mkdtemp(prefix="evolforge-bench-"))
+    seeds = work / "seeds.jsonl"
+    with open(seeds, "w") as fh:
+        for i in range(a.n):
+            fh.write(json.dumps({"id": f"b{i:06d}", "instruction": f"Explain step by step how to compute {i} times {i % 97 + 3}."}) + "\n")
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(ROOT / "bench" / "instant_server.py"), "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.0)
+        from prefect import flow
+
+        from evolforge.flows.evolve import EvolveParams, evolve_flow
+        from evolforge.storage.ledger import read_ledger
+
+        @flow
+        def warm_up() -> int:
+            return 1
+
+        warm_up()  # start the temporary Prefect server outside the measurement
+        params = EvolveParams(
+            seeds=str(seeds), out=str(work / "out"), rounds=1, base_url=f"http://127.0.0.1:{port}/v1",
+            overrides={"evol_instruct": {"batch_size": a.batch_size, "concurrency": a.concurrency},
+                       "gateway": {"concurrency": a.gateway_concurrency}},
+        )
+        params.overrides["runner"] = {"max_workers": a.workers}
+        t0 = time.time()
+        summary = evolve_flow(params)
+        wall = time.time() - t0
+        ledger = read_ledger(work / "out")
+        first, last, busy = busy_share(ledger)
+        round_wall = last - first
+        result = {
+            "n": a.n, "batch_size": a.batch_size, "batches": -(-a.n // a.batch_size),
+            "calls": ledger.height, "flow_wall_s": round(wall, 2), "round_wall_s": round(round_wall, 2),
+            "items_per_s_round": round(a.n / round_wall, 1), "items_per_s_flow": round(a.n / wall, 1),
+            "calls_per_s": round(ledger.height / round_wall, 1),
+            "share_no_call_in_flight": round(1 - busy / round_wall, 4),
+            "mean_call_latency_ms": round(1000 * float(ledger["latency_s"].mean()), 2),
+            "accepted": summary["rounds"][0]["accepted"],
+        }
+    finally:
+        server.terminate()
+    print(json.dumps(result, indent=2))
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "orchestration.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
