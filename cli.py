@@ -35,13 +35,18 @@ def _settings(args, extra: dict | None = None):
 
 
 def cmd_run(args) -> int:
+    _settings(args, {"evol_instruct": {"rounds": args.rounds}} if args.rounds else None)  # fail early on bad config
+    return _run_with(args, overrides={})
+
+
+def _run_with(args, overrides: dict) -> int:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    settings = _settings(args, {"evol_instruct": {"rounds": args.rounds}} if args.rounds else None)
     from evolforge.flows.evolve import EvolveParams, evolve_flow
 
     params = EvolveParams(seeds=str(Path(args.seeds).resolve()), out=str(Path(args.out).resolve()),
-                          rounds=args.rounds, config=args.config, base_url=args.base_url, model=args.model)
+                          rounds=args.rounds, config=args.config, base_url=args.base_url, model=args.model,
+                          overrides=overrides)
     try:
         summary = evolve_flow(params)
     except Exception as e:  # one clear line, not a stack trace per batch
@@ -61,6 +66,30 @@ def cmd_run(args) -> int:
     print(f"summary:                               {out / 'summary.json'}")
     print(f"per-stage costs: evolforge costs --out {args.out} --by stage")
     return 0
+
+
+def cmd_retry(args) -> int:
+    """Re-run only the batches that failed or hold rejected (error) records in the run at --out."""
+    from evolforge.storage.layout import RunLayout
+    from evolforge.storage.rounds import reopen_failed_batches
+
+    layout = RunLayout(args.out)
+    if not layout.run_info.exists():
+        print(f"evolforge: no run in {layout.root} (run.json missing)", file=sys.stderr)
+        return 2
+    info = json.loads(layout.run_info.read_text())
+    reopened = reopen_failed_batches(layout, time.strftime("%Y%m%dT%H%M%S"))
+    if not reopened["batches"] and layout.summary.exists():
+        print(f"nothing to retry in {layout.root}: every batch finished without errors")
+        return 0
+    if reopened["batches"]:
+        print(f"round {reopened['round']}: redoing batches {reopened['batches']}; "
+              f"later rounds superseded: {reopened['superseded_rounds'] or '-'}")
+    saved = info["settings"]
+    if args.base_url:
+        saved["gateway"]["base_url"] = args.base_url
+    args.seeds, args.rounds, args.config, args.model = info["seeds"], saved["evol_instruct"]["rounds"], None, None
+    return _run_with(args, overrides=saved)
 
 
 def cmd_serve_model(args) -> int:
@@ -158,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, help="evolution rounds (default: evol_instruct.rounds)")
     common(p)
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("retry", help="re-run only the failed or rejected batches of the run at --out")
+    p.add_argument("--out", required=True)
+    p.add_argument("--base-url", help="endpoint to use this time (default: the run's own)")
+    p.set_defaults(fn=cmd_retry)
 
     p = sub.add_parser("serve-model", help="serve the embedded model (foreground) for the UI and deployments")
     p.add_argument("--port", type=int, default=0)

@@ -43,12 +43,13 @@ class DedupSettings(BaseModel):
         5, ge=1, le=64, description="Units per shingle: 5 characters (default) or, with shingle_kind='word', words (3-5 usual). "
         "Texts shorter than one shingle become a single shingle."
     )
-    num_perm: int = Field(128, ge=8, le=1024, description="MinHash permutations (datasketch 'affine32' scheme, seeded by `seed`).")
+    num_perm: int = Field(256, ge=8, le=1024, description="MinHash permutations (datasketch 'affine32' scheme, seeded by `seed`).")
     bands: int = Field(
-        21, ge=1, description="LSH bands b. Set explicitly (never derived automatically). With rows r, a pair of Jaccard s "
-        "becomes a candidate with probability 1-(1-s^r)^b: 21 x 6 gives 0.998 at s=0.8, 0.28 at s=0.5, 0.015 at s=0.3."
+        32, ge=1, description="LSH bands b. Set explicitly (never derived automatically). With rows r, a pair of Jaccard s "
+        "becomes a candidate with probability 1-(1-s^r)^b: 32 x 8 gives 0.997 at s=0.8, 0.12 at s=0.5, 0.002 at s=0.3 "
+        "(a steep curve keeps template-like siblings at s~0.5 out of the candidate list)."
     )
-    rows: int = Field(6, ge=1, description="Rows (hash values) per LSH band; bands * rows must not exceed num_perm.")
+    rows: int = Field(8, ge=1, description="Rows (hash values) per LSH band; bands * rows must not exceed num_perm.")
     jaccard_threshold: float = Field(
         0.8, gt=0, le=1, description="A candidate pair is a duplicate when the exact Jaccard of its shingle sets is at least this."
     )

@@ -152,6 +152,35 @@ class RunnerSettings(_Section):
     address: str = Field("", description="Existing Dask scheduler or Ray cluster address; empty starts a local one.")
 
 
+class ScheduleSettings(_Section):
+    """The nightly evolution deployment (rendered into deployments/prefect.yaml by `evolforge deploy`)."""
+
+    cron: str = Field("0 2 * * *", description="When the nightly deployment runs (cron, 5 fields).")
+    timezone: str = Field("UTC", description="IANA timezone of the cron schedule, e.g. Europe/Berlin.")
+    active: bool = Field(True, description="Whether the schedule is switched on when deployed.")
+    dataset: str = Field("runs/nightly", description="Dataset folder the nightly runs continue (one dated folder per night).")
+    rounds_per_night: int = Field(1, ge=1, le=16, description="Rounds each night adds to the survivors of the last night.")
+    work_pool: str = Field("evolforge-pool", description="Prefect process work pool the deployments run on.")
+
+    @field_validator("cron")
+    @classmethod
+    def _five_fields(cls, v: str) -> str:
+        if len(v.split()) != 5:
+            raise ValueError(f"must be a 5-field cron expression, got {v!r}")
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown timezone {v!r} (use an IANA name like Europe/Berlin)") from None
+        return v
+
+
 class PriceOverride(_Section):
     input_per_mtok: float = Field(ge=0, description="USD per million prompt tokens.")
     output_per_mtok: float = Field(ge=0, description="USD per million completion tokens.")
@@ -174,6 +203,7 @@ class Settings(_Section):
     input: InputSettings = Field(default_factory=InputSettings)
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
     pricing: PricingSettings = Field(default_factory=PricingSettings)
+    schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
 
     @property
     def uses_embedded_model(self) -> bool:

@@ -167,3 +167,50 @@ def write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str))
     os.replace(tmp, path)
+
+
+def reopen_failed_batches(layout: RunLayout, stamp: str) -> dict:
+    """Make a finished or failed run redo only its failed work on the next run over the folder.
+
+    Batches whose part holds records with status `error` are moved aside (kept as
+    `batch_NNNNN.parquet.retry-STAMP`, their journals kept so the calls that did
+    succeed are replayed, not re-sent); missing parts are redone anyway. Every
+    later round depends on this round's output, so later rounds are moved aside
+    whole (`round_NN.superseded-STAMP`), as are the final datasets.
+    Returns what was reopened.
+    """
+    rounds_root = layout.root / "rounds"
+    reopened: dict = {"batches": [], "superseded_rounds": []}
+    first_round = None
+    for rdir in sorted(rounds_root.glob("round_[0-9][0-9]")):
+        r = int(rdir.name.split("_")[1])
+        if not layout.round_input(r).exists():
+            continue
+        n = batch_count(layout, r)
+        bad = []
+        for b in range(n):
+            part = layout.part(r, b)
+            if not part.exists():
+                bad.append(b)
+                continue
+            status = pq.read_table(part, columns=["status"]).column("status").to_pylist()
+            if "error" in status:
+                os.replace(part, part.with_name(f"{part.name}.retry-{stamp}"))
+                bad.append(b)
+        if bad:
+            first_round = r
+            reopened["round"] = r
+            reopened["batches"] = bad
+            layout.round_success(r).unlink(missing_ok=True)
+            break
+    if first_round is None:
+        return reopened
+    for rdir in sorted(rounds_root.glob("round_[0-9][0-9]")):
+        if int(rdir.name.split("_")[1]) > first_round:
+            dest = rdir.with_name(f"{rdir.name}.superseded-{stamp}")
+            os.replace(rdir, dest)
+            reopened["superseded_rounds"].append(rdir.name)
+    for f in (layout.evolved, layout.lineage, layout.final_pool, layout.summary):
+        if f.exists():
+            os.replace(f, f.with_name(f"{f.name}.superseded-{stamp}"))
+    return reopened

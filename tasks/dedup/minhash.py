@@ -156,9 +156,14 @@ def signatures(offsets: np.ndarray, values: np.ndarray, settings: DedupSettings,
     nonempty = np.flatnonzero(np.diff(offsets) > 0)
     if len(nonempty):
         hv = fmix32((values & U64(0xFFFFFFFF)).astype(np.uint32))
-        phv = hv[:, None] * a[None, :]
-        phv += b[None, :]
-        sig[nonempty] = np.minimum.reduceat(phv, offsets[nonempty], axis=0)
+        starts = offsets[nonempty]
+        tmp = np.empty_like(hv)
+        out = np.empty((settings.num_perm, len(nonempty)), dtype=np.uint32)
+        for p in range(settings.num_perm):  # 1-D reduceat per permutation is ~10x faster than one 2-D reduceat
+            np.multiply(hv, a[p], out=tmp)
+            tmp += b[p]
+            out[p] = np.minimum.reduceat(tmp, starts)
+        sig[nonempty] = out.T
     return sig
 
 
@@ -204,7 +209,8 @@ def lsh_pairs(keys: np.ndarray, is_new: np.ndarray | None = None) -> np.ndarray:
     p = p[p[:, 0] != p[:, 1]]
     if is_new is not None:
         p = p[is_new[p[:, 0]] | is_new[p[:, 1]]]
-    code = np.unique(p[:, 0].astype(np.int64) * n + p[:, 1])
+    code = np.sort(p[:, 0].astype(np.int64) * n + p[:, 1])  # sort-based unique (numpy's hash unique is slower here)
+    code = code[np.concatenate([[True], code[1:] != code[:-1]])]
     return np.stack([code // n, code % n], axis=1)
 
 
@@ -234,15 +240,27 @@ def jaccard(offsets: np.ndarray, values: np.ndarray, pairs: np.ndarray, batch: i
     return out
 
 
+def signature_margin(settings: DedupSettings) -> float:
+    """4 standard deviations of the MinHash Jaccard estimate at the threshold."""
+    t = settings.jaccard_threshold
+    return 4.0 * float(np.sqrt(t * (1 - t) / settings.num_perm)) + 1e-9
+
+
 def verified_pairs(sk: Sketches, settings: DedupSettings, is_new: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """(pairs (m, 2), their Jaccard, number of LSH candidates) with Jaccard >= threshold."""
+    t = settings.jaccard_threshold
     cand = lsh_pairs(sk.band_keys, is_new)
     sizes = np.diff(sk.offsets)
-    if len(cand):  # size filter: J >= t needs min/max >= t
+    cand_f = cand
+    if len(cand):  # size filter (exact): J >= t needs min/max >= t
         a, b = sizes[cand[:, 0]], sizes[cand[:, 1]]
-        cand_f = cand[np.minimum(a, b) >= settings.jaccard_threshold * np.maximum(a, b) - 1e-9]
-    else:
-        cand_f = cand
+        cand_f = cand[np.minimum(a, b) >= t * np.maximum(a, b) - 1e-9]
+    if len(cand_f):  # signature filter: the MinHash estimate of a pair at J = t falls below t - 4 sigma with p ~ 3e-5
+        est = np.empty(len(cand_f))
+        for s in range(0, len(cand_f), 1 << 16):
+            c = cand_f[s: s + (1 << 16)]
+            est[s: s + len(c)] = (sk.signatures[c[:, 0]] == sk.signatures[c[:, 1]]).mean(axis=1)
+        cand_f = cand_f[est >= t - signature_margin(settings)]
     sim = jaccard(sk.offsets, sk.values, cand_f)
     keep = sim >= settings.jaccard_threshold
     return cand_f[keep], sim[keep], len(cand)

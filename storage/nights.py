@@ -1,0 +1,50 @@
+"""The nightly dataset: one dated folder per night and an index of the nights.
+
+    DATASET/nights/YYYY-MM-DD/   an evolve output folder (see storage/layout.py)
+    DATASET/nights.json          [{night, seeds, previous, rounds, total_rounds, evolved, cost_usd}, ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .layout import RunLayout
+
+
+class NightIndex:
+    def __init__(self, root: Path):
+        self.root = Path(root).expanduser().resolve()
+        self.path = self.root / "nights.json"
+
+    def night_dir(self, night: str) -> Path:
+        return self.root / "nights" / night
+
+    def entries(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return json.loads(self.path.read_text())
+
+    def last_finished(self, before: str) -> str | None:
+        done = [e["night"] for e in self.entries() if e["night"] < before
+                and RunLayout(self.night_dir(e["night"])).final_pool.exists()]
+        return max(done) if done else None
+
+    def final_pool(self, night: str) -> Path:
+        return RunLayout(self.night_dir(night)).final_pool
+
+    def record(self, night: str, *, seeds: str, previous: str | None, summary: dict) -> dict:
+        entries = [e for e in self.entries() if e["night"] != night]
+        prev_total = next((e["total_rounds"] for e in entries if e["night"] == previous), 0)
+        rounds = len(summary["rounds"])
+        entry = {"night": night, "seeds": seeds, "previous": previous, "rounds": rounds,
+                 "total_rounds": prev_total + rounds, "evolved": summary["counts"]["evolved"],
+                 "cost_usd": summary["cost"].get("cost_usd"), "out": summary["out_dir"]}
+        entries.append(entry)
+        entries.sort(key=lambda e: e["night"])
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entries, indent=2))
+        os.replace(tmp, self.path)
+        return entry
