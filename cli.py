@@ -92,6 +92,13 @@ def cmd_retry(args) -> int:
     return _run_with(args, overrides=saved)
 
 
+def cmd_deploy(args) -> int:
+    settings = _settings(args)
+    from evolforge.deployments.deploy import deploy
+
+    return deploy(settings, pool=args.pool, schedule_active=False if args.no_schedule else None)
+
+
 def cmd_serve_model(args) -> int:
     settings = _settings(args)
     from evolforge.tasks.embedded_model import EmbeddedModelError, server_command
@@ -192,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--base-url", help="endpoint to use this time (default: the run's own)")
     p.set_defaults(fn=cmd_retry)
+
+    p = sub.add_parser("deploy", help="deploy every flow to a Prefect process work pool (schedule from config)")
+    p.add_argument("--config")
+    p.add_argument("--pool", help="work pool name (default: schedule.work_pool)")
+    p.add_argument("--no-schedule", action="store_true", help="deploy the nightly schedule switched off")
+    p.set_defaults(fn=cmd_deploy)
 
     p = sub.add_parser("serve-model", help="serve the embedded model (foreground) for the UI and deployments")
     p.add_argument("--port", type=int, default=0)

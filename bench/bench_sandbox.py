@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": {k: [round(x, 3) for x in v] for k, v in walls.items()},
         "median_wall_seconds": {k: round(v, 3) for k, v in med.items()},
         "runs_per_second": {k: round(args.jobs / v, 2) for k, v in med.items()},
-        "mean_charged_sandbox_seconds_per_run": round(statistics.median(charged), 4),
+        "median_charged_sandbox_seconds_per_run": round(statistics.median(charged), 4),
         "ratio_sandboxed_over_unsandboxed": round(ratio, 3),
         "ratio_sandboxed_over_unsandboxed_autoload": round(med["sandboxed"] / med["unsandboxed_autoload"], 3),
         "target_ratio": TARGET_RATIO, "target_met": ratio <= TARGET_RATIO,

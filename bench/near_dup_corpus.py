@@ -87,13 +87,29 @@ FILLER = ["really", "quickly", "also", "carefully", "simply", "very", "just", "t
           "data", "value", "result", "first", "small", "new", "good", "each", "other"]
 
 
+ADJ = ["noisy", "sorted", "encrypted", "historical", "streaming", "duplicated", "sparse", "nested", "unicode",
+       "anonymized", "compressed", "mislabeled", "hourly", "regional", "archived", "real-time", "partial", "raw"]
+ASPECTS = ["the history of", "the economics of", "the physics of", "common myths about", "the future of",
+           "the ethics of", "everyday uses of", "the biggest open questions in", "how scientists study",
+           "the main risks of", "the vocabulary of", "a timeline of"]
+FIRST = ["Maria", "Kenji", "Amara", "Lukas", "Priya", "Diego", "Olga", "Samir", "Chloe", "Tomasz", "Aisha", "Mateo",
+         "Ingrid", "Kwame", "Yuki", "Farah", "Noah", "Leila", "Pavel", "Sofia"]
+ORGS = ["a logistics startup", "a city hospital", "a weather service", "an online bookshop", "a football club",
+        "a research lab", "a bakery chain", "a bank", "a school district", "a music festival", "a ferry company",
+        "a seed library", "an airline", "a charity", "a game studio"]
+OWNER = ["for {first} at {org}.", "requested by {first} from {org}.", "as part of a project for {org}.",
+         "so that {first} can present it to {org}."]
+
+
 def _base_text(rng: np.random.Generator) -> str:
     c = lambda xs: xs[rng.integers(len(xs))]  # noqa: E731
     t = c(TASKS)
-    topic = c(TOPICS)
-    s = t.format(lang=c(LANGS), action=c(ACTIONS), struct=c(STRUCTS), items=c(ITEMS), result=c(RESULTS), topic=topic,
-                 topic2=c([x for x in TOPICS if x != topic]), aud=c(AUDIENCES), fmt=c(FORMATS), obj=c(MATH_OBJ),
-                 quant=c(QUANT), n=c(NUMS), m=c(NUMS), k=c(NUMS))
+    topic = f"{c(ASPECTS)} {c(TOPICS)}"
+    num = lambda: str(int(rng.integers(2, 500)))  # noqa: E731
+    s = t.format(lang=c(LANGS), action=c(ACTIONS), struct=c(STRUCTS), items=f"{c(ADJ)} {c(ITEMS)}", result=c(RESULTS),
+                 topic=topic, topic2=f"{c(ASPECTS)} {c(TOPICS)}", aud=c(AUDIENCES), fmt=c(FORMATS), obj=c(MATH_OBJ),
+                 quant=c(QUANT), n=num(), m=num(), k=num())
+    s = s[:-1] + " " + c(OWNER).format(first=c(FIRST), org=c(ORGS))
     s = s[0].upper() + s[1:]
     if rng.random() < 0.75:
         s += " " + c(CONSTRAINTS).format(n=c(NUMS))

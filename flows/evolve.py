@@ -30,7 +30,7 @@ from evolforge.storage.datasets import import_seeds
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import read_ledger
 from evolforge.tasks.embedded_model import embedded_server
-from evolforge.tasks.evolve_batch import evolve_batch_task, gateway_for
+from evolforge.tasks.evolve_batch import close_gateways, evolve_batch_task, gateway_for
 from evolforge.tasks.gateway import EndpointDown
 from evolforge.tasks.reporting import cost_summary, markdown_summary, round_rows
 from evolforge.tasks.runners import build_task_runner
@@ -123,6 +123,16 @@ def evolve_flow(params: EvolveParams = EvolveParams()) -> dict:
                                                     "settings": settings.fingerprint()})
 
     tables: list[dict] = []
+    try:
+        summary = _evolve_rounds(params, settings, layout, run_id, tables, logger, t_start)
+    finally:
+        close_gateways(run_id)
+    return summary
+
+
+def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, run_id: str, tables: list,
+                   logger, t_start: float) -> dict:
+    cfg = settings.evol_instruct
     with model_endpoint(settings, layout) as base_url, build_task_runner(settings.runner) as runner:
         gw = gateway_for(settings, base_url, run_id, layout.root)
         gw.check_reachable()

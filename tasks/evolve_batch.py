@@ -16,6 +16,7 @@ model and a down endpoint stop the run.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import threading
@@ -62,6 +63,16 @@ def gateway_for(settings: Settings, base_url: str, run_id: str, out_dir: str | P
                          ledger=LedgerWriter(layout.ledger_dir, run_id), embedded_models=embedded)
             _GATEWAYS[key] = gw
         return gw
+
+
+def close_gateways(run_id: str) -> None:
+    """Close the clients and ledger files of a run in this process (end of the flow)."""
+    with _GATEWAYS_LOCK:
+        for key in [k for k in _GATEWAYS if k[1] == run_id]:
+            gw = _GATEWAYS.pop(key)
+            gw.close()
+            if gw.ledger is not None:
+                gw.ledger.close()
 
 
 def _is_fatal(err: BaseException) -> bool:
@@ -147,12 +158,17 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE  # noqa: E402
 from prefect.tasks import exponential_backoff  # noqa: E402
 
 
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
+
+
 def retry_transient(task, task_run, state) -> bool:
-    """Retry a batch on transient failures only; a down endpoint or a bad key stops at once."""
+    """Retry a batch on transient failures only; a down endpoint, a bad key or a full disk stops at once."""
     try:
         state.result()
     except BaseException as e:  # noqa: BLE001
-        return not _is_fatal(e) and not isinstance(e, parts.CheckpointWriteError)
+        if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:
+            return False
+        return not _is_fatal(e)
     return True
 
 

@@ -37,6 +37,7 @@ import logging
 import os
 import re
 import secrets
+import select
 import selectors
 import shutil
 import signal
@@ -61,6 +62,7 @@ PYTEST_ARGS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", TES
 _PYTEST_STYLE = re.compile(r"^(?:async\s+)?def\s+test\w*\s*\(|^class\s+Test\w*|^\s*(?:import|from)\s+pytest\b", re.M)
 _SUMMARY = re.compile(r"(\d+) (passed|failed|errors?)\b")
 _GRACE_S = 0.25  # after the main process exits, how long to keep draining pipes held by leftovers
+_NS_EXIT_WAIT_S = 10.0  # bound on waiting for the kernel to tear the sandbox's PID namespace down
 _UID_SPAN = 65_536
 _uids_lock = threading.Lock()
 _uids_in_use: set[int] = set()
@@ -159,18 +161,20 @@ def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runn
                 f.write(code)
             os.chmod(paths[name], 0o644)
         env = _inner_env()
-        marker = ""
+        marker, info = "", None
         if settings.mode == "bwrap":
             privileged = os.geteuid() == 0
             uid = _take_uid(settings.uid_base) if privileged else None
             opts, python = bwrap_argv(settings, paths, env, privileged)
-            argv, cwd = opts + ["--"] + limits_argv(settings) + drop_argv(uid) + [python] + args, "/"
+            inner = limits_argv(settings) + drop_argv(uid) + [python] + args
+            info = os.pipe()  # bwrap reports the host pid of the sandbox's init (PID 1) here
+            argv, cwd = opts + ["--info-fd", str(info[1]), "--"] + inner, "/"
             popen_env = {"PATH": "/usr/bin:/bin"}  # bwrap itself never sees the host environment
         else:
             marker = secrets.token_hex(8)
             env.update(HOME=hostdir, TMPDIR=hostdir, EVOLFORGE_SANDBOX_RUN=marker)
             argv, cwd, popen_env = limits_argv(settings) + [settings.python] + args, hostdir, env
-        return _execute(settings, argv, cwd, popen_env, marker, runner)
+        return _execute(settings, argv, cwd, popen_env, marker, runner, info)
     finally:
         if uid is not None:
             with _uids_lock:
@@ -178,19 +182,41 @@ def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runn
         shutil.rmtree(hostdir, ignore_errors=True)
 
 
-def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, marker: str, runner: str) -> SandboxResult:
+def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, marker: str, runner: str,
+             info: tuple[int, int] | None) -> SandboxResult:
     started = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+    state: dict = {"info_fd": info[0] if info else None, "info": b"", "ns_pidfd": None}
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+                                pass_fds=info[1:] if info else ())
+    except BaseException:
+        if info:
+            os.close(info[0])
+        raise
+    finally:
+        if info:
+            os.close(info[1])  # the write end now lives in bwrap only
     out, err, reason = bytearray(), bytearray(), None
     try:
-        out, err, reason = _pump(proc, settings, started)
+        out, err, reason = _pump(proc, settings, started, state)
     finally:
+        if state["info_fd"] is not None and state["ns_pidfd"] is None:  # killed before bwrap's report was read
+            os.set_blocking(state["info_fd"], False)
+            try:
+                _watch_sandbox_init(state, os.read(state["info_fd"], 4096))
+            except BlockingIOError:
+                pass
         _kill_group(proc.pid)  # the leader is not reaped yet, so its pid (= pgid) cannot have been reused
         proc.wait()
-        duration = time.monotonic() - started
+        if state["ns_pidfd"] is not None:  # the sandbox's init exits only once every process in it is gone
+            select.select([state["ns_pidfd"]], [], [], _NS_EXIT_WAIT_S)
+            os.close(state["ns_pidfd"])
+        if state["info_fd"] is not None:
+            os.close(state["info_fd"])
         proc.stdout.close()
         proc.stderr.close()
+        duration = time.monotonic() - started
         if marker:
             _kill_marked(marker)
     stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
@@ -204,7 +230,7 @@ def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, ma
                          runner=runner, tests_passed=counts[0], tests_failed=counts[1])
 
 
-def _pump(proc: subprocess.Popen, settings: SandboxSettings, started: float):
+def _pump(proc: subprocess.Popen, settings: SandboxSettings, started: float, state: dict):
     """Read both pipes incrementally until the run ends, times out or prints too much."""
     bufs = {"out": bytearray(), "err": bytearray()}
     total, cap, reason, exited_at = 0, settings.max_output_bytes, None, None
@@ -214,6 +240,8 @@ def _pump(proc: subprocess.Popen, settings: SandboxSettings, started: float):
         sel.register(proc.stdout, selectors.EVENT_READ, "out")
         sel.register(proc.stderr, selectors.EVENT_READ, "err")
         sel.register(pidfd, selectors.EVENT_READ, "exit")
+        if state["info_fd"] is not None:
+            sel.register(state["info_fd"], selectors.EVENT_READ, "info")
         try:
             while True:
                 now = time.monotonic()
@@ -231,6 +259,9 @@ def _pump(proc: subprocess.Popen, settings: SandboxSettings, started: float):
                     if not chunk:
                         sel.unregister(key.fileobj)
                         continue
+                    if key.data == "info":
+                        _watch_sandbox_init(state, chunk)
+                        continue
                     keep = max(0, cap - total)
                     bufs[key.data] += chunk[:keep]
                     total += len(chunk)
@@ -241,6 +272,16 @@ def _pump(proc: subprocess.Popen, settings: SandboxSettings, started: float):
         finally:
             os.close(pidfd)
     return bufs["out"], bufs["err"], reason
+
+
+def _watch_sandbox_init(state: dict, chunk: bytes) -> None:
+    state["info"] += chunk
+    found = re.search(rb'"child-pid":\s*(\d+)', state["info"])
+    if found and state["ns_pidfd"] is None:
+        try:  # opened while the sandbox runs: the pid cannot have been reused yet
+            state["ns_pidfd"] = os.pidfd_open(int(found.group(1)))
+        except ProcessLookupError:
+            pass
 
 
 def _kill_group(pgid: int) -> None:

@@ -60,6 +60,7 @@ class ScriptedServer:
         self.actions: deque[str] = deque()
         self.default = default
         self.judge_verdict = "Not Equal"
+        self.poison: str | None = None  # requests whose body contains this string get HTTP 500
         self.hang_seconds = hang_seconds
         self.latency = latency
         self.requests: list[dict] = []
@@ -90,6 +91,8 @@ class ScriptedServer:
                 key = hashlib.sha256(raw).hexdigest()[:16]
                 with outer.lock:
                     action = outer.actions.popleft() if outer.actions else outer.default
+                if outer.poison and outer.poison.encode() in raw:
+                    action = "500"
                 entry = {"key": key, "action": action, "completed": False, "t": time.time(),
                          "auth": self.headers.get("authorization", "")}
                 with outer.lock:

@@ -78,7 +78,7 @@ def test_atomic_part_never_half_written_on_full_disk(tmp_path):
             parts.write_table_atomic(big, mnt / "batch_00000.parquet")
         assert list(mnt.iterdir()) == []  # neither a part nor a temp file is left behind
     finally:
-        subprocess.run(["umount", str(mnt)])
+        subprocess.run(["umount", "-l", str(mnt)])
 
 
 def test_read_only_output_folder_fails_with_a_clear_error(tmp_path, server):
@@ -92,7 +92,7 @@ def test_read_only_output_folder_fails_with_a_clear_error(tmp_path, server):
             evolve_flow(p)
         assert len(server.posts()) == 0  # nothing was spent before the problem was found
     finally:
-        subprocess.run(["umount", str(mnt)])
+        subprocess.run(["umount", "-l", str(mnt)])
 
 
 def test_disk_full_mid_run_keeps_every_written_part_whole(tmp_path, server):
@@ -111,4 +111,4 @@ def test_disk_full_mid_run_keeps_every_written_part_whole(tmp_path, server):
             parts.read_part(part)  # every part that exists is complete
         assert not lay.round_success(1).exists()
     finally:
-        subprocess.run(["umount", str(mnt)])
+        subprocess.run(["umount", "-l", str(mnt)])
