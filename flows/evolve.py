@@ -32,7 +32,7 @@ from evolforge.storage.ledger import read_ledger
 from evolforge.tasks.embedded_model import embedded_server
 from evolforge.tasks.evolve_batch import close_gateways, evolve_batch_task, gateway_for
 from evolforge.tasks.gateway import EndpointDown
-from evolforge.tasks.reporting import cost_summary, markdown_summary, round_rows
+from evolforge.tasks.reporting import cost_summary, markdown_summary, round_cost, round_rows
 from evolforge.tasks.runners import build_task_runner
 
 
@@ -145,8 +145,10 @@ def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, 
                 logger.info("round %d already complete: skipped", r)
             else:
                 table = _run_round(layout, r, settings, base_url, run_id, runner, logger)
-            create_table_artifact(key=f"evolve-round-{r}", table=round_rows(table),
-                                  description=f"Round {r}: survival by operation")
+            cost = round_cost(read_ledger(layout.root), round_store.round_lineage(layout, r).select("id").collect()["id"])
+            table["cost_usd"] = cost
+            create_table_artifact(key=f"evolve-round-{r}", table=round_rows(table, cost),
+                                  description=f"Round {r}: survival by operation, eliminations by rule, tokens, cost")
             tables.append(table)
 
     rounds_done = list(range(1, cfg.rounds + 1))
@@ -162,7 +164,7 @@ def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, 
         "endpoint": base_url if not settings.uses_embedded_model else f"embedded {settings.embedded.alias}",
         "seeds": params.seeds,
         "rounds": [{k: t[k] for k in ("round", "attempts", "accepted", "eliminated", "errors", "survival",
-                                      "by_rule", "by_operation", "calls", "prompt_tokens", "completion_tokens")}
+                                      "by_rule", "by_operation", "calls", "prompt_tokens", "completion_tokens", "cost_usd")}
                    for t in tables],
         "counts": counts,
         "gateway": gw.stats.as_dict(),

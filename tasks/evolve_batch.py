@@ -78,7 +78,7 @@ def close_gateways(run_id: str) -> None:
 def _is_fatal(err: BaseException) -> bool:
     if isinstance(err, EndpointDown):
         return True
-    return isinstance(err, GatewayError) and err.status in (401, 403, 404)
+    return isinstance(err, GatewayError) and err.fatal
 
 
 def _evolve_safely(row: dict, round_no: int, gw: Gateway, settings: Settings, journal: CallJournal) -> Evolution:

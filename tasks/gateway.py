@@ -63,10 +63,11 @@ def mask_secret(secret: str | None) -> str:
 class GatewayError(RuntimeError):
     """A call that cannot succeed by retrying (bad request, auth, unknown model) or ran out of retries."""
 
-    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False):
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False, fatal: bool = False):
         super().__init__(message)
         self.status = status
         self.retryable = retryable
+        self.fatal = fatal or status in (401, 403, 404)
 
 
 class EndpointDown(GatewayError):
@@ -313,13 +314,17 @@ class Gateway:
                 gateway._sem.acquire()
                 name = gateway.cfg.global_concurrency_limit
                 if name:
-                    try:
-                        from prefect.concurrency.sync import rate_limit
+                    from prefect.concurrency.sync import rate_limit
 
-                        rate_limit(name, occupy=1)
-                    except Exception:
+                    try:
+                        rate_limit(name, occupy=1, strict=True)
+                    except Exception as e:
                         gateway._sem.release()
-                        raise
+                        raise GatewayError(
+                            f"gateway.global_concurrency_limit {name!r} could not be used ({type(e).__name__}: {e}). "
+                            f"Create it with: prefect gcl create {name} --limit N --slot-decay-per-second R",
+                            fatal=True,
+                        ) from None
 
             def __exit__(self_inner, *exc):
                 gateway._sem.release()

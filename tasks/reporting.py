@@ -49,15 +49,28 @@ def _f(v) -> float | None:
     return None if v is None else round(float(v), 8)
 
 
-def round_rows(table: dict) -> list[dict]:
-    """Rows of the per-round table artifact: one per operation, plus the round total."""
+def round_cost(ledger: pl.DataFrame, round_ids: pl.Series) -> float | None:
+    rows = ledger.filter(pl.col("task_id").is_in(round_ids.implode()))
+    if rows.is_empty() or rows["cost_usd"].null_count() == rows.height:
+        return None
+    return float(rows["cost_usd"].sum())
+
+
+def round_rows(table: dict, cost_usd: float | None = None) -> list[dict]:
+    """Rows of the per-round table artifact: survival by operation, then the round total with tokens and cost."""
     rows = [
         {"round": table["round"], "operation": r["operation"], "direction": r["direction"],
-         "attempts": r["attempts"], "accepted": r["accepted"], "survival": r["survival"]}
+         "attempts": r["attempts"], "accepted": r["accepted"], "survival": r["survival"],
+         "prompt_tokens": "", "completion_tokens": "", "cost_usd": ""}
         for r in table["by_operation"]
     ]
     rows.append({"round": table["round"], "operation": "ALL", "direction": "",
-                 "attempts": table["attempts"], "accepted": table["accepted"], "survival": table["survival"]})
+                 "attempts": table["attempts"], "accepted": table["accepted"], "survival": table["survival"],
+                 "prompt_tokens": table["prompt_tokens"], "completion_tokens": table["completion_tokens"],
+                 "cost_usd": "unpriced" if cost_usd is None else round(cost_usd, 6)})
+    for rule, n in sorted(table["by_rule"].items()):
+        rows.append({"round": table["round"], "operation": f"eliminated: {rule}", "direction": "", "attempts": n,
+                     "accepted": "", "survival": "", "prompt_tokens": "", "completion_tokens": "", "cost_usd": ""})
     return rows
 
 

@@ -21,9 +21,17 @@ private tmpfs working dir and /tmp, cleared environment (the gateway's API key i
 never passed, not even to bwrap), a dedicated unprivileged uid when started as
 root, no capabilities, and rlimits on CPU seconds, address space, processes, file
 size and open files. The parent enforces a wall-clock timeout and an output cap
-by killing the whole process group. Mode "rlimits-only" keeps only the rlimits,
-the new session, the clean environment, the temp dir and the kills; it is not a
-security boundary and must be chosen explicitly.
+by killing the whole process group, and returns only once the sandbox's PID
+namespace is empty (it watches the namespace's init, whose pid bwrap reports on
+--info-fd), so no process of the run survives it. Mode "rlimits-only" keeps only
+the rlimits, the new session, the clean environment, the temp dir and the kills
+(plus a best-effort kill of leftovers that left the session, found by an
+environment marker); it is not a security boundary and must be chosen explicitly.
+
+Limits are per process (RLIMIT_*): a run may use up to max_processes x memory_mb
+of address space and each process its own cpu_seconds; the wall timeout bounds
+the run as a whole. There is no seccomp filter, so the code may still create user
+namespaces (without gaining access to anything outside its view).
 
 `killed_reason` is one of: None, "wall_timeout", "output_cap" (set by the parent,
 reliable), "cpu_limit" (SIGXCPU, or a SIGKILL after cpu_seconds), "memory",

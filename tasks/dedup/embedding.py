@@ -5,8 +5,9 @@ Cascade (the full all-MiniLM-L6-v2 runs at only ~30-100 texts/s on 2 CPU cores):
      sentence-transformers model (each WordPiece token run through the
      transformer as "[CLS] token [SEP]", mean-pooled; the table mean is removed;
      tokens weighted by SIF a/(a+p) with a Zipf estimate of p from the token's
-     rank in the frequency-ordered BERT vocabulary). Cached as .npy. A text is
-     the weighted sum of its token rows, normalized (word -> tokens is cached).
+     rank in the frequency-ordered BERT vocabulary; the 16 top principal
+     directions of the table removed). Cached as .npy. A text is the weighted
+     sum of its token rows, normalized (word -> tokens is cached).
   2. ANN (`neighbor_pairs`): SemDeDup-style spherical k-means; every vector is
      compared only with the members of its `ann_probes` nearest clusters (exact
      blockwise search below `ann_exact_below` vectors); never an n x n matrix.
@@ -31,6 +32,7 @@ import numpy as np
 from evolforge.config.dedup_settings import DedupSettings
 
 _SIF_A = 1e-3
+_REMOVE_PCS = 16
 _STATIC_VERSION = "v1"
 
 
@@ -109,7 +111,10 @@ class StaticEncoder:
         rank = np.maximum(np.arange(len(table)) - 1995, 1).astype(np.float64)  # BERT vocab: words by frequency from id 1996
         p = 1.0 / (rank * np.log(1.78 * len(table)))
         weight = (_SIF_A / (_SIF_A + p)).astype(np.float32)
-        self.table = table * weight[:, None]
+        table = table * weight[:, None]
+        # remove the top principal directions of the word rows (shared "any sentence" directions; fixed per model)
+        top = np.linalg.svd(table[1996:], full_matrices=False)[2][:_REMOVE_PCS]
+        self.table = (table - (table @ top.T) @ top).astype(np.float32)
         self.dim = table.shape[1]
         self.tokenizer = Tokenizer.from_file(str(mdir / "tokenizer.json"))
         self.tokenizer.no_padding()
@@ -173,3 +178,83 @@ class FullEncoder:
         e = self._model.encode(list(texts), batch_size=self.settings.batch_size, normalize_embeddings=True,
                                convert_to_numpy=True, show_progress_bar=False)
         return np.asarray(e, dtype=np.float32)
+
+
+def exact_pairs(E: np.ndarray, threshold: float, is_new: np.ndarray | None = None, block: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    """All pairs (i < j) with cosine >= threshold by blockwise exact search (rows: new vectors only, if is_new)."""
+    rows = np.arange(len(E)) if is_new is None else np.flatnonzero(is_new)
+    later_new = np.zeros(len(E), bool) if is_new is None else is_new
+    out_p, out_s = [], []
+    for s in range(0, len(rows), block):
+        r = rows[s: s + block]
+        S = E[r] @ E.T
+        qi, cj = np.nonzero(S >= threshold)
+        i = r[qi]
+        ok = (cj > i) | ((cj < i) & ~later_new[cj]) if is_new is not None else cj > i
+        out_p.append(np.stack([np.minimum(i, cj)[ok], np.maximum(i, cj)[ok]], 1))
+        out_s.append(S[qi[ok], cj[ok]])
+    if not out_p:
+        return np.zeros((0, 2), np.int64), np.zeros(0, np.float32)
+    return np.concatenate(out_p).astype(np.int64), np.concatenate(out_s)
+
+
+def kmeans(E: np.ndarray, k: int, iters: int, sample: int, seed: int = 0) -> np.ndarray:
+    """Spherical k-means centroids (k, d) fitted on a sample of the rows of E."""
+    rng = np.random.default_rng(seed)
+    X = E[rng.choice(len(E), min(sample, len(E)), replace=False)]
+    C = X[rng.choice(len(X), k, replace=False)].copy()
+    for _ in range(iters):
+        a = np.argmax(X @ C.T, axis=1)
+        order = np.argsort(a, kind="stable")
+        counts = np.bincount(a, minlength=k)
+        nz = np.flatnonzero(counts)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[nz]
+        C[nz] = np.add.reduceat(X[order], starts, axis=0)
+        empty = np.flatnonzero(counts == 0)
+        C[empty] = X[rng.choice(len(X), len(empty), replace=False)]
+        C = normalize_rows(C)
+    return C
+
+
+def neighbor_pairs(E: np.ndarray, threshold: float, settings: DedupSettings,
+                   is_new: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs (i < j) with cosine >= threshold: exact for small n, else k-means clusters with multi-probe."""
+    n = len(E)
+    if n <= max(settings.ann_exact_below, 2 * settings.ann_cluster_size):
+        return exact_pairs(E, threshold, is_new)
+    k = max(2, n // settings.ann_cluster_size)
+    C = kmeans(E, k, settings.ann_kmeans_iters, settings.ann_kmeans_sample)
+    p = min(settings.ann_probes, k)
+    probes = np.empty((n, p), np.int64)
+    for s in range(0, n, 8192):
+        S = E[s: s + 8192] @ C.T
+        top = np.argpartition(-S, p - 1, axis=1)[:, :p] if p < k else np.tile(np.arange(k), (len(S), 1))
+        probes[s: s + 8192] = top[np.arange(len(S))[:, None], np.argsort(-S[np.arange(len(S))[:, None], top], axis=1)]
+    primary = probes[:, 0]
+    m_order = np.argsort(primary, kind="stable")
+    m_start = np.searchsorted(primary[m_order], np.arange(k + 1))
+    q_flat = probes.ravel()
+    q_order = np.argsort(q_flat, kind="stable")
+    q_start = np.searchsorted(q_flat[q_order], np.arange(k + 1))
+    q_rec = q_order // p
+    new = np.ones(n, bool) if is_new is None else is_new
+    out_p, out_s = [], []
+    for c in range(k):
+        M = m_order[m_start[c]: m_start[c + 1]]
+        Q = q_rec[q_start[c]: q_start[c + 1]]
+        if is_new is not None:
+            Q = Q[new[Q]]
+        if len(M) == 0 or len(Q) == 0:
+            continue
+        S = E[Q] @ E[M].T
+        qi, mj = np.nonzero(S >= threshold)
+        a, b = Q[qi], M[mj]
+        ok = a != b
+        out_p.append(np.stack([np.minimum(a, b)[ok], np.maximum(a, b)[ok]], 1))
+        out_s.append(S[qi[ok], mj[ok]])
+    if not out_p:
+        return np.zeros((0, 2), np.int64), np.zeros(0, np.float32)
+    pairs, sims = np.concatenate(out_p), np.concatenate(out_s)
+    code = pairs[:, 0] * n + pairs[:, 1]
+    code, first = np.unique(code, return_index=True)
+    return pairs[first], sims[first]
