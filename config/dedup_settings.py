@@ -75,19 +75,19 @@ class DedupSettings(BaseModel):
         "Empty: $EVOLFORGE_CACHE or ~/.cache/evolforge/static_embeddings."
     )
     static_candidate_cosine: float = Field(
-        0.84, ge=-1, le=1, description="Static-model cosine at or above which a pair is a candidate (ANN search threshold)."
+        0.86, ge=-1, le=1, description="Static-model cosine at or above which a pair is a candidate (the ANN search threshold)."
     )
     static_accept_cosine: float = Field(
-        0.93, ge=-1, le=1, description="Static-model cosine at or above which a candidate is a duplicate without asking the full "
-        "model; candidates between static_candidate_cosine and this go to the full model."
+        0.89, ge=-1, le=1, description="Static-model cosine at or above which a candidate is a duplicate without the full model. "
+        "Candidates below it go to the full model (within max_confirm_records); unconfirmed ones are kept as distinct."
     )
     cosine_threshold: float = Field(
-        0.88, ge=-1, le=1, description="Full-model (all-MiniLM-L6-v2) cosine at or above which an uncertain candidate is a duplicate."
+        0.92, ge=-1, le=1, description="Full-model (all-MiniLM-L6-v2) cosine at or above which an uncertain candidate is a duplicate."
     )
-    confirm: bool = Field(True, description="Confirm uncertain candidates with the full model (False: static cosine >= static_accept_cosine decides alone).")
+    confirm: bool = Field(True, description="Ask the full model about candidates between static_candidate_cosine and static_accept_cosine.")
     max_confirm_records: int = Field(
-        20_000, ge=0, description="Most records the full model embeds in one call (it runs at ~100 texts/s on 2 CPU cores); "
-        "uncertain pairs beyond the budget are decided by static_accept_cosine and counted as unconfirmed."
+        1000, ge=0, description="Most texts the full model embeds per call (it runs at ~50-100 texts/s on 2 CPU cores); the "
+        "uncertain pairs with the highest static cosine are confirmed first, the rest are counted as unconfirmed and kept."
     )
     batch_size: int = Field(64, ge=1, le=4096, description="Full-model encode batch size.")
     max_seq_length: int = Field(128, ge=8, le=512, description="Full-model token limit per text (longer texts are truncated).")

@@ -1,0 +1,296 @@
+"""Deduplicate texts: exact -> MinHash+LSH -> embeddings, optionally against a persistent index.
+
+`dedup(texts, ids, settings, index_dir)` returns the kept ids and one row per
+dropped record saying why: `duplicate_of` (the kept representative of its
+group), `method` (exact | minhash | embedding), `similarity` (to that
+representative: 1.0, exact Jaccard, or static-model cosine), `matched_id` and
+`matched_similarity` (the strongest verified edge that linked it; Jaccard, or
+the static cosine, or the full-model cosine when `detail` is "full").
+
+Each method groups the records still alive by connected components of its
+verified pairs (union-find) and keeps one per group: keep="earliest" keeps the
+lowest input order (indexed records count as earlier than new ones), keep="best"
+the highest score (ties: earliest); a group with an indexed record keeps that.
+Groups are transitive: a dropped record's similarity to the kept one can be
+below the threshold when it was linked through a chain (matched_* shows the link).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from evolforge.config.dedup_settings import DedupSettings
+from evolforge.tasks.dedup import embedding as emb
+from evolforge.tasks.dedup import minhash as mh
+from evolforge.tasks.dedup.index import DedupIndex, empty_data
+from evolforge.tasks.dedup.normalize import exact_groups, exact_keys, normalize_many
+
+_ENCODERS: dict[tuple, object] = {}
+
+
+@dataclass
+class DedupResult:
+    kept_ids: list[str]
+    dropped: list[dict]                       # id, duplicate_of, method, similarity, matched_id, matched_similarity, detail
+    stats: dict = field(default_factory=dict)
+
+
+def components(n: int, pairs: np.ndarray) -> np.ndarray:
+    """Connected components (vectorized union-find: min-label hooking + pointer jumping); label = smallest member."""
+    parent = np.arange(n)
+    if len(pairs) == 0:
+        return parent
+    i, j = pairs[:, 0], pairs[:, 1]
+    while True:
+        pi, pj = parent[i], parent[j]
+        if np.array_equal(pi, pj):
+            return parent
+        lo = np.minimum(pi, pj)
+        np.minimum.at(parent, pi, lo)
+        np.minimum.at(parent, pj, lo)
+        while True:
+            nxt = parent[parent]
+            if np.array_equal(nxt, parent):
+                break
+            parent = nxt
+
+
+def _groups(n_hist: int, n: int, pairs: np.ndarray, sims: np.ndarray, scores: np.ndarray | None):
+    """(dropped nodes, their representative, best matched node, its similarity) for nodes >= n_hist."""
+    lab = components(n, pairs)
+    rep = lab.copy()
+    if scores is not None:  # keep="best": history nodes always win (score +inf), ties by lowest index
+        sc = np.concatenate([np.full(n_hist, np.inf), scores])
+        order = np.lexsort((np.arange(n), -sc, lab))
+        first = np.concatenate([[True], lab[order][1:] != lab[order][:-1]])
+        winner = np.empty(n, np.int64)
+        winner[lab[order][first]] = order[first]
+        rep = winner[lab]
+    in_pair = np.zeros(n, bool)
+    in_pair[pairs.ravel()] = True
+    drop = np.flatnonzero(in_pair & (rep != np.arange(n)) & (np.arange(n) >= n_hist))
+    a = np.concatenate([pairs[:, 0], pairs[:, 1]])
+    b = np.concatenate([pairs[:, 1], pairs[:, 0]])
+    s = np.concatenate([sims, sims])
+    order = np.lexsort((-s, a))
+    head = np.concatenate([[True], a[order][1:] != a[order][:-1]])
+    best_nb = np.full(n, -1)
+    best_s = np.zeros(n)
+    best_nb[a[order][head]] = b[order][head]
+    best_s[a[order][head]] = s[order][head]
+    return drop, rep[drop], best_nb[drop], best_s[drop]
+
+
+def _encoder(kind: str, settings: DedupSettings):
+    key = (kind, str(emb.model_dir(settings)), str(emb.static_cache_dir(settings)), settings.max_seq_length, settings.batch_size)
+    if key not in _ENCODERS:
+        _ENCODERS[key] = emb.StaticEncoder(settings) if kind == "static" else emb.FullEncoder(settings)
+    return _ENCODERS[key]
+
+
+def dedup(texts: Sequence[str], ids: Sequence[str] | None = None, settings: DedupSettings | None = None,
+          index_dir: str | Path | None = None, scores: Sequence[float] | None = None) -> DedupResult:
+    """Deduplicate `texts` (and against the index in `index_dir`, which then receives the kept records)."""
+    s = settings or DedupSettings()
+    n = len(texts)
+    texts = ["" if t is None else str(t) for t in texts]
+    ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in ids]
+    if len(ids) != n or len(set(ids)) != n:
+        raise ValueError("ids must be unique and one per text")
+    sc = None
+    if s.keep == "best":
+        if scores is None or len(scores) != n:
+            raise ValueError("keep='best' needs one score per text")
+        sc = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-np.inf)
+    static = _encoder("static", s) if s.embedding else None
+    dim = static.dim if static else 0
+    index = DedupIndex(index_dir, s, static.fingerprint if static else "") if index_dir else None
+    hist = index.load(dim) if index else empty_data(s, dim)
+    H = len(hist)
+    alive = np.ones(n, bool)
+    dropped: list[dict] = []
+    stats: dict = {"records": n, "indexed_before": H, "seconds": {}}
+
+    def record(method, nodes_alive, drop, rep, nb, nb_s, rep_sim, detail):
+        name = lambda node: hist.ids[node] if node < H else ids[nodes_alive[node - H]]  # noqa: E731
+        for d, r, m, ms, rs, dt in zip(drop, rep, nb, nb_s, rep_sim, detail):
+            k = int(nodes_alive[d - H])
+            alive[k] = False
+            dropped.append({"id": ids[k], "duplicate_of": name(int(r)), "method": method, "similarity": round(float(rs), 6),
+                            "matched_id": name(int(m)), "matched_similarity": round(float(ms), 6), "detail": dt})
+        stats[f"dropped_{method}"] = len(drop)
+
+    t0 = time.perf_counter()
+    norms = normalize_many(texts, s)
+    keys = exact_keys(norms)
+    if s.exact:
+        live = np.flatnonzero(alive)
+        hk = hist.exact
+        order = np.argsort(hk, kind="stable")
+        pos = np.minimum(np.searchsorted(hk[order], keys), max(H - 1, 0))
+        hit = (hk[order][pos] == keys) if H else np.zeros(n, bool)
+        first = exact_groups(keys, norms)
+        pairs = [np.stack([order[pos[hit]], H + np.flatnonzero(hit)], 1)] if H else []
+        own = np.flatnonzero(first != np.arange(n))
+        pairs.append(np.stack([H + first[own], H + own], 1))
+        p = np.concatenate(pairs).astype(np.int64)
+        g = _groups(H, H + n, p, np.ones(len(p)), None if sc is None else sc[live])
+        record("exact", live, *g, np.ones(len(g[0])), ["normalized text"] * len(g[0]))
+    stats["seconds"]["exact"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    sk_rows = np.full(n, -1)
+    sk_new = mh.empty_sketches(s)
+    if s.minhash:
+        live = np.flatnonzero(alive)
+        sk_new = mh.sketch_many([norms[i] for i in live], s)
+        sk_rows[live] = np.arange(len(live))
+        allsk = mh.Sketches.concat([hist.sketches, sk_new], s)
+        is_new = np.arange(H + len(live)) >= H
+        p, sim, ncand = mh.verified_pairs(allsk, s, is_new)
+        g = _groups(H, H + len(live), p, sim, None if sc is None else sc[live])
+        rep_sim = mh.jaccard(allsk.offsets, allsk.values, np.stack([g[0], g[1]], 1)) if len(g[0]) else np.zeros(0)
+        record("minhash", live, *g, rep_sim, ["jaccard"] * len(g[0]))
+        stats.update(minhash_candidates=ncand, minhash_verified_pairs=len(p))
+    stats["seconds"]["minhash"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    st_rows = np.full(n, -1)
+    E_new = np.zeros((0, dim), np.float32)
+    full_new: dict[int, np.ndarray] = {}
+    if s.embedding:
+        live = np.flatnonzero(alive)
+        E_new = static.encode([texts[i] for i in live])
+        st_rows[live] = np.arange(len(live))
+        E = np.concatenate([hist.static, E_new]) if H else E_new
+        is_new = np.arange(H + len(live)) >= H
+        p, sim = emb.neighbor_pairs(E, s.static_candidate_cosine, s, is_new if H else None)
+        sure = sim >= s.static_accept_cosine
+        unc = np.flatnonzero(~sure)
+        detail = np.array(["static"] * len(p), dtype=object)
+        ok, full_vecs = _confirm(p[unc], sim[unc], s, hist, [texts[i] for i in live], H) if s.confirm else (None, {})
+        keep_edge = sure.copy()
+        fsim = sim.astype(np.float64)
+        if ok is not None and len(ok[0]):
+            keep_edge[unc[ok[0]]] = ok[1] >= s.cosine_threshold
+            fsim[unc[ok[0]]] = ok[1]
+            detail[unc[ok[0]]] = "full"
+        p, fsim, detail = p[keep_edge], fsim[keep_edge], detail[keep_edge]
+        g = _groups(H, H + len(live), p, fsim, None if sc is None else sc[live])
+        rep_sim = np.einsum("ij,ij->i", E[g[0]], E[g[1]]) if len(g[0]) else np.zeros(0)
+        edge_detail = {(int(a), int(b)): d for (a, b), d in zip(p.tolist(), detail)}
+        dt = [edge_detail.get((min(d, m), max(d, m)), "static") for d, m in zip(g[0].tolist(), g[2].tolist())]
+        record("embedding", live, *g, rep_sim, dt)
+        full_new = full_vecs
+        stats.update(embedding_candidates=len(sim), embedding_static_accepted=int(sure.sum()), embedding_uncertain=len(unc),
+                     embedding_confirm_checked=0 if ok is None else len(ok[0]),
+                     embedding_confirmed=0 if ok is None else int((ok[1] >= s.cosine_threshold).sum()))
+    stats["seconds"]["embedding"] = time.perf_counter() - t0
+
+    kept = np.flatnonzero(alive)
+    stats["kept"] = len(kept)
+    if index is not None:
+        t0 = time.perf_counter()
+        sk = sk_new.take(sk_rows[kept]) if s.minhash else _blank_sketches(len(kept), s)
+        st = E_new[st_rows[kept]] if s.embedding else np.zeros((len(kept), 0), np.float32)
+        # full-model vectors computed for this call, keyed by their row in the index after this append
+        row_of_live = {H + int(st_rows[k]): H + i for i, k in enumerate(kept)} if s.embedding else {}
+        full_rows = {node if node < H else row_of_live[node]: v for node, v in full_new.items()
+                     if node < H or node in row_of_live}
+        index.append([ids[i] for i in kept], [texts[i] for i in kept], keys[kept], sk, st, full_rows)
+        stats["seconds"]["index_save"] = time.perf_counter() - t0
+    return DedupResult([ids[i] for i in kept], dropped, stats)
+
+
+def _blank_sketches(n: int, s: DedupSettings) -> mh.Sketches:
+    return mh.Sketches(np.zeros(n + 1, np.int64), np.zeros(0, np.uint64), np.full((n, s.num_perm), 2**32 - 1, np.uint32),
+                       np.zeros((n, s.bands), np.uint64))
+
+
+def _confirm(pairs: np.ndarray, sims: np.ndarray, s: DedupSettings, hist, new_texts: list[str], H: int):
+    """Full-model cosine for the uncertain pairs that fit the budget (highest static cosine first)."""
+    if len(pairs) == 0 or s.max_confirm_records == 0:
+        return (np.zeros(0, np.int64), np.zeros(0)), {}
+    chosen, nodes = [], set()
+    for k in np.argsort(-sims, kind="stable"):
+        a, b = int(pairs[k, 0]), int(pairs[k, 1])
+        extra = {x for x in (a, b) if x not in nodes and not (x < H and x in hist.full)}
+        if len(nodes) + len(extra) > s.max_confirm_records:
+            continue
+        nodes |= extra
+        chosen.append(k)
+    need = sorted(nodes)
+    text_of = lambda x: hist.texts[x] if x < H else new_texts[x - H]  # noqa: E731
+    F = _encoder("full", s).encode([text_of(x) for x in need])
+    vec = {x: F[i] for i, x in enumerate(need)}
+    vec.update({x: hist.full[x] for x in np.unique(pairs[chosen]).tolist() if x < H and x in hist.full})
+    ch = np.asarray(chosen, dtype=np.int64)
+    cos = np.array([float(vec[int(a)] @ vec[int(b)]) for a, b in pairs[ch]])
+    return (ch, cos), {x: vec[x] for x in need}
+
+
+def _read_table(path: Path):
+    import polars as pl
+
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        return pl.read_ndjson(path), "jsonl"
+    if suffix == ".parquet":
+        return pl.read_parquet(path), "parquet"
+    if suffix == ".csv":
+        return pl.read_csv(path), "csv"
+    raise ValueError(f"{path}: unsupported format {suffix!r} (use .jsonl, .parquet or .csv)")
+
+
+def _write_table(df, path: Path, fmt: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    {"jsonl": df.write_ndjson, "parquet": df.write_parquet, "csv": df.write_csv}[fmt](tmp)
+    os.replace(tmp, path)
+
+
+def dedup_file(path: str | Path, text_field: str, out_dir: str | Path, settings: DedupSettings | None = None,
+               id_field: str | None = None, index_dir: str | Path | None = None) -> dict:
+    """Dedup a .jsonl/.parquet/.csv file on `text_field`.
+
+    Writes OUT/kept.<fmt> (the kept rows, all columns, input order), OUT/dropped.<fmt>
+    (dropped rows plus dedup_duplicate_of, dedup_method, dedup_similarity,
+    dedup_matched_id, dedup_matched_similarity, dedup_detail) and OUT/summary.json.
+    Ids are `id_field` values, else the 0-based row number. Returns the summary.
+    """
+    import json
+
+    import polars as pl
+
+    s = settings or DedupSettings()
+    path, out = Path(path), Path(out_dir)
+    df, fmt = _read_table(path)
+    if text_field not in df.columns:
+        raise ValueError(f"{path}: no column {text_field!r} (columns: {df.columns})")
+    ids = [str(x) for x in df[id_field].to_list()] if id_field else [str(i) for i in range(df.height)]
+    scores = df[s.score_field].cast(pl.Float64).to_list() if s.keep == "best" else None
+    res = dedup(df[text_field].to_list(), ids, s, index_dir=index_dir, scores=scores)
+    out.mkdir(parents=True, exist_ok=True)
+    pos = {k: i for i, k in enumerate(ids)}
+    kept_rows = sorted(pos[k] for k in res.kept_ids)
+    _write_table(df[kept_rows], out / f"kept.{fmt}", fmt)
+    d = res.dropped
+    reasons = pl.DataFrame({
+        "dedup_duplicate_of": [r["duplicate_of"] for r in d], "dedup_method": [r["method"] for r in d],
+        "dedup_similarity": [r["similarity"] for r in d], "dedup_matched_id": [r["matched_id"] for r in d],
+        "dedup_matched_similarity": [r["matched_similarity"] for r in d], "dedup_detail": [r["detail"] for r in d],
+    }, schema={"dedup_duplicate_of": pl.Utf8, "dedup_method": pl.Utf8, "dedup_similarity": pl.Float64,
+               "dedup_matched_id": pl.Utf8, "dedup_matched_similarity": pl.Float64, "dedup_detail": pl.Utf8})
+    dropped_df = pl.concat([df[[pos[r["id"]] for r in d]], reasons], how="horizontal")
+    _write_table(dropped_df, out / f"dropped.{fmt}", fmt)
+    summary = {"input": str(path), "text_field": text_field, "kept": len(res.kept_ids), "dropped": len(d),
+               "kept_path": str(out / f"kept.{fmt}"), "dropped_path": str(out / f"dropped.{fmt}"), "stats": res.stats}
+    tmp = out / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1, default=float))
+    os.replace(tmp, out / "summary.json")
+    return summary
