@@ -1,0 +1,274 @@
+"""Deduplication benchmark on a seeded, labelled near-duplicate corpus.
+
+    .venv/bin/python bench/bench_dedup.py --n 100000          # the issue's figures
+    .venv/bin/python bench/bench_dedup.py --n 1000000 --no-truth   # hand run
+
+Measures, on n records of bench/near_dup_corpus.py:
+  MinHash+LSH   records/s end to end (normalize, shingle, sketch, LSH, verify,
+                group) on all n records; precision/recall of the verified pairs
+                against the EXACT set of all pairs with Jaccard >= threshold,
+                computed with prefix filtering (AllPairs, Bayardo et al. 2007:
+                a pair with J >= t must share a token among each record's first
+                |x| - ceil(t|x|) + 1 rarest tokens), which is exact, not sampled;
+                the prefix filter itself is cross-checked by brute force on a
+                random sample. Same shingle sets (44-bit fingerprints) as the method.
+  Embeddings    records/s of the embedding stage alone on all n records (static
+                encode, ANN, full-model confirmation within its budget, grouping);
+                recall on the labelled (base, variant) pairs per edit level
+                (same group after dedup, and as a direct verified pair); precision
+                of the found pairs (same cluster label) and of the dropped records
+                (kept representative from the same cluster); ANN recall vs exact
+                blockwise search (cosine >= static_candidate_cosine) for a random
+                sample of query records against all n.
+  Pipeline      dedup() end to end (exact -> minhash -> embedding).
+  Memory        peak RSS (resource.getrusage) after each part.
+Writes bench/results/dedup.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from near_dup_corpus import make_corpus  # noqa: E402
+
+from evolforge.config.dedup_settings import DedupSettings  # noqa: E402
+from evolforge.tasks.dedup import embedding as emb  # noqa: E402
+from evolforge.tasks.dedup import minhash as mh  # noqa: E402
+from evolforge.tasks.dedup.normalize import normalize_many  # noqa: E402
+from evolforge.tasks.dedup.pipeline import _encoder, _groups, components, dedup  # noqa: E402
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def codes(pairs: np.ndarray, n: int) -> np.ndarray:
+    return np.unique(np.sort(pairs, axis=1)[:, 0].astype(np.int64) * n + np.sort(pairs, axis=1)[:, 1])
+
+
+def exact_jaccard_pairs(sk: mh.Sketches, t: float) -> tuple[np.ndarray, int]:
+    """All pairs with Jaccard >= t, exactly, by prefix filtering + exact verification."""
+    n = len(sk)
+    sizes = np.diff(sk.offsets)
+    rec = np.repeat(np.arange(n), sizes)
+    uniq, inv, cnt = np.unique(sk.values, return_inverse=True, return_counts=True)
+    rank = np.argsort(np.argsort(cnt, kind="stable"), kind="stable")[inv]       # rarest token = rank 0
+    order = np.lexsort((rank, rec))                                          # per record, rarest first
+    pos = np.arange(len(order)) - np.repeat(sk.offsets[:-1], sizes)
+    plen = sizes - np.ceil(t * sizes - 1e-9).astype(np.int64) + 1
+    inpre = pos < np.repeat(plen, sizes)
+    tok, r = inv[order][inpre], rec[order][inpre]
+    o = np.lexsort((r, tok))
+    tok, r = tok[o], r[o]
+    starts = np.flatnonzero(np.concatenate([[True], tok[1:] != tok[:-1]]))
+    lens = np.diff(np.concatenate([starts, [len(tok)]]))
+    out = []
+    for L in np.unique(lens[lens >= 2]):
+        st = starts[lens == L]
+        iu, ju = np.triu_indices(int(L), 1)
+        for s in range(0, len(st), max(1, 2_000_000 // len(iu))):
+            b = st[s: s + max(1, 2_000_000 // len(iu))]
+            out.append(np.stack([r[(b[:, None] + iu).ravel()], r[(b[:, None] + ju).ravel()]], 1))
+    cand = np.concatenate(out) if out else np.zeros((0, 2), np.int64)
+    c = codes(cand, n)
+    cand = np.stack([c // n, c % n], 1)
+    a, b = sizes[cand[:, 0]], sizes[cand[:, 1]]
+    cand = cand[np.minimum(a, b) >= t * np.maximum(a, b) - 1e-9]
+    j = mh.jaccard(sk.offsets, sk.values, cand)
+    return cand[j >= t], len(cand)
+
+
+def bench_minhash(texts, s: DedupSettings, truth: bool, rng) -> dict:
+    n = len(texts)
+    t0 = time.perf_counter()
+    norms = normalize_many(texts, s)
+    t1 = time.perf_counter()
+    sk = mh.sketch_many(norms, s)
+    t2 = time.perf_counter()
+    pairs, sims, ncand = mh.verified_pairs(sk, s)
+    t3 = time.perf_counter()
+    comp = components(n, pairs)
+    t4 = time.perf_counter()
+    res = {"records": n, "seconds": t4 - t0, "records_per_s": n / (t4 - t0),
+           "seconds_normalize": t1 - t0, "seconds_sketch": t2 - t1, "seconds_lsh_verify": t3 - t2, "seconds_group": t4 - t3,
+           "lsh_candidates": ncand, "verified_pairs": len(pairs), "groups_with_duplicates": int(len(np.unique(comp[pairs[:, 0]])) if len(pairs) else 0),
+           "num_perm": s.num_perm, "bands": s.bands, "rows": s.rows, "threshold": s.jaccard_threshold,
+           "s_curve_recall_at_threshold": s.lsh_recall(), "shingles": f"{s.shingle_size}-{s.shingle_kind}"}
+    if truth:
+        t5 = time.perf_counter()
+        tp, tcand = exact_jaccard_pairs(sk, s.jaccard_threshold)
+        res["truth_seconds"] = time.perf_counter() - t5
+        found, true = codes(pairs, n), codes(tp, n)
+        inter = len(np.intersect1d(found, true))
+        res.update(truth_pairs=len(true), precision=inter / max(1, len(found)), recall=inter / max(1, len(true)),
+                   group_recall=float(np.mean(comp[tp[:, 0]] == comp[tp[:, 1]])) if len(tp) else 1.0)
+        # cross-check the prefix filter by brute force on a sample
+        m = min(n, 3000)
+        samp = np.sort(rng.choice(n, m, replace=False))
+        iu, ju = np.triu_indices(m, 1)
+        bp = np.stack([samp[iu], samp[ju]], 1)
+        bj = np.concatenate([mh.jaccard(sk.offsets, sk.values, bp[k: k + 500_000]) for k in range(0, len(bp), 500_000)])
+        brute = codes(bp[bj >= s.jaccard_threshold], n)
+        insamp = np.isin(tp[:, 0], samp) & np.isin(tp[:, 1], samp)
+        res["truth_check"] = {"sample": m, "brute_force_pairs": len(brute),
+                              "prefix_filter_pairs": int(insamp.sum()), "agree": bool(np.array_equal(brute, codes(tp[insamp], n)))}
+    res["peak_rss_mb"] = rss_mb()
+    return res
+
+
+def bench_embedding(c, s: DedupSettings, rng, ann_sample: int) -> dict:
+    n = len(c.texts)
+    t0 = time.perf_counter()
+    static = _encoder("static", s)
+    if s.confirm and s.max_confirm_records:
+        _encoder("full", s).encode(["warm up"])
+    load = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    E = static.encode(c.texts)
+    t1 = time.perf_counter()
+    p, sim = emb.neighbor_pairs(E, s.static_candidate_cosine, s)
+    t2 = time.perf_counter()
+    from evolforge.tasks.dedup.pipeline import _confirm
+    from evolforge.tasks.dedup.index import empty_data
+
+    sure = sim >= s.static_accept_cosine
+    unc = np.flatnonzero(~sure)
+    keep = sure.copy()
+    ok = None
+    if s.confirm:
+        ok, _ = _confirm(p[unc], sim[unc], s, empty_data(s, E.shape[1]), c.texts, 0)
+        keep[unc[ok[0]]] = ok[1] >= s.cosine_threshold
+    t3 = time.perf_counter()
+    P = p[keep]
+    drop, rep, _, _ = _groups(0, n, P, sim[keep], None)
+    comp = components(n, P)
+    t4 = time.perf_counter()
+    cl = c.cluster
+    res = {"records": n, "seconds": t4 - t0, "records_per_s": n / (t4 - t0), "model_load_seconds": load,
+           "seconds_static_encode": t1 - t0, "seconds_ann": t2 - t1, "seconds_confirm": t3 - t2, "seconds_group": t4 - t3,
+           "candidates": len(p), "static_accepted": int(sure.sum()), "uncertain": len(unc),
+           "confirm_checked": 0 if ok is None else len(ok[0]),
+           "confirmed": 0 if ok is None else int((ok[1] >= s.cosine_threshold).sum()),
+           "unconfirmed_uncertain": len(unc) - (0 if ok is None else len(ok[0])),
+           "pair_precision": float(np.mean(cl[P[:, 0]] == cl[P[:, 1]])) if len(P) else 1.0,
+           "drop_precision": float(np.mean(cl[drop] == cl[rep])) if len(drop) else 1.0,
+           "dropped": len(drop)}
+    found = set(map(tuple, P.tolist()))
+    for lv in ("exact", "style", "0.05", "0.1", "0.2"):
+        lp = np.array([(b, v) for b, v, lev, _ in c.pairs if lev == lv])
+        if len(lp) == 0:
+            continue
+        res[f"recall_group_{lv}"] = float(np.mean(comp[lp[:, 0]] == comp[lp[:, 1]]))
+        res[f"recall_pair_{lv}"] = float(np.mean([(min(a, b), max(a, b)) in found for a, b in lp.tolist()]))
+    small = [(b, v) for b, v, lev, _ in c.pairs if lev in ("style", "0.05")]
+    res["recall_group_upto_0.05"] = float(np.mean([comp[a] == comp[b] for a, b in small])) if small else 1.0
+    # ANN vs exact search at the same threshold, for a sample of queries against all n
+    q = np.sort(rng.choice(n, min(n, ann_sample), replace=False))
+    is_q = np.zeros(n, bool)
+    is_q[q] = True
+    ep, _ = emb.exact_pairs(E, s.static_candidate_cosine, is_q)
+    ann = codes(p[is_q[p[:, 0]] | is_q[p[:, 1]]], n) if len(p) else np.zeros(0, np.int64)
+    ex = codes(ep, n) if len(ep) else np.zeros(0, np.int64)
+    res.update(ann_queries=len(q), ann_exact_pairs=len(ex), ann_recall_vs_exact=len(np.intersect1d(ex, ann)) / max(1, len(ex)))
+    res["peak_rss_mb"] = rss_mb()
+    return res
+
+
+def baseline_datasketch(texts, s: DedupSettings) -> dict:
+    """The plain datasketch pipeline (MinHash.bulk + MinHashLSH) on the same shingles, for reference."""
+    from datasketch import MinHash, MinHashLSH
+
+    norms = normalize_many(texts, s)
+    k = s.shingle_size
+    t0 = time.perf_counter()
+    sh = [[t[i: i + k].encode() for i in range(max(1, len(t) - k + 1))] for t in norms]
+    mhs = MinHash.bulk(sh, num_perm=s.num_perm, seed=s.seed)
+    lsh = MinHashLSH(num_perm=s.num_perm, params=(s.bands, s.rows))
+    with lsh.insertion_session() as sess:
+        for i, m in enumerate(mhs):
+            sess.insert(str(i), m)
+    for m in mhs:
+        lsh.query(m)
+    dt = time.perf_counter() - t0
+    return {"records": len(texts), "seconds": dt, "records_per_s": len(texts) / dt}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-truth", action="store_true", help="skip the exact all-pairs Jaccard ground truth")
+    ap.add_argument("--no-embedding", action="store_true")
+    ap.add_argument("--no-pipeline", action="store_true")
+    ap.add_argument("--baseline-n", type=int, default=5000, help="records for the plain datasketch reference (0: skip)")
+    ap.add_argument("--ann-sample", type=int, default=2000)
+    ap.add_argument("--out", default=str(HERE / "results" / "dedup.json"))
+    a = ap.parse_args(argv)
+    s = DedupSettings()
+    rng = np.random.default_rng(a.seed)
+    t = time.perf_counter()
+    c = make_corpus(a.n, seed=a.seed)
+    out = {"n": a.n, "seed": a.seed, "cpus": os.cpu_count(), "load_avg_start": os.getloadavg(),
+           "corpus_seconds": time.perf_counter() - t, "settings": s.model_dump(),
+           "corpus_levels": {lv: sum(1 for x in c.level if x == lv) for lv in set(c.level)}}
+    out["minhash"] = bench_minhash(c.texts, s, not a.no_truth, rng)
+    if a.baseline_n:
+        out["datasketch_baseline"] = baseline_datasketch(c.texts[: a.baseline_n], s)
+    if not a.no_embedding:
+        out["embedding"] = bench_embedding(c, s, rng, a.ann_sample)
+    if not a.no_pipeline:
+        t = time.perf_counter()
+        r = dedup(c.texts, None, s)
+        dt = time.perf_counter() - t
+        out["pipeline"] = {"records": a.n, "seconds": dt, "records_per_s": a.n / dt, "kept": len(r.kept_ids),
+                           "stats": r.stats, "peak_rss_mb": rss_mb()}
+    out["load_avg_end"] = os.getloadavg()
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=1, default=float))
+    print_table(out)
+    return out
+
+
+def print_table(o: dict) -> None:
+    m = o["minhash"]
+    rows = [("records", o["n"]), ("MinHash+LSH records/s (end to end)", f"{m['records_per_s']:,.0f}"),
+            ("  normalize / sketch / LSH+verify / group s", f"{m['seconds_normalize']:.2f} / {m['seconds_sketch']:.2f} / "
+             f"{m['seconds_lsh_verify']:.2f} / {m['seconds_group']:.2f}"),
+            ("  LSH candidates / verified pairs", f"{m['lsh_candidates']:,} / {m['verified_pairs']:,}")]
+    if "precision" in m:
+        rows += [("  precision / recall vs exact all-pairs", f"{m['precision']:.4f} / {m['recall']:.4f} ({m['truth_pairs']:,} true pairs)"),
+                 ("  prefix-filter truth == brute force (sample)", m["truth_check"]["agree"])]
+    if "datasketch_baseline" in o:
+        rows.append(("plain datasketch records/s", f"{o['datasketch_baseline']['records_per_s']:,.0f}"))
+    if "embedding" in o:
+        e = o["embedding"]
+        rows += [("Embedding stage records/s", f"{e['records_per_s']:,.0f} (+{e['model_load_seconds']:.1f}s model load)"),
+                 ("  encode / ANN / confirm / group s", f"{e['seconds_static_encode']:.2f} / {e['seconds_ann']:.2f} / "
+                  f"{e['seconds_confirm']:.2f} / {e['seconds_group']:.2f}"),
+                 ("  recall (same group) style / 5% / 10% / 20%", " / ".join(f"{e.get('recall_group_' + k, float('nan')):.3f}" for k in ("style", "0.05", "0.1", "0.2"))),
+                 ("  recall (direct pair) 5% / 10%", f"{e['recall_pair_0.05']:.3f} / {e['recall_pair_0.1']:.3f}"),
+                 ("  precision pairs / dropped records", f"{e['pair_precision']:.3f} / {e['drop_precision']:.3f}"),
+                 ("  ANN recall vs exact search", f"{e['ann_recall_vs_exact']:.4f} ({e['ann_exact_pairs']} pairs, {e['ann_queries']} queries)"),
+                 ("  full model: checked / confirmed / unconfirmed", f"{e['confirm_checked']} / {e['confirmed']} / {e['unconfirmed_uncertain']}")]
+    if "pipeline" in o:
+        p = o["pipeline"]
+        rows.append(("dedup() end to end records/s", f"{p['records_per_s']:,.0f} (kept {p['kept']:,})"))
+    rows.append(("peak RSS MB", f"{rss_mb():,.0f}"))
+    w = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{w}}  {v}")
+
+
+if __name__ == "__main__":
+    main()
