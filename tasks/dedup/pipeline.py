@@ -21,7 +21,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -63,6 +63,9 @@ def components(n: int, pairs: np.ndarray) -> np.ndarray:
 
 def _groups(n_hist: int, n: int, pairs: np.ndarray, sims: np.ndarray, scores: np.ndarray | None):
     """(dropped nodes, their representative, best matched node, its similarity) for nodes >= n_hist."""
+    if len(pairs) == 0:
+        e = np.zeros(0, np.int64)
+        return e, e, e, np.zeros(0)
     lab = components(n, pairs)
     rep = lab.copy()
     if scores is not None:  # keep="best": history nodes always win (score +inf), ties by lowest index
@@ -94,11 +97,14 @@ def _encoder(kind: str, settings: DedupSettings):
     return _ENCODERS[key]
 
 
-def dedup(texts: Sequence[str], ids: Sequence[str] | None = None, settings: DedupSettings | None = None,
-          index_dir: str | Path | None = None, scores: Sequence[float] | None = None) -> DedupResult:
-    """Deduplicate `texts` (and against the index in `index_dir`, which then receives the kept records)."""
+def dedup(texts: Sequence[str] | Sequence[Mapping], ids: Sequence[str] | None = None, settings: DedupSettings | None = None,
+          index_dir: str | Path | None = None, scores: Sequence[float] | None = None, text_field: str = "text") -> DedupResult:
+    """Deduplicate `texts` (strings, or records whose `text_field` holds the text) in input order,
+    and against the index in `index_dir` (created if missing), which then receives the kept records.
+    `ids` default to "0", "1", ...; `scores` are needed for keep="best"."""
     s = settings or DedupSettings()
     n = len(texts)
+    texts = [t.get(text_field) if isinstance(t, Mapping) else t for t in texts]
     texts = ["" if t is None else str(t) for t in texts]
     ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in ids]
     if len(ids) != n or len(set(ids)) != n:

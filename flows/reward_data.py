@@ -1,0 +1,164 @@
+"""Reward-model data flow: an evolve run's instructions -> IRM preference pairs + PRM step labels + health.
+
+Reads top to bottom like the stage it runs:
+  settings -> output folder -> snapshot of the evolve run's instructions (row group = batch) -> model
+  endpoint (embedded or configured) -> one Prefect task per batch and kind (IRM: versions + judge ranking;
+  PRM: step split, re-ask, step labels) -> irm_pairs.parquet (TRL RewardTrainer form) and prm_steps.parquet
+  (TRL stepwise supervision) -> data health checks (health.json + markdown artifact) -> summary.json.
+
+Re-running over the same output folder resumes: finished batches are skipped, a killed batch replays its
+journaled calls. The health policy is applied by the training flow (policy 'stop' refuses to train).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.futures import as_completed
+from prefect.runtime import flow_run
+from pydantic import BaseModel, Field
+
+from evolforge.config.settings import Settings, load_settings
+from evolforge.flows.evolve import model_endpoint
+from evolforge.storage import reward_sets as store
+from evolforge.storage.layout import RunLayout
+from evolforge.storage.ledger import read_ledger
+from evolforge.tasks.evolve_batch import close_gateways, gateway_for
+from evolforge.tasks.gateway import EndpointDown
+from evolforge.tasks.reporting import cost_summary
+from evolforge.tasks.reward_data import assemble, reward_batch_task
+from evolforge.tasks.reward_health import check_health, health_markdown
+from evolforge.tasks.runners import build_task_runner
+
+
+class RewardDataParams(BaseModel):
+    """Parameters of the reward-data flow (the form the Prefect UI shows)."""
+
+    evolve_out: str = Field(..., description="Output folder of a finished evolve run (its dataset/evolved.parquet is read).")
+    out: str = Field("runs/reward", description="Output folder; running again over it resumes.")
+    method: Literal["judge", "decorl", "math_shepherd"] | None = Field(None, description="PRM step-label method (default: reward.step_label_method).")
+    max_instructions: int | None = Field(None, ge=1, description="Use at most this many instructions (default: reward.max_instructions).")
+    kinds: list[Literal["irm", "prm"]] = Field(["irm", "prm"], description="Which data to make: IRM pairs, PRM step labels, or both.")
+    config: str | None = Field(None, description="TOML config file (default: config/default.toml).")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; empty uses the embedded model.")
+    model: str | None = Field(None, description="Model for every stage without its own model in the config.")
+    overrides: dict[str, Any] = Field(default_factory=dict, description='Nested config overrides, e.g. {"reward": {"variants_per_model": 3}}.')
+
+
+def resolve_settings(p: RewardDataParams) -> Settings:
+    overrides: dict[str, Any] = dict(p.overrides)
+    reward = dict(overrides.get("reward", {}))
+    if p.method:
+        reward["step_label_method"] = p.method
+    if p.max_instructions:
+        reward["max_instructions"] = p.max_instructions
+    overrides["reward"] = reward
+    if p.base_url is not None:
+        overrides.setdefault("gateway", {})["base_url"] = p.base_url
+    if p.model:
+        overrides.setdefault("models", {})["default"] = p.model
+    return load_settings(p.config, overrides)
+
+
+def _run_batches(layout: store.RewardLayout, kinds: list[str], settings: Settings, base_url: str, run_id: str,
+                 runner) -> list[dict]:
+    n = store.batch_count(layout)
+    settings_json = settings.model_dump_json()
+    futures = {
+        runner.submit(reward_batch_task.with_options(task_run_name=f"{kind}-batch-{b:05d}"),
+                      parameters=dict(kind=kind, out_dir=str(layout.root), batch=b, settings_json=settings_json,
+                                      base_url=base_url, run_id=run_id)): (kind, b)
+        for kind in kinds for b in range(n)
+    }
+    index = {id(f): kb for f, kb in futures.items()}
+    stats, failed = [], []
+    for fut in as_completed(list(futures)):
+        try:
+            stats.append(fut.result())
+        except BaseException as e:  # noqa: BLE001 - collected, reported once below
+            failed.append((index[id(fut)], e))
+    if failed:
+        first = next((e for _, e in failed if isinstance(e, EndpointDown)), failed[0][1])
+        names = ", ".join(f"{k}-{b}" for (k, b), _ in sorted(failed, key=lambda x: x[0])[:20])
+        raise RuntimeError(
+            f"{len(failed)} of {len(futures)} reward-data batches failed ({names}). First error: {first}. "
+            f"Finished batches are checkpointed in {layout.root}; run again over the same out to redo only these."
+        ) from None
+    return stats
+
+
+@flow(name="reward-data", log_prints=True)
+def reward_data_flow(params: RewardDataParams) -> dict:
+    logger = get_run_logger()
+    settings = resolve_settings(params)
+    cfg = settings.reward
+    layout = store.RewardLayout(params.out).ensure()
+    run_layout = RunLayout(params.out).ensure()  # ledger and logs live where every flow keeps them
+    run_id = flow_run.id or f"local-{int(time.time())}"
+    t_start = time.time()
+
+    if not layout.input.exists():
+        n = store.build_input(store.evolve_dataset(params.evolve_out), layout.input, cfg.batch_size,
+                              cfg.max_instructions, cfg.reference_answer_field)
+        logger.info("took %d instructions from %s", n, params.evolve_out)
+
+    try:
+        with model_endpoint(settings, run_layout) as base_url, build_task_runner(settings.runner) as runner:
+            gw = gateway_for(settings, base_url, run_id, layout.root)
+            gw.check_reachable()
+            logger.info("model endpoint %s; PRM method %s", gw.describe(), cfg.step_label_method)
+            batches = _run_batches(layout, list(params.kinds), settings, base_url, run_id, runner)
+            gateway_stats = gw.stats.as_dict()
+    finally:
+        close_gateways(run_id)
+
+    sets = assemble(layout.root, settings, tuple(params.kinds))
+    health = check_health(sets["irm_scores"], sets["prm_scores"], cfg, stage="data")
+    store.write_json_atomic(layout.health, {"data": health, "model": None})
+    create_markdown_artifact(key="reward-data-health", markdown=health_markdown(health),
+                             description="Reward data health: IRM and PRM score distributions against RLEIF thresholds")
+    if not health["passed"]:
+        logger.warning("data health checks failed (policy %s): %s", cfg.health_policy, "; ".join(health["problems"]))
+
+    ledger = read_ledger(layout.root)
+    summary = {
+        "run_id": run_id, "out_dir": str(layout.root), "evolve_out": params.evolve_out,
+        "endpoint": base_url if not settings.uses_embedded_model else f"embedded {settings.embedded.alias}",
+        "irm": sets.get("irm"), "prm": sets.get("prm"),
+        "health": {"passed": health["passed"], "policy": cfg.health_policy, "problems": health["problems"]},
+        "batches": {"total": len(batches), "skipped": sum(1 for b in batches if b["skipped"]),
+                    "replayed_calls": sum(b.get("replayed_calls", 0) for b in batches)},
+        "gateway": gateway_stats, "cost": cost_summary(ledger),
+        "wall_seconds": round(time.time() - t_start, 2),
+        "datasets": {"irm_pairs": str(layout.irm_pairs), "irm_groups": str(layout.irm_groups),
+                     "prm_steps": str(layout.prm_steps), "prm_rejected": str(layout.prm_rejected),
+                     "health": str(layout.health)},
+    }
+    store.write_json_atomic(layout.summary, summary)
+    create_table_artifact(key="reward-data-counts", table=_count_rows(summary),
+                          description="Reward data: groups ranked, pairs, answers labelled, failures by reason")
+    logger.info("done: %s IRM pairs, %s labelled PRM answers; health %s; summary %s",
+                (sets.get("irm") or {}).get("pairs"), (sets.get("prm") or {}).get("labelled"),
+                "passed" if health["passed"] else "FAILED", layout.summary)
+    return summary
+
+
+def _count_rows(summary: dict) -> list[dict]:
+    rows = []
+    for kind in ("irm", "prm"):
+        part = summary.get(kind) or {}
+        for status, n in (part.get("by_status") or {}).items():
+            rows.append({"set": kind, "status": status, "count": n})
+    irm, prm = summary.get("irm") or {}, summary.get("prm") or {}
+    rows.append({"set": "irm", "status": "pairs", "count": irm.get("pairs", 0)})
+    rows.append({"set": "prm", "status": "steps", "count": prm.get("steps", 0)})
+    return rows
+
+
+if __name__ == "__main__":
+    import sys
+
+    reward_data_flow(RewardDataParams(evolve_out=sys.argv[1], out=sys.argv[2] if len(sys.argv) > 2 else "runs/reward"))

@@ -1,0 +1,141 @@
+"""Files of the PPO stage: where they live and how they are written.
+
+    PPO_OUT/
+      data/train.parquet            verl prompt data (also loadable by datasets / TRL GRPOTrainer)
+      data/test.parquet             held-out prompts (split by seed lineage)
+      verl/ppo_config.yaml          the verl configuration as a nested document (what the overrides set)
+      verl/overrides.txt            one Hydra override per line (the command's arguments)
+      verl/submit.sh                the exact `ray job submit ... -- python3 -m verl.trainer.main_ppo ...` command
+      verl/submission.json          address, submission id and output of a submitted job
+      local/sft_policy/             the initial policy as a transformers folder (converted from the GGUF)
+      local/policy/                 the policy after the local GRPO steps
+      local/metrics.jsonl           one line per logged GRPO step: reward, kl, loss, step seconds, ...
+      local/comparison.json         SFT vs trained mean reward on the held-out prompts
+      summary.json                  what the run did, with paths and figures
+
+The reward-model stage's folder holds `health.json` ({"healthy": bool, ...}) next to its model folders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import yaml
+
+from .parts import write_table_atomic
+
+MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+LINEAGE = pa.struct([("id", pa.string()), ("parent_id", pa.string()), ("seed_id", pa.string()),
+                     ("round", pa.int32()), ("operation", pa.string()), ("direction", pa.string())])
+VERL_SCHEMA = pa.schema([
+    ("data_source", pa.string()),
+    ("prompt", pa.list_(MESSAGE)),
+    ("ability", pa.string()),
+    ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+    ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64()), ("question", pa.string()),
+                              ("answer", pa.string()), ("domain", pa.string()), ("lineage", LINEAGE)])),
+])
+
+
+@dataclass(frozen=True)
+class PPOLayout:
+    root: Path
+
+    def __init__(self, root: str | Path):
+        object.__setattr__(self, "root", Path(root).expanduser().resolve())
+
+    def ensure(self) -> "PPOLayout":
+        for d in (self.data_dir, self.verl_dir, self.local_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        return self
+
+    data_dir = property(lambda self: self.root / "data")
+    train = property(lambda self: self.data_dir / "train.parquet")
+    test = property(lambda self: self.data_dir / "test.parquet")
+    verl_dir = property(lambda self: self.root / "verl")
+    verl_config = property(lambda self: self.verl_dir / "ppo_config.yaml")
+    verl_overrides = property(lambda self: self.verl_dir / "overrides.txt")
+    submit_script = property(lambda self: self.verl_dir / "submit.sh")
+    submission = property(lambda self: self.verl_dir / "submission.json")
+    local_dir = property(lambda self: self.root / "local")
+    sft_policy = property(lambda self: self.local_dir / "sft_policy")
+    policy = property(lambda self: self.local_dir / "policy")
+    metrics = property(lambda self: self.local_dir / "metrics.jsonl")
+    comparison = property(lambda self: self.local_dir / "comparison.json")
+    summary = property(lambda self: self.root / "summary.json")
+
+
+def write_prompt_parquet(rows: list[dict], path: Path) -> Path:
+    """verl rows -> an atomic parquet file with the fixed VERL_SCHEMA (nested lists and structs)."""
+    return write_table_atomic(pa.Table.from_pylist(rows, schema=VERL_SCHEMA), path)
+
+
+def read_prompt_rows(path: Path, limit: int | None = None) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    return table.slice(0, limit).to_pylist() if limit is not None else table.to_pylist()
+
+
+def write_text_atomic(path: Path, text: str, mode: int | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    if mode is not None:
+        os.chmod(tmp, mode)
+    os.replace(tmp, path)
+    return path
+
+
+def write_json(path: Path, data: Any) -> Path:
+    return write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def write_yaml(path: Path, data: Any, header: str = "") -> Path:
+    return write_text_atomic(path, header + yaml.safe_dump(data, sort_keys=False))
+
+
+def write_lines(path: Path, lines: Iterable[str]) -> Path:
+    return write_text_atomic(path, "".join(f"{line}\n" for line in lines))
+
+
+def write_jsonl(path: Path, rows: Iterable[dict]) -> Path:
+    return write_text_atomic(path, "".join(json.dumps(r, default=str) + "\n" for r in rows))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def read_health(reward_dir: Path) -> dict | None:
+    """The reward stage's health.json, or None when it is missing."""
+    path = Path(reward_dir) / "health.json"
+    if not path.exists():
+        return None
+    try:
+        return read_json(path)
+    except (OSError, json.JSONDecodeError) as e:
+        return {"healthy": False, "error": f"unreadable {path}: {e}"}
+
+
+def read_evolved(path: Path) -> list[dict]:
+    """An evolve run's dataset/evolved.parquet (or any parquet with id, seed_id, instruction) as rows."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"evolved dataset not found: {path} (run the evolve flow first, or pass its "
+                                "OUT/dataset/evolved.parquet)")
+    return pq.read_table(path).to_pylist()

@@ -1,0 +1,192 @@
+"""Reward-model data on disk: where every file lives, the parquet schemas, readers and writers.
+
+    OUT/                              a reward-data output folder
+      reward_input.parquet            the instructions (+ answers) taken from an evolve run; row group = batch
+      irm/parts/batch_00000.parquet   one atomic part per finished IRM batch: ranked groups (GROUP_SCHEMA)
+      irm/journal/batch_00000.jsonl   model calls finished inside the batch (replayed on resume)
+      prm/parts/, prm/journal/        the same for PRM batches (STEP_ROW_SCHEMA)
+      irm_groups.parquet              every group: versions, sources, judge ranking and scores, status
+      irm_pairs.parquet               TRL RewardTrainer form: prompt, chosen, rejected, margin (+ provenance)
+      prm_steps.parquet               TRL stepwise-supervision form: prompt, completions, labels (+ raw scores)
+      prm_rejected.parquet            answers that could not be labelled, with the reason
+      health.json                     data (and, after training, model) health checks
+      summary.json                    counts, failures, cost
+      models/irm, models/prm          trained reward models (with reward_meta.json)
+      metrics.json                    training metrics (pairwise and step accuracy, times)
+      ledger/, logs/                  cost ledger and embedded-model log (storage.layout.RunLayout)
+
+Trainer formats (field by field):
+- IRM pairs (TRL RewardTrainer, explicit prompt): `prompt` str, `chosen` str, `rejected` str, `margin` float.
+  `prompt` is the fixed instruction-rating prompt (`reward.irm_prompt`); chosen/rejected are instructions.
+- PRM (TRL stepwise supervision): `prompt` str, `completions` list[str], `labels` list[bool]; beside them
+  `raw_scores` (the labelling method's own figure per step) and `scores` (the same mapped to 0..1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .parts import num_row_groups, read_part, read_row_group, write_table_atomic
+
+INPUT_SCHEMA = pa.schema([("id", pa.string()), ("instruction", pa.string()), ("answer", pa.string()),
+                          ("domain", pa.string()), ("reference_answer", pa.string())])
+
+GROUP_SCHEMA = pa.schema([
+    ("id", pa.string()), ("status", pa.string()), ("reason", pa.string()),
+    ("versions", pa.list_(pa.string())), ("sources", pa.list_(pa.string())),
+    ("ranking", pa.list_(pa.int32())), ("judge_scores", pa.list_(pa.float64())),
+    ("judge_model", pa.string()), ("calls", pa.int32()),
+])
+
+IRM_PAIR_SCHEMA = pa.schema([
+    ("prompt", pa.string()), ("chosen", pa.string()), ("rejected", pa.string()), ("margin", pa.float64()),
+    ("instruction_id", pa.string()), ("chosen_rank", pa.int32()), ("rejected_rank", pa.int32()),
+    ("group_size", pa.int32()), ("chosen_source", pa.string()), ("rejected_source", pa.string()),
+])
+
+STEP_ROW_SCHEMA = pa.schema([
+    ("id", pa.string()), ("status", pa.string()), ("reason", pa.string()), ("method", pa.string()),
+    ("prompt", pa.string()), ("completions", pa.list_(pa.string())), ("labels", pa.list_(pa.bool_())),
+    ("raw_scores", pa.list_(pa.float64())), ("scores", pa.list_(pa.float64())),
+    ("reasked", pa.bool_()), ("calls", pa.int32()),
+])
+
+PRM_COLUMNS = ["prompt", "completions", "labels", "raw_scores", "scores", "id", "method", "reasked"]
+PRM_SCHEMA = pa.schema([STEP_ROW_SCHEMA.field(c) for c in PRM_COLUMNS])
+
+
+@dataclass(frozen=True)
+class RewardLayout:
+    root: Path
+
+    def __init__(self, root: str | Path):
+        object.__setattr__(self, "root", Path(root).expanduser().resolve())
+
+    input = property(lambda self: self.root / "reward_input.parquet")
+    irm_groups = property(lambda self: self.root / "irm_groups.parquet")
+    irm_pairs = property(lambda self: self.root / "irm_pairs.parquet")
+    prm_steps = property(lambda self: self.root / "prm_steps.parquet")
+    prm_rejected = property(lambda self: self.root / "prm_rejected.parquet")
+    health = property(lambda self: self.root / "health.json")
+    summary = property(lambda self: self.root / "summary.json")
+    metrics = property(lambda self: self.root / "metrics.json")
+    models_dir = property(lambda self: self.root / "models")
+
+    def part(self, kind: str, batch: int) -> Path:
+        return self.root / kind / "parts" / f"batch_{batch:05d}.parquet"
+
+    def journal(self, kind: str, batch: int) -> Path:
+        return self.root / kind / "journal" / f"batch_{batch:05d}.jsonl"
+
+    def model_dir(self, kind: str) -> Path:
+        return self.models_dir / kind
+
+    def ensure(self) -> "RewardLayout":
+        self.root.mkdir(parents=True, exist_ok=True)
+        return self
+
+
+def evolve_dataset(evolve_out: str | Path) -> Path:
+    """The training pool of an evolve run (seeds + accepted evolutions)."""
+    from .layout import RunLayout
+
+    path = RunLayout(evolve_out).evolved
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: pass the output folder of a finished evolve run")
+    return path
+
+
+def build_input(evolved: Path, dest: Path, batch_size: int, max_instructions: int = 0,
+                reference_field: str = "reference_answer") -> int:
+    """Snapshot the instructions to label into `dest` (row group = batch), so batches are stable on resume."""
+    df = pl.read_parquet(evolved)
+    if "status" in df.columns:
+        df = df.filter(pl.col("status").is_null() | pl.col("status").is_in(["seed", "accepted"]))
+    df = df.filter(pl.col("instruction").is_not_null() & (pl.col("instruction").str.strip_chars() != ""))
+    df = df.unique(subset=["id"], keep="first", maintain_order=True)
+    if max_instructions:
+        df = df.head(max_instructions)
+    cols = {
+        "id": df["id"].cast(pl.String),
+        "instruction": df["instruction"],
+        "answer": df["answer"].cast(pl.String) if "answer" in df.columns else pl.Series([None] * df.height, dtype=pl.String),
+        "domain": df["domain"] if "domain" in df.columns else pl.Series(["general"] * df.height),
+        "reference_answer": (df[reference_field].cast(pl.String) if reference_field in df.columns
+                             else pl.Series([None] * df.height, dtype=pl.String)),
+    }
+    table = pa.Table.from_pydict({k: v.to_list() for k, v in cols.items()}, schema=INPUT_SCHEMA)
+    if table.num_rows == 0:
+        raise ValueError(f"{evolved} holds no usable instruction")
+    write_table_atomic(table, dest, row_group_size=batch_size)
+    return table.num_rows
+
+
+def batch_count(layout: RewardLayout) -> int:
+    return num_row_groups(layout.input)
+
+
+def read_batch(layout: RewardLayout, batch: int) -> list[dict]:
+    return read_row_group(layout.input, batch).to_pylist()
+
+
+def write_part(rows: list[dict], schema: pa.Schema, path: Path) -> pa.Table:
+    table = pa.Table.from_pylist(rows, schema=schema)
+    write_table_atomic(table, path)
+    return table
+
+
+def concat_parts(layout: RewardLayout, kind: str, schema: pa.Schema) -> pa.Table:
+    tables = [read_part(layout.part(kind, b)).select(schema.names).cast(schema) for b in range(batch_count(layout))]
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def write_irm_sets(groups: pa.Table, pairs: list[dict], layout: RewardLayout) -> int:
+    write_table_atomic(groups.replace_schema_metadata(None), layout.irm_groups)
+    write_table_atomic(pa.Table.from_pylist(pairs, schema=IRM_PAIR_SCHEMA), layout.irm_pairs)
+    return len(pairs)
+
+
+def write_prm_sets(rows: pa.Table, layout: RewardLayout) -> tuple[int, int]:
+    df = pl.from_arrow(rows)
+    ok = df.filter(pl.col("status") == "ok").select(PRM_COLUMNS)
+    rejected = df.filter(pl.col("status") != "ok").select("id", "status", "reason", "prompt", "reasked")
+    write_table_atomic(ok.to_arrow().cast(PRM_SCHEMA), layout.prm_steps)
+    write_table_atomic(rejected.to_arrow(), layout.prm_rejected)
+    return ok.height, rejected.height
+
+
+def read_irm_pairs(path: str | Path) -> pl.DataFrame:
+    return pl.read_parquet(path)
+
+
+def read_prm_steps(path: str | Path) -> pl.DataFrame:
+    return pl.read_parquet(path)
+
+
+def read_groups(layout: RewardLayout) -> pl.DataFrame:
+    return pl.read_parquet(layout.irm_groups)
+
+
+def write_json_atomic(path: Path, obj: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def read_json(path: Path) -> dict | None:
+    path = Path(path)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def parquet_rows(path: Path) -> int:
+    return pq.ParquetFile(path).metadata.num_rows

@@ -1,0 +1,119 @@
+"""The reward-data and training flows on a real (ephemeral) Prefect server against the scripted endpoint."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from evolforge.flows.reward_data import RewardDataParams, reward_data_flow
+from evolforge.flows.train_reward import TrainRewardParams, train_reward_flow
+from evolforge.storage.ledger import read_ledger
+from evolforge.storage.reward_sets import RewardLayout
+from evolforge.tasks.reward_health import RewardHealthError
+from evolforge.tasks.reward_scoring import score_instructions, score_steps
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+ANSWERS = [
+    "Step 1: Add {i} and 2.\nStep 2: This is wrong: subtract 9.\nStep 3: So the sum is {j}.\nThe answer is: {j}",
+    "Step 1: Read the numbers {i} and 2.\nStep 2: Add them to get {j}.\nThe answer is: {j}",
+    "The sum is {j}.",  # not in step form: re-asked once, the scripted strict reply is in step form
+]
+TINY_TRAINING = {"irm_max_steps": 2, "prm_max_steps": 2, "max_length": 64, "train_batch_size": 4, "eval_share": 0.34}
+
+
+def evolve_folder(tmp_path, n=6):
+    rows = []
+    for i in range(n):
+        seed = {"id": f"s{i}", "parent_id": None, "seed_id": f"s{i}", "round": 0, "operation": None,
+                "direction": None, "model": None, "status": "seed", "elimination_rule": None,
+                "instruction": f"What is {i} plus 2? Explain number {i}.", "answer": None, "judge_verdict": None,
+                "domain": "math", "generation": 0}
+        evolved = {**seed, "id": f"e{i}", "parent_id": f"s{i}", "round": 1, "operation": "deepening",
+                   "direction": "up", "model": "m", "status": "accepted", "generation": 1,
+                   "instruction": f"What is {i} plus 2, and why? Show the steps for number {i}.",
+                   "answer": ANSWERS[i % 3].format(i=i, j=i + 2), "judge_verdict": "not_equal"}
+        rows += [seed, evolved]
+    folder = tmp_path / "evolve"
+    (folder / "dataset").mkdir(parents=True, exist_ok=True)
+    pl.DataFrame(rows).write_parquet(folder / "dataset" / "evolved.parquet")
+    return folder
+
+
+def data_params(tmp_path, server, **reward):
+    return RewardDataParams(evolve_out=str(evolve_folder(tmp_path)), out=str(tmp_path / "reward"),
+                            base_url=server.base_url,
+                            overrides={"reward": {"batch_size": 4, "concurrency": 2, **reward},
+                                       "gateway": {"backoff_base_seconds": 0.0, "timeout_seconds": 2.0}})
+
+
+def test_reward_data_then_training_then_scoring(tmp_path, server):
+    summary = reward_data_flow(data_params(tmp_path, server))
+    lay = RewardLayout(tmp_path / "reward")
+    # 12 instructions (6 seeds + 6 evolutions): 2 versions each + 1 ranking; 6 answers: 4 judged, 2 re-asked first
+    assert summary["irm"]["by_status"] == {"ranked": 12} and summary["batches"]["total"] == 6
+    assert summary["irm"]["pairs"] == pl.read_parquet(lay.irm_pairs).height == 12 * 3
+    prm = summary["prm"]
+    assert prm["labelled"] == 6 and prm["reasons"] == {"no answer": 6} and prm["reasked_and_labelled"] == 2
+    steps = pl.read_parquet(lay.prm_steps)
+    assert steps.height == 6 and sum(len(x) for x in steps["labels"]) == prm["steps"] == 2 * 3 + 4 * 2
+    assert sum(1 for x in steps["labels"].explode() if not x) == 2  # the two "wrong" steps
+    # every call is in the ledger, charged to the instruction or answer it served
+    ledger = read_ledger(lay.root)
+    assert ledger.height == len(server.posts()) == 12 * 3 + 6 + 2  # rankings + versions, step labels, re-asks
+    assert set(ledger["task_id"]) == {f"irm-{x}{i}" for x in "se" for i in range(6)} | {f"prm-e{i}" for i in range(6)}
+    health = json.loads(lay.health.read_text())
+    assert health["data"]["irm"]["n"] == 36 and health["data"]["prm"]["n"] == 14 and health["model"] is None
+    assert health["data"]["prm"]["share_below_half"] == round(2 / 14, 4)
+    assert "prm_low_share" in {c["check"] for c in health["data"]["checks"] if not c["passed"]}
+    assert json.loads(lay.summary.read_text())["health"]["passed"] is False
+
+    # resume: a second run over the folder sends nothing; a corrupt part is moved aside and redone alone
+    n = len(server.posts())
+    reward_data_flow(data_params(tmp_path, server))
+    assert len(server.posts()) == n
+    part = lay.part("irm", 1)
+    part.write_bytes(part.read_bytes()[:50])
+    lay.journal("irm", 1).unlink()
+    reward_data_flow(data_params(tmp_path, server))
+    assert len(server.posts()) == n + 4 * 3 and list(part.parent.glob("*.corrupt"))
+    assert pl.read_parquet(lay.irm_pairs).height == 36
+
+    metrics = train_reward_flow(TrainRewardParams(data=str(lay.root), overrides={"reward": TINY_TRAINING}))
+    irm, prm_m = metrics["models"]["irm"], metrics["models"]["prm"]
+    assert irm["train_pairs"] + irm["eval_pairs"] == 36 and irm["eval_pairs"] > 0
+    assert 0.0 <= irm["pairwise_accuracy"] <= 1.0 and irm["train_seconds"] > 0
+    assert prm_m["train_answers"] + prm_m["eval_answers"] == 6 and 0.0 <= prm_m["step_accuracy"] <= 1.0
+    assert json.loads(lay.metrics.read_text())["models"]["irm"]["pairwise_accuracy"] == irm["pairwise_accuracy"]
+    model_health = json.loads(lay.health.read_text())["model"]
+    assert model_health["stage"] == "model" and model_health["irm"]["n"] > 0 and model_health["prm"]["n"] > 0
+
+    scores = score_instructions(lay.model_dir("irm"), ["Add 1 and 1.", "Write a haiku about rain in June."])
+    assert len(scores) == 2 and all(0.0 < s < 1.0 for s in scores)
+    step_scores = score_steps(lay.model_dir("prm"), "What is 1 plus 1?", ["Add 1 and 1.", "This is wrong.", "It is 2."])
+    assert len(step_scores) == 3 and all(0.0 < s < 1.0 for s in step_scores)
+
+    # the health gate: policy 'stop' refuses to train on failed data checks, unless overridden
+    stop = {"reward": {**TINY_TRAINING, "health_policy": "stop"}}
+    with pytest.raises(RewardHealthError, match="PRM scores are under 0.5"):
+        train_reward_flow(TrainRewardParams(data=str(lay.root), out=str(tmp_path / "models2"), overrides=stop))
+    assert not (tmp_path / "models2" / "models").exists()
+    again = train_reward_flow(TrainRewardParams(data=str(lay.root), override_health=True, overrides=stop))
+    assert again["health"]["overridden"] and again["models"]["irm"] == metrics["models"]["irm"]  # kept, not retrained
+
+
+def test_decorl_method_and_failed_rankings_are_counted(tmp_path, server):
+    server.script(*(["ok", "ok", "text:no idea"] + ["ok"] * 0))  # the first group's ranking is unparseable
+    p = data_params(tmp_path, server, concurrency=1, max_instructions=4)
+    p = p.model_copy(update={"method": "decorl", "kinds": ["irm", "prm"]})
+    summary = reward_data_flow(p)
+    assert summary["irm"]["instructions"] == 4
+    assert summary["irm"]["by_status"] == {"ranked": 3, "ranking_unparseable": 1}
+    assert summary["gateway"]["json_failures"] == 1
+    lay = RewardLayout(tmp_path / "reward")
+    steps = pl.read_parquet(lay.prm_steps)
+    assert set(steps["method"]) == {"decorl"} and steps.height == 2  # e0 and e1 (s0, s1 have no answer)
+    e0 = steps.filter(pl.col("id") == "e0").row(0, named=True)
+    assert e0["raw_scores"] == [2.0, -3.0, 2.0] and e0["labels"] == [True, False, True]
