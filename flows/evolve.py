@@ -29,6 +29,7 @@ from evolforge.storage import rounds as round_store
 from evolforge.storage.datasets import import_seeds
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import read_ledger
+from evolforge.tasks.dedup_round import dedup_round_task, index_seeds_task
 from evolforge.tasks.embedded_model import embedded_server
 from evolforge.tasks.evolve_batch import close_gateways, evolve_batch_task, gateway_for
 from evolforge.tasks.gateway import EndpointDown
@@ -46,6 +47,8 @@ class EvolveParams(BaseModel):
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint; empty uses the embedded model.")
     model: str | None = Field(None, description="Model for every stage without its own model in the config.")
     overrides: dict[str, Any] = Field(default_factory=dict, description='Nested config overrides, e.g. {"evol_instruct": {"batch_size": 64}}.')
+    dedup_index: str | None = Field(None, description="Persistent dedup index folder (default: OUT/dedup_index; "
+                                    "the nightly flow shares one per dataset so every night is checked against all earlier ones).")
 
 
 def resolve_settings(p: EvolveParams) -> Settings:
@@ -69,7 +72,8 @@ def model_endpoint(settings: Settings, layout: RunLayout):
         yield settings.gateway.base_url
 
 
-def _run_round(layout: RunLayout, r: int, settings: Settings, base_url: str, run_id: str, runner, logger) -> dict:
+def _run_round(layout: RunLayout, r: int, settings: Settings, base_url: str, run_id: str, runner, logger,
+               index_dir: str | None) -> dict:
     n_batches = round_store.batch_count(layout, r)
     settings_json = settings.model_dump_json()
     progress = create_progress_artifact(progress=0.0, key=f"evolve-round-{r}-progress",
@@ -99,6 +103,10 @@ def _run_round(layout: RunLayout, r: int, settings: Settings, base_url: str, run
             f"First error: {fatal}. Finished batches are checkpointed in {layout.round_dir(r)}; "
             "run again over the same --out, or retry this flow run, to redo only the failed batches."
         ) from None
+    if index_dir:
+        removed = dedup_round_task.with_options(task_run_name=f"dedup-round-{r}")(
+            str(layout.root), r, settings_json, index_dir)
+        logger.info("round %d dedup removed %s", r, removed or "nothing")
     table = round_store.round_table(layout, r)
     round_store.mark_round_complete(layout, r, {"batches": n_batches, **{k: table[k] for k in ("attempts", "accepted")}})
     logger.info("round %d: %d attempts, %d accepted (survival %.1f%%), eliminated by rule %s",
@@ -137,6 +145,10 @@ def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, 
         gw = gateway_for(settings, base_url, run_id, layout.root)
         gw.check_reachable()
         logger.info("model endpoint %s; models: %s", gw.describe(), settings.models.model_dump())
+        index_dir = None
+        if cfg.dedup_each_round:
+            index_dir = str(Path(params.dedup_index) if params.dedup_index else layout.dedup_index)
+            index_seeds_task(str(layout.root), settings.model_dump_json(), index_dir)
         for r in range(1, cfg.rounds + 1):
             if not layout.round_input(r).exists():
                 round_store.build_next_pool(layout, r - 1, layout.round_input(r), cfg.batch_size)
@@ -144,7 +156,7 @@ def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, 
                 table = round_store.round_table(layout, r)
                 logger.info("round %d already complete: skipped", r)
             else:
-                table = _run_round(layout, r, settings, base_url, run_id, runner, logger)
+                table = _run_round(layout, r, settings, base_url, run_id, runner, logger, index_dir)
             cost = round_cost(read_ledger(layout.root), round_store.round_lineage(layout, r).select("id").collect()["id"])
             table["cost_usd"] = cost
             create_table_artifact(key=f"evolve-round-{r}", table=round_rows(table, cost),

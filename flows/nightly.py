@@ -59,6 +59,7 @@ def nightly_flow(params: NightlyParams = NightlyParams()) -> dict:
     summary = evolve_flow(EvolveParams(
         seeds=seeds, out=str(index.night_dir(night)), rounds=params.rounds_per_night or sched.rounds_per_night,
         config=params.config, base_url=params.base_url, model=params.model, overrides=overrides,
+        dedup_index=str(index.root / "dedup_index"),  # one index per dataset: every night checked against all earlier
     ))
     entry = index.record(night, seeds=seeds, previous=previous, summary=summary)
     logger.info("night %s done: %d rounds so far, %d records tonight", night, entry["total_rounds"],

@@ -115,7 +115,8 @@ def reward_data_flow(params: RewardDataParams) -> dict:
     finally:
         close_gateways(run_id)
 
-    sets = assemble(layout.root, settings, tuple(params.kinds))
+    done = tuple(k for k in ("irm", "prm") if k in params.kinds or store.parts_complete(layout, k))
+    sets = assemble(layout.root, settings, done)  # kinds made by an earlier run over the folder count too
     health = check_health(sets["irm_scores"], sets["prm_scores"], cfg, stage="data")
     store.write_json_atomic(layout.health, {"data": health, "model": None})
     create_markdown_artifact(key="reward-data-health", markdown=health_markdown(health),

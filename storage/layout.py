@@ -6,7 +6,9 @@
       rounds/round_01/input.parquet  the pool this round evolves (row group = batch)
       rounds/round_01/parts/batch_00000.parquet   one atomic part per finished batch
       rounds/round_01/journal/batch_00000.jsonl   model calls finished inside a batch
-      rounds/round_01/_SUCCESS       written when every batch of the round is done
+      rounds/round_01/dedup.parquet  the round's dedup decisions (id, duplicate_of, method, similarity)
+      rounds/round_01/_SUCCESS       written when every batch (and the dedup step) of the round is done
+      dedup_index/                   persistent dedup index of everything accepted (see tasks/dedup/index.py)
       ledger/*.jsonl                 cost ledger: one row per model call
       dataset/evolved.parquet        seeds + every accepted evolution (the training pool)
       dataset/lineage.parquet        every evolution attempt with its lineage and status
@@ -79,6 +81,13 @@ class RunLayout:
 
     def round_success(self, round_no: int) -> Path:
         return self.round_dir(round_no) / "_SUCCESS"
+
+    def round_dedup(self, round_no: int) -> Path:
+        return self.round_dir(round_no) / "dedup.parquet"
+
+    @property
+    def dedup_index(self) -> Path:
+        return self.root / "dedup_index"
 
     def part(self, round_no: int, batch: int) -> Path:
         return self.round_dir(round_no) / "parts" / f"batch_{batch:05d}.parquet"

@@ -136,6 +136,10 @@ def read_batch(layout: RewardLayout, batch: int) -> list[dict]:
     return read_row_group(layout.input, batch).to_pylist()
 
 
+def parts_complete(layout: RewardLayout, kind: str) -> bool:
+    return layout.input.exists() and all(layout.part(kind, b).exists() for b in range(batch_count(layout)))
+
+
 def write_part(rows: list[dict], schema: pa.Schema, path: Path) -> pa.Table:
     table = pa.Table.from_pylist(rows, schema=schema)
     write_table_atomic(table, path)

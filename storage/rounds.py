@@ -22,6 +22,10 @@ from .layout import RunLayout
 from .parts import num_row_groups, read_part, read_row_group, write_table_atomic
 
 
+def read_row_groups_all(path: Path) -> pa.Table:
+    return pq.read_table(path)
+
+
 def batch_count(layout: RunLayout, round_no: int) -> int:
     return num_row_groups(layout.round_input(round_no))
 
@@ -139,6 +143,7 @@ def write_final_datasets(layout: RunLayout, rounds: list[int], batch_size: int) 
                     "judge_verdict": null, "domain": seeds["domain"], "generation": seeds["generation"],
                     "error": null, "calls": pa.array([0] * n, pa.int32()),
                     "prompt_tokens": pa.array([0] * n, pa.int64()), "completion_tokens": pa.array([0] * n, pa.int64()),
+                    "duplicate_of": null, "dedup_similarity": pa.nulls(n, pa.float64()),
                 }, schema=LINEAGE_SCHEMA)
                 ew.write_table(seed_rows)
                 counts["evolved"] += n
@@ -214,3 +219,46 @@ def reopen_failed_batches(layout: RunLayout, stamp: str) -> dict:
         if f.exists():
             os.replace(f, f.with_name(f"{f.name}.superseded-{stamp}"))
     return reopened
+
+
+DEDUP_SCHEMA = pa.schema([("id", pa.string()), ("duplicate_of", pa.string()), ("method", pa.string()),
+                          ("similarity", pa.float64()), ("matched_id", pa.string()),
+                          ("matched_similarity", pa.float64())])
+
+
+def accepted_records(layout: RunLayout, round_no: int) -> tuple[list[str], list[str]]:
+    """(ids, instructions) of the round's accepted evolutions, in batch order."""
+    df = round_lineage(layout, round_no).filter(pl.col("status") == "accepted").select("id", "instruction").collect()
+    return df["id"].to_list(), df["instruction"].to_list()
+
+
+def write_dedup_decisions(layout: RunLayout, round_no: int, dropped: list[dict], stats: dict) -> Path:
+    rows = [{k: d.get(k) for k in DEDUP_SCHEMA.names} for d in dropped]
+    table = pa.Table.from_pylist(rows, schema=DEDUP_SCHEMA)
+    table = table.replace_schema_metadata({b"evolforge.dedup_stats": json.dumps(stats, default=str).encode()})
+    return write_table_atomic(table, layout.round_dedup(round_no))
+
+
+def apply_dedup_decisions(layout: RunLayout, round_no: int) -> dict:
+    """Mark the round's dropped duplicates in its parts (idempotent): status eliminated, rule duplicate_METHOD."""
+    decisions = read_part(layout.round_dedup(round_no)).to_pylist()
+    by_id = {d["id"]: d for d in decisions}
+    counts: dict[str, int] = {}
+    for d in decisions:
+        counts[d["method"]] = counts.get(d["method"], 0) + 1
+    if not by_id:
+        return counts
+    for b in range(batch_count(layout, round_no)):
+        path = layout.part(round_no, b)
+        table = read_part(path)
+        rows = table.to_pylist()
+        changed = False
+        for row in rows:
+            d = by_id.get(row["id"])
+            if d and row["status"] != "eliminated":
+                row.update(status="eliminated", elimination_rule=f"duplicate_{d['method']}",
+                           duplicate_of=d["duplicate_of"], dedup_similarity=d["similarity"])
+                changed = True
+        if changed:
+            write_table_atomic(pa.Table.from_pylist(rows, schema=table.schema.remove_metadata()), path)
+    return counts

@@ -22,7 +22,7 @@ from .gateway import Gateway
 LINEAGE_FIELDS = (
     "id", "parent_id", "seed_id", "round", "operation", "direction", "model", "status", "elimination_rule",
     "instruction", "answer", "judge_verdict", "domain", "generation", "error", "calls", "prompt_tokens",
-    "completion_tokens",
+    "completion_tokens", "duplicate_of", "dedup_similarity",
 )
 
 
@@ -46,6 +46,8 @@ class Evolution:
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    duplicate_of: str | None = None  # set by the round's dedup step
+    dedup_similarity: float | None = None
 
     def to_row(self) -> dict:
         return asdict(self)

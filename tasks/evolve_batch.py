@@ -43,6 +43,7 @@ LINEAGE_SCHEMA = pa.schema(
         ("elimination_rule", pa.string()), ("instruction", pa.string()), ("answer", pa.string()),
         ("judge_verdict", pa.string()), ("domain", pa.string()), ("generation", pa.int32()), ("error", pa.string()),
         ("calls", pa.int32()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
+        ("duplicate_of", pa.string()), ("dedup_similarity", pa.float64()),
     ]
 )
 assert tuple(LINEAGE_SCHEMA.names) == LINEAGE_FIELDS

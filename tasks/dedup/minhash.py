@@ -209,6 +209,8 @@ def lsh_pairs(keys: np.ndarray, is_new: np.ndarray | None = None) -> np.ndarray:
     p = p[p[:, 0] != p[:, 1]]
     if is_new is not None:
         p = p[is_new[p[:, 0]] | is_new[p[:, 1]]]
+    if len(p) == 0:  # every bucket pair was a self-pair or involved no new record
+        return np.zeros((0, 2), np.int64)
     code = np.sort(p[:, 0].astype(np.int64) * n + p[:, 1])  # sort-based unique (numpy's hash unique is slower here)
     code = code[np.concatenate([[True], code[1:] != code[:-1]])]
     return np.stack([code // n, code % n], axis=1)

@@ -91,7 +91,8 @@ def _groups(n_hist: int, n: int, pairs: np.ndarray, sims: np.ndarray, scores: np
 
 
 def _encoder(kind: str, settings: DedupSettings):
-    key = (kind, str(emb.model_dir(settings)), str(emb.static_cache_dir(settings)), settings.max_seq_length, settings.batch_size)
+    key = (kind, str(emb.model_dir(settings)), str(emb.static_cache_dir(settings)), settings.static_dim,
+           settings.max_seq_length, settings.batch_size)
     if key not in _ENCODERS:
         _ENCODERS[key] = emb.StaticEncoder(settings) if kind == "static" else emb.FullEncoder(settings)
     return _ENCODERS[key]

@@ -1,0 +1,63 @@
+"""The dedup step of an evolution round, and the seeds' entry into the dedup index.
+
+After every batch of a round is done, the round's accepted evolutions are
+deduplicated (exact, MinHash + LSH, embeddings; see tasks/dedup/) against each
+other and against the persistent index of everything accepted before (earlier
+rounds and earlier nights). The decisions are written first
+(`rounds/round_NN/dedup.parquet`), then applied to the parts (a duplicate
+becomes `eliminated` with rule `duplicate_exact|minhash|embedding`, keeping
+which record it duplicates and the similarity), so a run killed anywhere in
+this step redoes it to the same result.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..config.settings import Settings
+from ..storage import rounds as round_store
+from ..storage.layout import RunLayout
+
+log = logging.getLogger("evolforge.dedup_round")
+
+
+def index_seeds(layout: RunLayout, settings: Settings, index_dir: Path) -> dict:
+    """Put the round-1 pool into the index once, so evolutions that copy a seed are caught."""
+    from .dedup.pipeline import dedup
+
+    marker = layout.round_dir(1) / "_SEEDS_INDEXED"
+    if marker.exists():
+        return {}
+    table = round_store.read_row_groups_all(layout.round_input(1))
+    res = dedup(table.column("instruction").to_pylist(), table.column("id").to_pylist(), settings.dedup, index_dir)
+    marker.write_text(str(len(res.kept_ids)))
+    return res.stats
+
+
+def dedup_round(layout: RunLayout, round_no: int, settings: Settings, index_dir: Path) -> dict:
+    """Dedup the round's accepted evolutions; return dropped counts per method."""
+    from .dedup.pipeline import dedup
+
+    if not layout.round_dedup(round_no).exists():
+        ids, texts = round_store.accepted_records(layout, round_no)
+        res = dedup(texts, ids, settings.dedup, index_dir) if ids else None
+        dropped = res.dropped if res else []
+        stats = res.stats if res else {"records": 0}
+        round_store.write_dedup_decisions(layout, round_no, dropped, stats)
+        log.info("round %d dedup: %d of %d accepted evolutions are duplicates", round_no, len(dropped), len(ids))
+    return round_store.apply_dedup_decisions(layout, round_no)
+
+
+# ----------------------------------------------------------------- Prefect wrappers
+from prefect import task  # noqa: E402
+
+
+@task(name="dedup-seeds")
+def index_seeds_task(out_dir: str, settings_json: str, index_dir: str) -> dict:
+    return index_seeds(RunLayout(out_dir), Settings.model_validate_json(settings_json), Path(index_dir))
+
+
+@task(name="dedup-round")
+def dedup_round_task(out_dir: str, round_no: int, settings_json: str, index_dir: str) -> dict:
+    return dedup_round(RunLayout(out_dir), round_no, Settings.model_validate_json(settings_json), Path(index_dir))
