@@ -221,6 +221,12 @@ class RewardSettings(_Section):
         description="The fixed instruction-rating prompt every IRM pair carries as `prompt`; the IRM reads "
         "prompt + instruction (TRL concatenates them the same way), so it scores an instruction's quality.",
     )
+    ranking_attempts: int = Field(
+        1, ge=1, le=5,
+        description="Judge calls per instruction until its ranking is a valid permutation (each retry shows the versions "
+        "in a new shuffled order); every failed attempt is counted.",
+    )
+    judge_temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature of the judge's ranking and labelling calls.")
     # --- PRM data: step-by-step answers labelled step by step
     step_label_method: Literal["judge", "decorl", "math_shepherd"] = Field(
         "judge",
@@ -289,6 +295,7 @@ class PPOSettings(_Section):
     prm_subdir: str = Field("prm", description="Folder of the process reward model inside the reward-model output folder.")
     aggregation: Literal["min", "product", "last"] = Field("min", description="How the PRM's step scores become rA: weakest step, product of steps, or last step.")
     answer_weight: float = Field(0.5, ge=0, le=1, description="Weight of the rule-based answer check in rA where a ground truth exists: rA = (1-w) * PRM + w * correct.")
+    reward_device: str = Field("cpu", description="Device the IRM and PRM score on inside verl's reward workers (cpu, cuda, cuda:1, ...).")
     reward_batch_window_s: float = Field(0.05, gt=0, description="verl async reward: per-sample calls arriving within this window share one forward pass.")
     # verl PPO (published RLEIF settings)
     adv_estimator: Literal["gae", "grpo", "reinforce_plus_plus", "rloo"] = Field("gae", description="verl advantage estimator; gae is PPO with a critic.")

@@ -42,7 +42,7 @@ GROUP_SCHEMA = pa.schema([
     ("id", pa.string()), ("status", pa.string()), ("reason", pa.string()),
     ("versions", pa.list_(pa.string())), ("sources", pa.list_(pa.string())),
     ("ranking", pa.list_(pa.int32())), ("judge_scores", pa.list_(pa.float64())),
-    ("judge_model", pa.string()), ("calls", pa.int32()),
+    ("judge_model", pa.string()), ("failed_attempts", pa.int32()), ("calls", pa.int32()),
 ])
 
 IRM_PAIR_SCHEMA = pa.schema([

@@ -12,7 +12,9 @@ this step redoes it to the same result.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from pathlib import Path
 
 from ..config.settings import Settings
@@ -20,6 +22,33 @@ from ..storage import rounds as round_store
 from ..storage.layout import RunLayout
 
 log = logging.getLogger("evolforge.dedup_round")
+
+
+@contextlib.contextmanager
+def index_transaction(index_dir: Path, pending: Path):
+    """Make one dedup call and its index append all-or-nothing across a kill.
+
+    The index manifest as it was before the call is saved in `pending`; if a
+    previous attempt died after appending to the index but before its decisions
+    were written, the manifest is rolled back first, so the retried call sees the
+    same history and reaches the same decisions. `pending` is removed on success.
+    """
+    manifest = Path(index_dir) / "manifest.json"
+    if pending.exists():
+        saved = pending.read_text()
+        if saved == "":
+            manifest.unlink(missing_ok=True)
+        else:
+            tmp = manifest.with_suffix(".rollback")
+            tmp.write_text(saved)
+            os.replace(tmp, manifest)
+        log.warning("rolled back dedup index %s to its state before an interrupted dedup step", index_dir)
+    else:
+        tmp = pending.with_suffix(".tmp")
+        tmp.write_text(manifest.read_text() if manifest.exists() else "")
+        os.replace(tmp, pending)
+    yield
+    pending.unlink(missing_ok=True)
 
 
 def index_seeds(layout: RunLayout, settings: Settings, index_dir: Path) -> dict:
@@ -30,8 +59,9 @@ def index_seeds(layout: RunLayout, settings: Settings, index_dir: Path) -> dict:
     if marker.exists():
         return {}
     table = round_store.read_row_groups_all(layout.round_input(1))
-    res = dedup(table.column("instruction").to_pylist(), table.column("id").to_pylist(), settings.dedup, index_dir)
-    marker.write_text(str(len(res.kept_ids)))
+    with index_transaction(index_dir, layout.round_dir(1) / "_SEEDS_INDEX_PENDING"):
+        res = dedup(table.column("instruction").to_pylist(), table.column("id").to_pylist(), settings.dedup, index_dir)
+        marker.write_text(str(len(res.kept_ids)))
     return res.stats
 
 
@@ -41,10 +71,11 @@ def dedup_round(layout: RunLayout, round_no: int, settings: Settings, index_dir:
 
     if not layout.round_dedup(round_no).exists():
         ids, texts = round_store.accepted_records(layout, round_no)
-        res = dedup(texts, ids, settings.dedup, index_dir) if ids else None
-        dropped = res.dropped if res else []
-        stats = res.stats if res else {"records": 0}
-        round_store.write_dedup_decisions(layout, round_no, dropped, stats)
+        with index_transaction(index_dir, layout.round_dir(round_no) / "_DEDUP_PENDING"):
+            res = dedup(texts, ids, settings.dedup, index_dir) if ids else None
+            dropped = res.dropped if res else []
+            stats = res.stats if res else {"records": 0}
+            round_store.write_dedup_decisions(layout, round_no, dropped, stats)
         log.info("round %d dedup: %d of %d accepted evolutions are duplicates", round_no, len(dropped), len(ids))
     return round_store.apply_dedup_decisions(layout, round_no)
 

@@ -9,8 +9,9 @@ For one instruction (`rank_group`, a plain function a test calls with any gatewa
   3. the judge ranks the versions plus the original on definition, precision and integrity in one JSON-mode
      call; the versions are shown in a seeded shuffled order under labels A, B, C... (no position bias);
   4. the reply is parsed tolerantly (`parse_ranking`); an unparseable reply or a ranking that is not a
-     permutation of the labels is a counted failure (status `ranking_unparseable` / `ranking_invalid`),
-     never a crash.
+     permutation of the labels is a counted failure (status `ranking_unparseable` / `ranking_invalid`,
+     `failed_attempts`), never a crash. With `ranking_attempts` > 1 the judge is asked again, the versions
+     in a new shuffled order, until a ranking is valid.
 `pairs_from_group` turns a ranking of n versions into n(n-1)/2 pairs (prompt, chosen, rejected, margin):
 `prompt` is the fixed rating prompt `reward.irm_prompt`, chosen/rejected are instruction texts, and
 `margin` = rank gap / (n - 1), in (0, 1] (TRL subtracts it inside the pairwise loss).
@@ -80,6 +81,8 @@ def parse_ranking(value: object, labels: list[str]) -> tuple[list[int] | None, l
         raw = [lab for _, lab in items]
     if not isinstance(raw, list) or not raw:
         return None, None, "ranking is not a list"
+    if all(isinstance(x, dict) for x in raw):  # [{"label": "B", "score": 6}, ...]
+        raw = [next((x[k] for k in ("label", "id", "version", "name") if k in x), None) for x in raw]
     if all(isinstance(x, str) and x.strip().isdigit() for x in raw):
         raw = [int(x) for x in raw]
     if all(isinstance(x, int) and not isinstance(x, bool) for x in raw):
@@ -117,7 +120,7 @@ def rank_group(row: dict, gw: Gateway, settings: Settings, journal: CallJournal 
     task_id = f"irm-{row['id']}"
     group = {"id": row["id"], "status": "ranked", "reason": None, "versions": [row["instruction"]],
              "sources": ["original"], "ranking": None, "judge_scores": None,
-             "judge_model": gw.model_for("judge"), "calls": 0}
+             "judge_model": gw.model_for("judge"), "failed_attempts": 0, "calls": 0}
     seen = {_norm(row["instruction"])}
     for mi, model in enumerate(cfg.variant_models or [gw.model_for("evolve")]):
         for k, op in enumerate(version_operations(settings, row["id"], row.get("domain") or "general", mi)):
@@ -134,24 +137,29 @@ def rank_group(row: dict, gw: Gateway, settings: Settings, journal: CallJournal 
     n = len(group["versions"])
     if n < 2:
         return {**group, "status": "too_few_versions", "reason": "every version was empty or a duplicate"}
-    shown = list(range(n))
-    _rng(cfg.seed, row["id"], "order").shuffle(shown)  # label j shows version shown[j]
     labels = labels_for(n)
-    parsed, _ = gw.chat_json("judge", rank_messages([(labels[j], group["versions"][shown[j]]) for j in range(n)]),
-                             expect=(dict, list), task_id=task_id, purpose="irm-rank", temperature=0.0,
-                             max_tokens=cfg.judge_max_tokens, journal=journal)
-    group["calls"] += 1
-    if parsed is None:
-        return {**group, "status": "ranking_unparseable", "reason": "the judge's reply holds no JSON"}
-    order, scores, failure = parse_ranking(parsed, labels)
-    if failure:
-        return {**group, "status": "ranking_invalid", "reason": failure[:300]}
-    group["ranking"] = [shown[j] for j in order]
-    if scores is not None:
-        aligned = [0.0] * n
-        for j, s in enumerate(scores):
-            aligned[shown[j]] = s
-        group["judge_scores"] = aligned
+    for attempt in range(cfg.ranking_attempts):
+        shown = list(range(n))  # label j shows version shown[j]; a new shuffled order per attempt
+        _rng(cfg.seed, row["id"], "order", attempt).shuffle(shown)
+        parsed, _ = gw.chat_json(
+            "judge", rank_messages([(labels[j], group["versions"][shown[j]]) for j in range(n)]), expect=(dict, list),
+            task_id=task_id, purpose=f"irm-rank-{attempt}", temperature=cfg.judge_temperature,
+            max_tokens=cfg.judge_max_tokens, journal=journal)
+        group["calls"] += 1
+        if parsed is None:
+            status, failure = "ranking_unparseable", "the judge's reply holds no JSON"
+        else:
+            order, scores, failure = parse_ranking(parsed, labels)
+            status = "ranking_invalid"
+        if failure is None:
+            group.update(status="ranked", reason=None, ranking=[shown[j] for j in order])
+            if scores is not None:
+                aligned = [0.0] * n
+                for j, sc in enumerate(scores):
+                    aligned[shown[j]] = sc
+                group["judge_scores"] = aligned
+            return group
+        group.update(status=status, reason=failure[:300], failed_attempts=group["failed_attempts"] + 1)
     return group
 
 
@@ -161,7 +169,8 @@ def _norm(text: str) -> str:
 
 def error_group(row: dict, err: Exception) -> dict:
     return {"id": row["id"], "status": "error", "reason": str(err)[:500], "versions": [row["instruction"]],
-            "sources": ["original"], "ranking": None, "judge_scores": None, "judge_model": None, "calls": 0}
+            "sources": ["original"], "ranking": None, "judge_scores": None, "judge_model": None,
+            "failed_attempts": 0, "calls": 0}
 
 
 def pairs_from_group(group: dict, prompt: str) -> list[dict]:

@@ -117,7 +117,7 @@ def grpo_train(policy_dir: Path, train_parquet: Path, reward: PPOReward, out_dir
         num_generations=num_generations, max_completion_length=max_completion_length, learning_rate=learning_rate,
         beta=beta, epsilon=clip_ratio, temperature=temperature, logging_steps=1, save_strategy="no", report_to=[],
         use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, seed=seed, dataloader_num_workers=0,
-        disable_tqdm=True, log_completions=False,
+        disable_tqdm=True, log_completions=False, lr_scheduler_type="constant",
     )
     records: list[dict] = []
     t0 = time.perf_counter()

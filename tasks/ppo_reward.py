@@ -29,7 +29,7 @@ import math
 import os
 import sys
 import threading
-from dataclasses import dataclass
+import weakref
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
@@ -99,16 +99,12 @@ def _ground_truth(reward_model: Any) -> str | None:
     return reward_model or None
 
 
-@dataclass
 class PPOReward:
-    """r = rI * rA over a batch. Also a TRL GRPOTrainer reward function (see __call__)."""
+    """r = rI * rA over a batch. Also a TRL GRPOTrainer reward function (see __call__).
+    (A plain class, not a dataclass: verl executes this file without registering it in sys.modules.)"""
 
-    irm: InstructionScorer
-    prm: StepScorer
-    aggregation: str = "min"
-    answer_weight: float = 0.5
-
-    def __post_init__(self) -> None:
+    def __init__(self, irm: InstructionScorer, prm: StepScorer, aggregation: str = "min", answer_weight: float = 0.5):
+        self.irm, self.prm, self.aggregation, self.answer_weight = irm, prm, aggregation, answer_weight
         self.__name__ = "ppo_reward"  # TRL names the logged reward column after this
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
@@ -204,37 +200,44 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
 class _Coalescer:
     """Gathers concurrent per-sample calls of one event loop into one batch (verl >= 0.7 reward loop)."""
 
-    def __init__(self, window_s: float):
-        self.window_s, self.pending, self.flush_handle = window_s, [], None
+    def __init__(self, loop: asyncio.AbstractEventLoop, window_s: float, reward_kwargs: dict):
+        self.loop, self.window_s, self.reward_kwargs = loop, window_s, reward_kwargs
+        self.pending: list = []
+        self.flushing: set = set()  # strong references to running flush tasks
 
-    def add(self, loop, item, reward_kwargs) -> asyncio.Future:
-        fut = loop.create_future()
+    def add(self, item: tuple) -> asyncio.Future:
+        fut = self.loop.create_future()
+        if not self.pending:
+            self.loop.call_later(self.window_s, self._start_flush)
         self.pending.append((item, fut))
-        if self.flush_handle is None:
-            self.flush_handle = loop.call_later(self.window_s, lambda: loop.create_task(self.flush(loop, reward_kwargs)))
         return fut
 
-    async def flush(self, loop, reward_kwargs) -> None:
-        batch, self.pending, self.flush_handle = self.pending, [], None
+    def _start_flush(self) -> None:
+        task = self.loop.create_task(self._flush())
+        self.flushing.add(task)
+        task.add_done_callback(self.flushing.discard)
+
+    async def _flush(self) -> None:
+        batch, self.pending = self.pending, []
         cols = list(zip(*(item for item, _ in batch)))
         try:
-            scores = await loop.run_in_executor(None, lambda: compute_score_batch(*cols, **reward_kwargs))
-            for (_, fut), s in zip(batch, scores):
-                fut.set_result(s)
+            scores = await self.loop.run_in_executor(None, lambda: compute_score_batch(*cols, **self.reward_kwargs))
         except Exception as e:  # noqa: BLE001 - every waiting sample sees the error
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(e)
+            scores, error = None, e
+        for i, (_, fut) in enumerate(batch):
+            if not fut.done():
+                fut.set_result(scores[i]) if scores is not None else fut.set_exception(error)
 
 
-_COALESCERS: dict[tuple, _Coalescer] = {}
+_COALESCERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict]" = weakref.WeakKeyDictionary()
 
 
 async def compute_score_async(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
                               batch_window_s: float = 0.05, **reward_kwargs: Any) -> float:
     """verl custom reward function (async): concurrent calls within `batch_window_s` share one forward pass."""
     loop = asyncio.get_running_loop()
-    key = (id(loop), tuple(sorted((k, str(v)) for k, v in reward_kwargs.items())))
-    co = _COALESCERS.setdefault(key, _Coalescer(batch_window_s))
-    return await co.add(loop, (data_source, solution_str, ground_truth, extra_info), reward_kwargs)
-
+    per_loop = _COALESCERS.setdefault(loop, {})
+    key = tuple(sorted((k, str(v)) for k, v in reward_kwargs.items()))
+    if key not in per_loop:
+        per_loop[key] = _Coalescer(loop, batch_window_s, reward_kwargs)
+    return await per_loop[key].add((data_source, solution_str, ground_truth, extra_info))

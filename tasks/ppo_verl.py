@@ -76,6 +76,7 @@ def verl_overrides(cfg: PPOSettings, *, train_files: str, val_files: str, policy
         f"{kw}.aggregation": cfg.aggregation,
         f"{kw}.answer_weight": cfg.answer_weight,
         f"{kw}.batch_window_s": cfg.reward_batch_window_s,
+        f"{kw}.device": cfg.reward_device,
         "trainer.project_name": cfg.project_name,
         "trainer.experiment_name": cfg.experiment_name,
         "trainer.nnodes": cfg.nnodes,
@@ -172,9 +173,24 @@ _MISSING = object()
 
 
 def validate_against_verl(overrides: dict[str, Any], verl_yaml: Path) -> list[str]:
-    """Problems of the overrides against verl's own config: unknown keys (what Hydra's struct mode rejects),
-    '+' keys that already exist, and values of the wrong kind for the key's default. Empty list = valid."""
-    schema = yaml.safe_load(Path(verl_yaml).read_text(encoding="utf-8"))
+    """Problems of the overrides against verl's own config; empty list = valid. With Hydra installed, the
+    overrides are composed onto verl's ppo_trainer config exactly as main_ppo does; without it, every key is
+    checked against the generated YAML (unknown keys, '+' on existing keys, values of the wrong kind)."""
+    try:
+        from hydra import compose, initialize_config_dir
+        from hydra.errors import HydraException
+    except ImportError:
+        return _check_keys(overrides, Path(verl_yaml))
+    try:
+        with initialize_config_dir(config_dir=str(Path(verl_yaml).resolve().parent), version_base=None):
+            compose(config_name="ppo_trainer", overrides=hydra_args(overrides))
+    except HydraException as e:
+        return [str(e)]
+    return []
+
+
+def _check_keys(overrides: dict[str, Any], verl_yaml: Path) -> list[str]:
+    schema = yaml.safe_load(verl_yaml.read_text(encoding="utf-8"))
     problems = []
     for key, value in overrides.items():
         added = key.startswith("+")

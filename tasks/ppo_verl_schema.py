@@ -93,6 +93,7 @@ class RewardKwargs(_Strict):
     aggregation: Literal["min", "product", "last"]
     answer_weight: float = Field(ge=0, le=1)
     batch_window_s: float | None = Field(None, gt=0)
+    device: str = "cpu"
 
 
 class CustomRewardFunction(_Strict):

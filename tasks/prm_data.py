@@ -138,8 +138,8 @@ class LabelFailure(Exception):
 
 def _judge_labels(problem, steps, gw, settings, task_id, journal):
     parsed, _ = gw.chat_json("judge", step_label_messages(problem, steps), expect=(dict, list), task_id=task_id,
-                             purpose="prm-labels", temperature=0.0, max_tokens=settings.reward.judge_max_tokens,
-                             journal=journal)
+                             purpose="prm-labels", temperature=settings.reward.judge_temperature,
+                             max_tokens=settings.reward.judge_max_tokens, journal=journal)
     if parsed is None:
         raise LabelFailure("the judge's step labels hold no JSON")
     labels, reason = parse_step_labels(parsed, len(steps))
@@ -152,7 +152,7 @@ def _judge_labels(problem, steps, gw, settings, task_id, journal):
 def _decorl_labels(problem, steps, gw, settings, task_id, journal):
     def score(subset: list[str], purpose: str) -> float:
         parsed, _ = gw.chat_json("judge", score_messages(problem, subset), expect=(dict, int, float, str),
-                                 task_id=task_id, purpose=purpose, temperature=0.0,
+                                 task_id=task_id, purpose=purpose, temperature=settings.reward.judge_temperature,
                                  max_tokens=settings.reward.judge_max_tokens, journal=journal)
         s = parse_score(parsed)
         if s is None:

@@ -102,6 +102,7 @@ def assemble(out_dir: str | Path, settings: Settings, kinds: tuple[str, ...] = (
         out["irm"] = {"instructions": len(rows), "by_status": _count(rows, "status"), "pairs": len(pairs),
                       "failures": _count([g for g in rows if g["status"] != "ranked"], "reason"),
                       "judge_scores_given": sum(1 for g in rows if g.get("judge_scores")),
+                      "failed_ranking_attempts": sum(g.get("failed_attempts") or 0 for g in rows),
                       "path": str(layout.irm_pairs)}
     if "prm" in kinds:
         steps = store.concat_parts(layout, "prm", store.STEP_ROW_SCHEMA)

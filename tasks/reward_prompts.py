@@ -11,6 +11,8 @@ instruction-rating prompt that IRM pairs carry as `prompt` is `reward.irm_prompt
 
 from __future__ import annotations
 
+import json
+
 RANK = (
     "You are judging instructions written to train an AI assistant. Rank the versions below from best to worst "
     "on three criteria:\n"
@@ -20,7 +22,7 @@ RANK = (
     "#Versions#\n{versions}\n\n"
     "Reply with JSON only: {{\"ranking\": [every label exactly once, best first], "
     "\"scores\": {{label: quality from 0 to 10}}}}.\n"
-    "Example for three versions: {{\"ranking\": [\"B\", \"C\", \"A\"], \"scores\": {{\"A\": 3, \"B\": 8, \"C\": 6}}}}"
+    "The form (your order and scores will differ): {example}"
 )
 
 STEP_LABELS = (
@@ -28,7 +30,7 @@ STEP_LABELS = (
     "right calculation, and it moves the solution forward) or incorrect.\n\n"
     "#Problem#\n{problem}\n\n#Solution#\n{solution}\n\n"
     "The solution has {n} steps. Reply with JSON only: {{\"labels\": [true or false for each of the {n} steps, in order]}}.\n"
-    "Example for three steps: {{\"labels\": [true, true, false]}}"
+    "The form for {n} steps (your values will differ): {example}"
 )
 
 SCORE = (
@@ -60,12 +62,20 @@ def format_steps(steps: list[str]) -> str:
 
 
 def rank_messages(labelled: list[tuple[str, str]]) -> list[dict]:
+    """The example reply has exactly this prompt's labels (reversed): a weak judge that copies the form still
+    returns a permutation, and since the presentation order is shuffled per instruction, copying is noise, not
+    a bias toward the original or the evolved versions."""
     versions = "\n".join(f"[{label}] {text}" for label, text in labelled)
-    return [{"role": "user", "content": RANK.format(versions=versions)}]
+    order = [label for label, _ in reversed(labelled)]
+    scores = {label: max(1, 8 - 2 * i) for i, label in enumerate(order)}
+    example = json.dumps({"ranking": order, "scores": dict(sorted(scores.items()))})
+    return [{"role": "user", "content": RANK.format(versions=versions, example=example)}]
 
 
 def step_label_messages(problem: str, steps: list[str]) -> list[dict]:
-    text = STEP_LABELS.format(problem=problem, solution=format_steps(steps), n=len(steps))
+    """The example reply has exactly one value per step (alternating), so the count is never in doubt."""
+    example = json.dumps({"labels": [i % 2 == 0 for i in range(len(steps))]})
+    text = STEP_LABELS.format(problem=problem, solution=format_steps(steps), n=len(steps), example=example)
     return [{"role": "user", "content": text}]
 
 

