@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .dedup_settings import DedupSettings
+from .sandbox_settings import SandboxSettings
 
 CONFIG_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
@@ -157,6 +158,23 @@ class RunnerSettings(_Section):
     address: str = Field("", description="Existing Dask scheduler or Ray cluster address; empty starts a local one.")
 
 
+class SynthesisSettings(_Section):
+    """Verified task synthesis: propose -> sandboxed tests -> repair loop -> independent solver (KodCode style)."""
+
+    kinds: Literal["auto", "code", "math"] = Field(
+        "auto", description="Task kind per seed: auto (math seeds -> math word problems, others -> Python tasks), or force one.")
+    max_repairs: int = Field(3, ge=0, le=20, description="Repair calls after the first failing test run.")
+    budget_usd_per_task: float = Field(0.25, ge=0, description="Stop working on a task once its model calls cost this (0: no cost budget).")
+    budget_seconds_per_task: float = Field(600.0, gt=0, description="Stop working on a task after this many wall seconds.")
+    solver_attempts: int = Field(3, ge=1, le=20, description="k: independent solver attempts; pass rate labels difficulty.")
+    temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature of proposals.")
+    solver_temperature: float = Field(0.8, ge=0, le=2, description="Sampling temperature of solver attempts.")
+    max_new_tokens: int = Field(768, ge=16, le=32768, description="Completion cap of synthesis calls.")
+    prune_jaccard: float = Field(0.9, gt=0, le=1, description="Proposals this similar (5-char shingle Jaccard) to an earlier one of the batch are pruned before any test run.")
+    batch_size: int = Field(8, ge=1, le=10_000, description="Seeds per batch (one Prefect task and one part per batch).")
+    concurrency: int = Field(2, ge=1, le=256, description="Tasks in flight inside one batch.")
+
+
 class ScheduleSettings(_Section):
     """The nightly evolution deployment (rendered into deployments/prefect.yaml by `evolforge deploy`)."""
 
@@ -226,6 +244,10 @@ class RewardSettings(_Section):
         description="Judge calls per instruction until its ranking is a valid permutation (each retry shows the versions "
         "in a new shuffled order); every failed attempt is counted.",
     )
+    ask_scores: bool = Field(
+        True, description="Ask the judge for a 0-10 score per version beside the ranking (the data-level IRM health "
+        "check uses them; without, rank-derived scores). Weak judges rank more reliably without.",
+    )
     judge_temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature of the judge's ranking and labelling calls.")
     # --- PRM data: step-by-step answers labelled step by step
     step_label_method: Literal["judge", "decorl", "math_shepherd"] = Field(
@@ -291,8 +313,8 @@ class PPOSettings(_Section):
     split_seed: int = Field(42, description="Seed of the train / test split (hash of seed_id and this seed).")
     answer_in_steps: bool = Field(True, description="Prompts ask for 'Step 1: ... Step 2: ...' answers ending in 'The answer is: X' (what the PRM and the answer check read).")
     # reward r = rI * rA
-    irm_subdir: str = Field("irm", description="Folder of the instruction reward model inside the reward-model output folder.")
-    prm_subdir: str = Field("prm", description="Folder of the process reward model inside the reward-model output folder.")
+    irm_subdir: str = Field("models/irm", description="Folder of the instruction reward model inside the reward-model output folder (the train-reward flow writes models/irm).")
+    prm_subdir: str = Field("models/prm", description="Folder of the process reward model inside the reward-model output folder (the train-reward flow writes models/prm).")
     aggregation: Literal["min", "product", "last"] = Field("min", description="How the PRM's step scores become rA: weakest step, product of steps, or last step.")
     answer_weight: float = Field(0.5, ge=0, le=1, description="Weight of the rule-based answer check in rA where a ground truth exists: rA = (1-w) * PRM + w * correct.")
     reward_device: str = Field("cpu", description="Device the IRM and PRM score on inside verl's reward workers (cpu, cuda, cuda:1, ...).")
@@ -318,6 +340,7 @@ class PPOSettings(_Section):
     nnodes: int = Field(1, ge=1, description="Ray cluster nodes used by verl.")
     n_gpus_per_node: int = Field(8, ge=1, description="GPUs per node used by verl.")
     policy_path: str = Field("", description="HF model folder of the SFT policy as the cluster sees it; empty: the SFT policy this machine converts from the embedded GGUF.")
+    reward_function_path: str = Field("", description="The reward function file as the cluster sees it, or pkg://evolforge.tasks.ppo_reward when evolforge is installed there; empty: this checkout's tasks/ppo_reward.py (shared filesystem).")
     project_name: str = Field("evolforge", description="verl trainer.project_name (logger project).")
     experiment_name: str = Field("rleif-ppo", description="verl trainer.experiment_name.")
     ray_address: str = Field("", description="Ray dashboard address for `ray job submit`, e.g. http://head:8265; empty writes and prints the command only.")
@@ -354,6 +377,8 @@ class Settings(_Section):
     pricing: PricingSettings = Field(default_factory=PricingSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
     dedup: DedupSettings = Field(default_factory=DedupSettings)
+    synthesis: SynthesisSettings = Field(default_factory=SynthesisSettings)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     ppo: PPOSettings = Field(default_factory=PPOSettings)
     reward: RewardSettings = Field(default_factory=RewardSettings)
 

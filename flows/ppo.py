@@ -98,7 +98,8 @@ def local_grpo_task(cfg_json: str, sft_dir: str, layout_root: str, irm: str, prm
                                             cfg.local_eval_max_new_tokens)
     comparison["eval_split"] = eval_split
     store.write_json(lay.comparison, comparison)
-    return {**run, "comparison": {k: comparison[k] for k in ("n_prompts", "delta", "identical_completions", "eval_split")}
+    keys = ("n_prompts", "delta", "beats_sft_by_3_points", "identical_completions", "eval_split")
+    return {**run, "comparison": {k: comparison[k] for k in keys}
             | {"sft_mean_reward": comparison["sft"]["mean_reward"],
                "trained_mean_reward": comparison["trained"]["mean_reward"]}}
 
@@ -138,7 +139,8 @@ def _markdown(summary: dict) -> str:
         lines += [f"| {s['step']} | {s.get('reward', float('nan')):.4f} | {s.get('kl', float('nan')):.5f} | "
                   f"{s.get('loss', float('nan')):.6f} | {s.get('step_seconds', float('nan')):.1f} |" for s in local["steps"]]
         lines += ["", f"Mean reward on {c['n_prompts']} {c['eval_split']} prompts: SFT {c['sft_mean_reward']:.4f}, "
-                  f"trained {c['trained_mean_reward']:.4f} (delta {c['delta']:+.4f})."]
+                  f"trained {c['trained_mean_reward']:.4f} (delta {c['delta']:+.4f}; RLEIF's bar is +0.03: "
+                  f"{'met' if c['beats_sft_by_3_points'] else 'not met'})."]
     return "\n".join(lines)
 
 

@@ -71,6 +71,8 @@ def parse_ranking(value: object, labels: list[str]) -> tuple[list[int] | None, l
         if raw is None:
             lower = {str(k).lower(): v for k, v in value.items()}
             raw = next((lower[k] for k in RANKING_KEYS if k in lower), None)
+    if raw is None and isinstance(value, dict) and value and all(_label_of(k, labels) for k in value):
+        return _ranking_from_scores(value, labels)  # {"A": 5, "B": 7, "C": 2}: scores only
     if raw is None:
         return None, None, "no ranking in the reply"
     if isinstance(raw, dict):  # {"A": 2, "B": 1}: label -> position
@@ -96,6 +98,15 @@ def parse_ranking(value: object, labels: list[str]) -> tuple[list[int] | None, l
     if sorted(order) != list(range(len(labels))):
         return None, None, f"ranking {raw!r} is not a permutation of {labels}"
     return order, _parse_scores(value, labels), None
+
+
+def _ranking_from_scores(value: dict, labels: list[str]) -> tuple[list[int] | None, list[float] | None, str | None]:
+    scores = _parse_scores({"scores": value}, labels)
+    if scores is None:
+        return None, None, "a reply of scores only must score every label from 0 to 10"
+    if len(set(scores)) < len(scores):
+        return None, None, f"tied scores {scores} give no ranking"
+    return sorted(range(len(labels)), key=lambda i: -scores[i]), scores, None
 
 
 def _parse_scores(value: object, labels: list[str]) -> list[float] | None:
@@ -142,7 +153,8 @@ def rank_group(row: dict, gw: Gateway, settings: Settings, journal: CallJournal 
         shown = list(range(n))  # label j shows version shown[j]; a new shuffled order per attempt
         _rng(cfg.seed, row["id"], "order", attempt).shuffle(shown)
         parsed, _ = gw.chat_json(
-            "judge", rank_messages([(labels[j], group["versions"][shown[j]]) for j in range(n)]), expect=(dict, list),
+            "judge", rank_messages([(labels[j], group["versions"][shown[j]]) for j in range(n)], cfg.ask_scores),
+            expect=(dict, list),
             task_id=task_id, purpose=f"irm-rank-{attempt}", temperature=cfg.judge_temperature,
             max_tokens=cfg.judge_max_tokens, journal=journal)
         group["calls"] += 1

@@ -33,10 +33,11 @@ VERL_ENTRY = ["python3", "-m", "verl.trainer.main_ppo"]
 
 
 def verl_overrides(cfg: PPOSettings, *, train_files: str, val_files: str, policy_path: str, irm_dir: str,
-                   prm_dir: str, reward_file: str | Path = REWARD_FILE,
+                   prm_dir: str, reward_file: str | Path | None = None,
                    reward_function: str = REWARD_FUNCTION) -> dict[str, Any]:
     """Hydra key -> value. A leading '+' adds a key verl's schema does not declare (reward_kwargs)."""
     kw = "+reward.custom_reward_function.reward_kwargs"
+    reward_file = reward_file or cfg.reward_function_path or REWARD_FILE
     return {
         "algorithm.adv_estimator": cfg.adv_estimator,
         "algorithm.gamma": cfg.gamma,

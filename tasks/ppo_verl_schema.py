@@ -10,6 +10,7 @@ generated YAML) is available.
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 from typing import Literal
 
@@ -104,6 +105,11 @@ class CustomRewardFunction(_Strict):
     @model_validator(mode="after")
     def _function_exists(self) -> "CustomRewardFunction":
         src = Path(self.path)
+        if self.path.startswith("pkg://"):  # verl imports pkg://a.b.c as the module a.b.c
+            spec = importlib.util.find_spec(self.path[len("pkg://"):].replace("/", "."))
+            if spec is None or not spec.origin:
+                raise ValueError(f"custom reward function module not importable here: {self.path}")
+            src = Path(spec.origin)
         if not src.is_file():
             raise ValueError(f"custom reward function file not found: {src}")
         tree = ast.parse(src.read_text(encoding="utf-8"))

@@ -14,15 +14,11 @@ from __future__ import annotations
 import json
 
 RANK = (
-    "You are judging instructions written to train an AI assistant. Rank the versions below from best to worst "
-    "on three criteria:\n"
-    "- definition: the task is clearly defined (what to do, what the result should be);\n"
-    "- precision: it is specific and unambiguous, with concrete details and constraints;\n"
-    "- integrity: it is complete, self-consistent and can be answered.\n\n"
-    "#Versions#\n{versions}\n\n"
-    "Reply with JSON only: {{\"ranking\": [every label exactly once, best first], "
-    "\"scores\": {{label: quality from 0 to 10}}}}.\n"
-    "The form (your order and scores will differ): {example}"
+    "Rank these instructions for an AI assistant from best to worst on definition (a clear task: what to do and "
+    "what the result should be), precision (specific and unambiguous, with concrete details and constraints) and "
+    "integrity (complete, self-consistent and answerable).\n\n"
+    "{versions}\n\n"
+    "Answer as JSON with all {n} labels {label_list} in your order, best first{scores_ask}: {example}"
 )
 
 STEP_LABELS = (
@@ -61,15 +57,20 @@ def format_steps(steps: list[str]) -> str:
     return "\n".join(f"Step {i}: {s}" for i, s in enumerate(steps, 1))
 
 
-def rank_messages(labelled: list[tuple[str, str]]) -> list[dict]:
-    """The example reply has exactly this prompt's labels (reversed): a weak judge that copies the form still
+def rank_messages(labelled: list[tuple[str, str]], ask_scores: bool = True) -> list[dict]:
+    """The example reply has exactly this prompt's labels (rotated): a weak judge that copies the form still
     returns a permutation, and since the presentation order is shuffled per instruction, copying is noise, not
     a bias toward the original or the evolved versions."""
-    versions = "\n".join(f"[{label}] {text}" for label, text in labelled)
-    order = [label for label, _ in reversed(labelled)]
-    scores = {label: max(1, 8 - 2 * i) for i, label in enumerate(order)}
-    example = json.dumps({"ranking": order, "scores": dict(sorted(scores.items()))})
-    return [{"role": "user", "content": RANK.format(versions=versions, example=example)}]
+    labels = [label for label, _ in labelled]
+    order = labels[1:] + labels[:1]
+    example: dict = {"ranking": order}
+    if ask_scores:
+        example["scores"] = {label: max(1, 8 - 2 * order.index(label)) for label in labels}
+    text = RANK.format(versions="\n".join(f"[{label}] {t}" for label, t in labelled), n=len(labels),
+                       label_list=", ".join(labels),
+                       scores_ask=", and a quality score from 0 to 10 for each" if ask_scores else "",
+                       example=json.dumps(example))
+    return [{"role": "user", "content": text}]
 
 
 def step_label_messages(problem: str, steps: list[str]) -> list[dict]:

@@ -3,8 +3,10 @@ an evolved.parquet like the evolve flow writes, and forward-call counting."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -35,13 +37,19 @@ def minilm_dir() -> Path:
 
 @functools.lru_cache(maxsize=None)
 def shared_reward_models() -> Path:
-    """One healthy pair of tiny reward models per test process (built in about 5 s)."""
-    return build_reward_models(Path(tempfile.mkdtemp(prefix="evolforge-rm-")))
+    """One healthy pair of tiny reward models per test process (built in about 5 s, removed at exit)."""
+    root = Path(tempfile.mkdtemp(prefix="evolforge-rm-"))
+    atexit.register(shutil.rmtree, root, True)
+    return build_reward_models(root)
+
+
+IRM_PROMPT = "Rate how good this instruction is: "
 
 
 def build_reward_models(root: Path, healthy: bool | None = True, seed: int = 0) -> Path:
-    """root/irm (sequence classification, 1 label) and root/prm (token classification, 2 labels): the
-    MiniLM encoder with a freshly initialised head, saved like a trained model; root/health.json."""
+    """The train-reward flow's layout: root/models/irm (sequence classification, 1 label) and root/models/prm
+    (token classification, 2 labels), each the MiniLM encoder with a freshly initialised head and a
+    reward_meta.json; root/health.json with data and model reports."""
     import json
 
     import torch
@@ -51,11 +59,15 @@ def build_reward_models(root: Path, healthy: bool | None = True, seed: int = 0) 
     tok = AutoTokenizer.from_pretrained(minilm_dir())
     irm = AutoModelForSequenceClassification.from_pretrained(minilm_dir(), num_labels=1)
     prm = AutoModelForTokenClassification.from_pretrained(minilm_dir(), num_labels=2)
+    metas = {"irm": {"kind": "irm", "prompt": IRM_PROMPT, "max_length": 256},
+             "prm": {"kind": "prm", "max_length": 256}}
     for name, model in (("irm", irm), ("prm", prm)):
-        model.save_pretrained(root / name)
-        tok.save_pretrained(root / name)
+        model.save_pretrained(root / "models" / name)
+        tok.save_pretrained(root / "models" / name)
+        (root / "models" / name / "reward_meta.json").write_text(json.dumps(metas[name]))
     if healthy is not None:
-        (root / "health.json").write_text(json.dumps({"healthy": healthy, "irm": {"mean": 0.55, "std": 0.15}}))
+        report = {"passed": healthy, "problems": [] if healthy else ["IRM overfit"], "irm": {"mean": 0.55, "std": 0.15}}
+        (root / "health.json").write_text(json.dumps({"data": {"passed": True}, "model": report}))
     return root
 
 

@@ -35,6 +35,41 @@ parliament saddle cobalt tariff monsoon archive pixel lattice meadow cipher drou
 turbine ballot coral sparrow voltage census magnet compass velvet pepper summit cactus beacon""".split()
 
 
+SYNTH_GOOD = "def add_numbers(a, b):\n    return a + b\n"
+SYNTH_BAD = "def add_numbers(a, b):\n    return a - b\n"
+SYNTH_TESTS = ("from solution import add_numbers\n\n"
+               "def test_add():\n    assert add_numbers(2, 3) == 5\n    assert add_numbers(-1, 1) == 0\n"
+               "    assert add_numbers(0, 0) == 0\n    assert add_numbers(10, 5) == 15\n")
+
+
+def synthesis_reply(prompt: str) -> str | None:
+    """Scripted answers to the task-synthesis prompts (tasks/synthesis_prompts.py).
+
+    A seed instruction containing BUGGY gets a wrong reference first (exercises the repair loop), one containing
+    TRIVIAL gets tests that assert nothing, one containing UNSOLVABLE gets solver answers that fail.
+    """
+    if "You write verifiable Python programming tasks" in prompt:
+        tests = "def test_nothing():\n    assert True\n" if "TRIVIAL" in prompt else SYNTH_TESTS
+        return json.dumps({"statement": "Write add_numbers(a, b) returning the sum of two integers, e.g. "
+                           "add_numbers(2, 3) == 5. Seed: " + hashlib.sha1(prompt.encode()).hexdigest()[:8]
+                           + (" UNSOLVABLE" if "UNSOLVABLE" in prompt else ""),
+                           "entry_point": "add_numbers", "solution": SYNTH_BAD if "BUGGY" in prompt else SYNTH_GOOD,
+                           "tests": tests})
+    if "A synthesized Python task failed its own tests" in prompt:
+        return json.dumps({"fixed": "solution", "solution": SYNTH_GOOD, "tests": SYNTH_TESTS,
+                           "explanation": "the reference subtracted instead of adding"})
+    if "Solve this Python programming task" in prompt:
+        code = SYNTH_BAD if "UNSOLVABLE" in prompt else SYNTH_GOOD
+        return f"Here you go:\n```python\n{code}```"
+    if "You write math word problems" in prompt:
+        wrong = "WRONGANSWER" in prompt
+        return json.dumps({"problem": "Ann buys 3 boxes of 4 apples. How many apples? " + hashlib.sha1(prompt.encode()).hexdigest()[:6],
+                           "steps": ["Step 1: 3 boxes of 4 apples is 3*4."], "answer": "3*5" if wrong else "3*4"})
+    if "Solve the following problem step by step" in prompt:
+        return "Step 1: 3 * 4 = 12.\nThe answer is: 12"
+    return None
+
+
 def reply_for(body: dict, judge_verdict: str = "Not Equal") -> str:
     msgs = body.get("messages") or []
     prompt = msgs[-1]["content"] if msgs else ""
@@ -44,6 +79,9 @@ def reply_for(body: dict, judge_verdict: str = "Not Equal") -> str:
     reward = reward_reply(prompt)
     if reward is not None:
         return reward
+    synth = synthesis_reply(prompt)
+    if synth is not None:
+        return synth
     if "#Rewritten Prompt#:" in prompt or "#Created Prompt#:" in prompt or "#Rewritten Question#:" in prompt:
         # a fresh, distinct instruction per prompt (so dedup keeps it): words drawn by the prompt's hash
         rng = random.Random(int(hashlib.sha1(prompt.encode()).hexdigest(), 16))
@@ -66,9 +104,8 @@ def reward_reply(prompt: str) -> str | None:
     - PRM step labels: a step is incorrect when it contains the word 'wrong' (fenced JSON);
     - DeCoRL score: 2 + 2 per step without 'wrong' - 3 per step with it, clipped to 0..10;
     - Math-Shepherd continuation: 'The answer is: 42', or 7 when a prefix step contains 'wrong'."""
-    if "#Versions#" in prompt:
-        section = prompt.split("#Versions#", 1)[1].split("\n\nReply with JSON", 1)[0]
-        versions = re.findall(r"^\[([A-Z])\] (.*)$", section, re.M)
+    if prompt.startswith("Rank these instructions for an AI assistant"):
+        versions = re.findall(r"^\[([A-Z])\] (.*)$", prompt, re.M)
         order = [lab for lab, _ in sorted(versions, key=lambda v: (-len(v[1]), v[0]))]
         n = len(order)
         scores = {lab: round(9 - 6 * i / max(1, n - 1), 2) for i, lab in enumerate(order)}

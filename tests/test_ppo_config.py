@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import os
 import stat
 
@@ -49,6 +50,10 @@ def test_schema_rejects_bad_configs():
         ppo_verl.validate_config({**overrides(), "data.train_batch_size": 68})
     with pytest.raises(ValidationError, match="micro_batch"):
         ppo_verl.validate_config(overrides(ppo_micro_batch_size_per_gpu=2))  # 8 / 8 GPUs = 1 per GPU
+    pkg = ppo_verl.validate_config(overrides(reward_function_path="pkg://evolforge.tasks.ppo_reward"))
+    assert pkg.reward.custom_reward_function.path == "pkg://evolforge.tasks.ppo_reward"
+    with pytest.raises(ValidationError, match="not importable"):
+        ppo_verl.validate_config(overrides(reward_function_path="pkg://evolforge.tasks.no_such_module"))
     with pytest.raises(ValidationError, match="defines no function"):
         ppo_verl.validate_config({**overrides(), "reward.custom_reward_function.name": "no_such_fn"})
     with pytest.raises(ConfigError, match="rollout_batch_size"):
@@ -122,14 +127,24 @@ def test_preflight_passes_a_healthy_reward_stage(tmp_path):
     assert out["healthy"] and not out["overridden"]
 
 
-@pytest.mark.parametrize("health,reason", [({"healthy": False, "irm": "overfit"}, "unhealthy"),
-                                           (None, "no health.json"), ({"ok": True}, "boolean 'healthy'")])
+def test_preflight_reads_the_train_reward_flow_reports(tmp_path):
+    out = preflight(*_reward_dir(tmp_path, {"data": {"passed": False}, "model": {"passed": True, "problems": []}}))
+    assert out["healthy"] and not out["overridden"]
+
+
+@pytest.mark.parametrize("health,reason", [
+    ({"healthy": False, "irm": "overfit"}, "unhealthy"),
+    (None, "no .*health.json"),
+    ({"ok": True}, "boolean 'healthy'"),
+    ({"data": {"passed": True}, "model": {"passed": False, "problems": ["IRM overfit: mean over 0.9"]}}, "IRM overfit"),
+    ({"data": {"passed": True}, "model": None}, "model health report"),
+])
 def test_preflight_refuses_unless_overridden(tmp_path, health, reason):
     args = _reward_dir(tmp_path, health)
     with pytest.raises(RewardStageUnhealthy, match=reason):
         preflight(*args)
     out = preflight(*args, ignore_health=True)
-    assert out["overridden"] and not out["healthy"] and reason in out["reason"]
+    assert out["overridden"] and not out["healthy"] and re.search(reason, out["reason"])
 
 
 def test_preflight_never_runs_without_models(tmp_path):

@@ -39,10 +39,11 @@ def fake_ray(tmp_path, monkeypatch):
 def test_flow_refuses_an_unhealthy_reward_stage(tmp_path, evolved):
     rm = tmp_path / "rm"
     for name in ("irm", "prm"):
-        (rm / name).mkdir(parents=True)
-        (rm / name / "config.json").write_text("{}")
-    (rm / "health.json").write_text(json.dumps({"healthy": False, "prm": {"share_below_0.5": 0.03}}))
-    with pytest.raises(Exception, match="PPO refused to start"):
+        (rm / "models" / name).mkdir(parents=True)
+        (rm / "models" / name / "config.json").write_text("{}")
+    (rm / "health.json").write_text(json.dumps({"data": {"passed": True}, "model": {
+        "passed": False, "problems": ["only 3% of PRM scores are under 0.5: the PRM does not tell steps apart"]}}))
+    with pytest.raises(Exception, match="PPO refused to start.*does not tell steps apart"):
         ppo_flow(PPOParams(evolved=str(evolved), reward_dir=str(rm), out=str(tmp_path / "ppo"), local_steps=0))
     assert not (tmp_path / "ppo").exists()  # nothing was started
 
@@ -64,7 +65,7 @@ def test_flow_writes_data_and_submits_the_verl_job(tmp_path, evolved, fake_ray):
     args = lay.verl_overrides.read_text().splitlines()
     assert args == submitted[submitted.index("verl.trainer.main_ppo") + 1:]
     conf = yaml.safe_load(lay.verl_config.read_text())
-    assert conf["reward"]["custom_reward_function"]["reward_kwargs"]["irm_dir"] == str(shared_reward_models() / "irm")
+    assert conf["reward"]["custom_reward_function"]["reward_kwargs"]["irm_dir"] == str(shared_reward_models() / "models" / "irm")
     assert conf["algorithm"]["kl_ctrl"]["kl_coef"] == 0.05 and conf["data"]["train_batch_size"] >= 64
     assert json.loads(lay.summary.read_text())["verl"]["command"].startswith("ray job submit --address http://head:8265")
 
@@ -101,6 +102,7 @@ def test_local_grpo_two_steps_end_to_end(tmp_path, evolved):
     assert comparison["n_prompts"] == min(4, summary["data"]["test"]) and comparison["eval_split"] == "test"
     for side in ("sft", "trained"):
         assert 0.0 <= comparison[side]["mean_reward"] <= 1.0 and len(comparison[side]["rewards"]) == comparison["n_prompts"]
+    assert comparison["beats_sft_by_3_points"] == (comparison["delta"] >= 0.03)
     assert summary["local"]["comparison"]["delta"] == pytest.approx(
         comparison["trained"]["mean_reward"] - comparison["sft"]["mean_reward"])
     # the verl job points at the converted SFT policy

@@ -14,7 +14,7 @@ from evolforge.tasks.ppo_answers import answer_correct, extract_answer, split_st
 from evolforge.tasks.ppo_reward import PPOReward, aggregate, combine
 
 from ppo_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
-from ppo_helpers import ForwardCounter, shared_reward_models
+from ppo_helpers import IRM_PROMPT, ForwardCounter, shared_reward_models
 
 
 class FakeIRM:
@@ -127,7 +127,7 @@ def test_trl_reward_function_signature_and_dataset_columns():
 @pytest.fixture(scope="module")
 def models():
     root = shared_reward_models()
-    return str(root / "irm"), str(root / "prm")
+    return str(root / "models" / "irm"), str(root / "models" / "prm")
 
 
 def _samples(n):
@@ -196,3 +196,31 @@ def test_verl_loads_the_file_by_path_without_evolforge(models, monkeypatch):
     assert 0.0 < value <= 1.0
     with pytest.raises(ValueError, match="question"):
         module.compute_score("evolforge/math", "Step 1: x", "4", {})
+
+
+def test_scores_match_the_reward_stage_encoding(models):
+    """The same numbers as the reward stage's own scoring API (tasks/reward_scoring.py), when it is present:
+    the IRM reads reward_meta.json's prompt + the instruction, the PRM a separator token after each step."""
+    scoring = pytest.importorskip("evolforge.tasks.reward_scoring")
+    r = ppo_reward.load_reward(*models, aggregation="min")
+    assert r.irm.prompt == IRM_PROMPT
+    qs, responses, _ = _samples(6)
+    steps = [split_steps(x) for x in responses]
+    assert r.irm(qs) == pytest.approx(scoring.score_instructions(models[0], qs), abs=1e-5)
+    ours = r.prm(qs, steps)
+    theirs = scoring.score_step_lists(models[1], qs, steps)
+    assert [len(x) for x in ours] == [len(x) for x in steps]
+    assert [v for x in ours for v in x] == pytest.approx([v for x in theirs for v in x], abs=1e-5)
+
+
+def test_long_answers_continue_in_chunks_within_the_same_forward_pass(models):
+    r = ppo_reward.load_reward(*models, aggregation="min")
+    counter = ForwardCounter(r.prm.model)
+    try:
+        long_answer = [f"Step {i}: " + "we add the numbers carefully and write them down " * 6 for i in range(1, 13)]
+        assert len(r.prm.encode("How many apples?", long_answer)) > 1  # longer than max_length: several chunks
+        scores = r.prm(["How many apples?", "Short one?"], [long_answer, ["Step 1: 1 + 1 = 2"]])
+        assert counter.calls == 1 and [len(s) for s in scores] == [12, 1]
+        assert all(0.0 < v < 1.0 for v in scores[0])  # every step scored, none left at the 0.0 default
+    finally:
+        counter.handle.remove()

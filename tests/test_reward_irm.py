@@ -134,3 +134,9 @@ def test_ranking_attempts_retry_in_a_new_order_and_count_failures(server, tmp_pa
 def test_ranking_items_as_objects():
     reply = {"ranking": [{"label": "B", "score": 6}, {"label": "A"}, {"label": "C"}]}
     assert parse_ranking(reply, LABELS)[0] == [1, 0, 2]
+
+
+def test_a_reply_of_scores_only_ranks_by_score():
+    assert parse_ranking({"A": 5, "B": 7, "C": 2}, LABELS)[:2] == ([1, 0, 2], [5.0, 7.0, 2.0])
+    assert "tied" in parse_ranking({"A": 5, "B": 5, "C": 2}, LABELS)[2]
+    assert "every label" in parse_ranking({"A": 5, "B": 7}, LABELS)[2]

@@ -1,0 +1,143 @@
+"""Task synthesis flow: seeds -> verified Python tasks and math problems, with the cost of every task.
+
+seeds (an evolve run's dataset/evolved.parquet, or any jsonl / parquet / csv of
+instructions) -> one Prefect task per batch (propose, sandboxed tests, repair
+loop, solver check; resumable from parts and call journals) -> tasks.parquet,
+rejected.parquet, cost_per_task.parquet/.csv (the headline: calls, tokens, USD,
+wall and sandbox seconds of proposal, repairs and solver attempts per task),
+summary.json, and Prefect table + markdown artifacts.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import polars as pl
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.futures import as_completed
+from prefect.runtime import flow_run
+from pydantic import BaseModel, Field
+
+from evolforge.config.settings import load_settings
+from evolforge.flows.evolve import model_endpoint
+from evolforge.storage.datasets import import_seeds
+from evolforge.storage.ledger import read_ledger
+from evolforge.storage.parts import num_row_groups, write_table_atomic
+from evolforge.storage.rounds import write_json_atomic
+from evolforge.storage.synthesis_sets import SynthLayout
+from evolforge.tasks.evolve_batch import close_gateways, gateway_for
+from evolforge.tasks.runners import build_task_runner
+from evolforge.tasks.sandbox import check_sandbox_available
+from evolforge.tasks.synthesize_batch import synthesize_batch_task
+
+
+class SynthesizeParams(BaseModel):
+    """Parameters of the synthesis flow."""
+
+    seeds: str = Field(..., description="Instructions to draw tasks from: an evolve run's dataset/evolved.parquet or any file.")
+    out: str = Field("runs/synthesize", description="Output folder; running again over it resumes.")
+    config: str | None = Field(None, description="TOML config file ([synthesis] and [sandbox] sections).")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; empty uses the embedded model.")
+    model: str | None = Field(None, description="Model for every stage without its own model in the config.")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="Nested config overrides.")
+
+
+def cost_per_task(ledger: pl.DataFrame, tasks: pl.DataFrame) -> pl.DataFrame:
+    """One row per task: calls, tokens and USD per phase (proposal, repair, solver), wall and sandbox seconds."""
+    phase = {"synthesize": "proposal", "repair": "repairs", "solver": "solver"}
+    led = ledger.with_columns(pl.col("stage").replace(phase).alias("phase"))
+    per = led.group_by("task_id", "phase").agg(
+        pl.len().alias("calls"), (pl.col("prompt_tokens").fill_null(0) + pl.col("completion_tokens").fill_null(0)).sum().alias("tokens"),
+        pl.col("cost_usd").sum().alias("usd"))
+    wide = tasks.select("task_id", "kind", "status", "reject_reason", "difficulty", "repairs", "wall_seconds",
+                        "sandbox_seconds")
+    for ph in ("proposal", "repairs", "solver"):
+        part = per.filter(pl.col("phase") == ph).select(
+            "task_id", pl.col("calls").alias(f"{ph}_calls"), pl.col("tokens").alias(f"{ph}_tokens"),
+            pl.col("usd").alias(f"{ph}_usd"))
+        wide = wide.join(part, on="task_id", how="left")
+    totals = led.group_by("task_id").agg(pl.len().alias("calls"), pl.col("cost_usd").sum().alias("usd"),
+                                         pl.col("cost_usd").is_null().sum().alias("unpriced_calls"))
+    return wide.join(totals, on="task_id", how="left").fill_null(strategy="zero").sort("task_id")
+
+
+def summarize(table: pl.DataFrame, costs: pl.DataFrame) -> dict:
+    kept = costs.filter(pl.col("status") == "kept")
+    reasons = table.filter(pl.col("status") == "rejected").group_by("reject_reason").len().sort("len", descending=True)
+    n = table.height
+    return {
+        "proposed": n, "kept": kept.height, "yield": round(kept.height / n, 4) if n else 0.0,
+        "by_kind": table.group_by("kind", "status").len().to_dicts(),
+        "by_difficulty": kept.group_by("difficulty").len().to_dicts() if kept.height else [],
+        "rejections": {r["reject_reason"]: r["len"] for r in reasons.to_dicts()},
+        "total_usd": float(costs["usd"].sum()), "unpriced_calls": int(costs["unpriced_calls"].sum()),
+        "usd_per_kept_task": {"mean": _f(kept["usd"].mean()), "median": _f(kept["usd"].median())},
+        "minutes_per_kept_task": {"mean": _f(kept["wall_seconds"].mean(), 60), "median": _f(kept["wall_seconds"].median(), 60)},
+        "sandbox_seconds": float(costs["sandbox_seconds"].sum()),
+        # all model calls and sandbox time, divided over the kept tasks (what a kept task really costs)
+        "usd_per_kept_task_all_in": round(float(costs["usd"].sum()) / kept.height, 6) if kept.height else None,
+    }
+
+
+def _f(v, div: float = 1.0):
+    return None if v is None else round(float(v) / div, 6)
+
+
+@flow(name="synthesize", log_prints=True)
+def synthesize_flow(params: SynthesizeParams) -> dict:
+    logger = get_run_logger()
+    overrides = dict(params.overrides)
+    if params.base_url is not None:
+        overrides.setdefault("gateway", {})["base_url"] = params.base_url
+    if params.model:
+        overrides.setdefault("models", {})["default"] = params.model
+    settings = load_settings(params.config, overrides)
+    check_sandbox_available(settings.sandbox)  # refuse before spending anything
+    lay = SynthLayout(params.out).ensure()
+    run_id = flow_run.id or f"local-{int(time.time())}"
+    if not lay.input.exists():
+        counts = import_seeds(params.seeds, lay.input, lay.rejects, batch_size=settings.synthesis.batch_size,
+                              **settings.input.model_dump(include={"instruction_field", "id_field", "domain_field", "max_chars"}))
+        logger.info("synthesis seeds: %d (%d rejected)", counts["seeds"], counts["rejected"])
+    settings_json = settings.model_dump_json()
+    try:
+        with model_endpoint(settings, lay) as base_url, build_task_runner(settings.runner) as runner:
+            gateway_for(settings, base_url, run_id, lay.root).check_reachable()
+            futures = [runner.submit(synthesize_batch_task.with_options(task_run_name=f"synthesize-batch-{b:05d}"),
+                                     parameters=dict(out_dir=str(lay.root), batch=b, settings_json=settings_json,
+                                                     base_url=base_url, run_id=run_id))
+                       for b in range(num_row_groups(lay.input))]
+            failed = []
+            for fut in as_completed(futures):
+                try:
+                    fut.result()
+                except Exception as e:  # noqa: BLE001 - reported once below
+                    failed.append(e)
+            if failed:
+                raise RuntimeError(f"{len(failed)} synthesis batches failed (first: {failed[0]}); finished batches "
+                                   f"are checkpointed in {lay.root}: run again to redo only the failed ones") from None
+    finally:
+        close_gateways(run_id)
+    table = pl.from_arrow(lay.all_parts())
+    write_table_atomic(table.filter(pl.col("status") == "kept").to_arrow(), lay.tasks)
+    write_table_atomic(table.filter(pl.col("status") == "rejected").to_arrow(), lay.rejected)
+    costs = cost_per_task(read_ledger(lay.root), table)
+    write_table_atomic(costs.to_arrow(), lay.cost_per_task)
+    costs.write_csv(lay.cost_per_task.with_suffix(".csv"))
+    summary = {"run_id": run_id, "out_dir": str(lay.root), **summarize(table, costs),
+               "datasets": {"tasks": str(lay.tasks), "rejected": str(lay.rejected),
+                            "cost_per_task": str(lay.cost_per_task)}}
+    write_json_atomic(lay.summary, summary)
+    create_table_artifact(key="synthesis-cost-per-task", table=costs.head(500).to_dicts(),
+                          description="Cost per task: calls, tokens, USD, wall and sandbox seconds by phase")
+    md = [f"# Task synthesis `{run_id}`", "",
+          f"Yield: {summary['kept']} kept / {summary['proposed']} proposed ({summary['yield']:.0%})", "",
+          f"Per kept task: mean ${summary['usd_per_kept_task']['mean'] or 0:.6f}, median "
+          f"${summary['usd_per_kept_task']['median'] or 0:.6f}; mean {summary['minutes_per_kept_task']['mean'] or 0:.2f} min",
+          f"Sandbox seconds: {summary['sandbox_seconds']:.1f}; unpriced calls: {summary['unpriced_calls']}", "",
+          "## Rejections", ""] + [f"- {k}: {v}" for k, v in summary["rejections"].items()]
+    create_markdown_artifact(key="synthesis-summary", markdown="\n".join(md), description="Task synthesis summary")
+    logger.info("synthesis: %d kept of %d proposed -> %s", summary["kept"], summary["proposed"], lay.tasks)
+    return summary

@@ -1,0 +1,57 @@
+"""Files of a synthesis run.
+
+    OUT/input.parquet                 the seeds (one row group per batch)
+    OUT/parts/batch_NNNNN.parquet     one atomic part per finished batch (every task, kept or rejected)
+    OUT/journal/batch_NNNNN.jsonl     model calls finished inside a batch (replayed on resume)
+    OUT/ledger/*.jsonl                cost ledger (task_id = the synthesized task)
+    OUT/tasks.parquet                 kept tasks: statement, entry_point, solution, tests / answer, difficulty, pass_rate
+    OUT/rejected.parquet              rejected tasks with reject_reason and every attempt
+    OUT/cost_per_task.parquet (.csv)  per task: calls, tokens, USD, wall and sandbox seconds by phase
+    OUT/summary.json                  yield, rejection reasons, mean / median cost and minutes per kept task
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .layout import RunLayout
+
+TASK_SCHEMA = pa.schema([
+    ("task_id", pa.string()), ("seed_id", pa.string()), ("kind", pa.string()), ("status", pa.string()),
+    ("reject_reason", pa.string()), ("statement", pa.string()), ("entry_point", pa.string()),
+    ("solution", pa.string()), ("tests", pa.string()), ("answer", pa.string()), ("difficulty", pa.string()),
+    ("pass_rate", pa.float64()), ("solver_passes", pa.int32()), ("solver_attempts", pa.int32()),
+    ("repairs", pa.int32()), ("sandbox_seconds", pa.float64()), ("wall_seconds", pa.float64()),
+    ("attempts", pa.string()),
+])
+
+
+class SynthLayout(RunLayout):
+    @property
+    def input(self) -> Path:
+        return self.root / "input.parquet"
+
+    def synth_part(self, batch: int) -> Path:
+        return self.root / "parts" / f"batch_{batch:05d}.parquet"
+
+    def synth_journal(self, batch: int) -> Path:
+        return self.root / "journal" / f"batch_{batch:05d}.jsonl"
+
+    @property
+    def tasks(self) -> Path:
+        return self.root / "tasks.parquet"
+
+    @property
+    def rejected(self) -> Path:
+        return self.root / "rejected.parquet"
+
+    @property
+    def cost_per_task(self) -> Path:
+        return self.root / "cost_per_task.parquet"
+
+    def all_parts(self) -> pa.Table:
+        files = sorted((self.root / "parts").glob("batch_*.parquet"))
+        return pa.concat_tables([pq.read_table(f) for f in files]) if files else TASK_SCHEMA.empty_table()

@@ -1,0 +1,88 @@
+"""Small, pure checks used by task synthesis: code extraction, numeric answers, proposal pruning."""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+
+_CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.S)
+_ANSWER = re.compile(r"answer\s*(?:is)?\s*[:=]?\s*\$?\s*([-+]?[\d.,/*()+\- ]*\d[\d.,/*()+\- ]*)", re.I)
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Mod: operator.mod,
+        ast.FloorDiv: operator.floordiv}
+
+
+def extract_code(text: str) -> str:
+    """The first fenced Python block, else the whole reply."""
+    m = _CODE_BLOCK.search(text or "")
+    return (m.group(1) if m else (text or "")).strip() + "\n"
+
+
+def eval_number(expr: str) -> float | None:
+    """Evaluate a number or arithmetic expression safely (no names, no calls); None when it is not one."""
+    s = (expr or "").strip().replace(",", "").rstrip(".").replace("^", "**")
+    if not s or len(s) > 200:
+        return None
+    try:
+        tree = ast.parse(s, mode="eval")
+    except SyntaxError:
+        return None
+
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return float(node.value)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > 64:
+                raise ValueError("exponent too large")
+            return _OPS[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.operand))
+        raise ValueError("not arithmetic")
+
+    try:
+        return float(ev(tree))
+    except (ValueError, ZeroDivisionError, OverflowError, TypeError):
+        return None
+
+
+def final_answer(text: str) -> float | None:
+    """The number after 'The answer is', else the last number in the text."""
+    m = list(_ANSWER.finditer(text or ""))
+    if m:
+        v = eval_number(m[-1].group(1))
+        if v is not None:
+            return v
+    nums = _NUMBER.findall(text or "")
+    return eval_number(nums[-1]) if nums else None
+
+
+def same_number(a: float | None, b: float | None, rel: float = 1e-6) -> bool:
+    return a is not None and b is not None and abs(a - b) <= rel * max(1.0, abs(a), abs(b))
+
+
+def shingles(text: str, n: int = 5) -> set[str]:
+    t = " ".join((text or "").lower().split())
+    return {t[i : i + n] for i in range(max(1, len(t) - n + 1))}
+
+
+def jaccard(a: set[str], b: set[str]) -> float:
+    return len(a & b) / len(a | b) if a or b else 1.0
+
+
+def difficulty(pass_rate: float) -> str:
+    """KodCode's labels: easy over 2/3, medium 1/3 to 2/3, hard under 1/3."""
+    if pass_rate > 2 / 3:
+        return "easy"
+    if pass_rate >= 1 / 3:
+        return "medium"
+    return "hard"
+
+
+def stub_solution(entry_point: str) -> str:
+    """A solution that does nothing: tests that pass against it check nothing."""
+    return f"def {entry_point}(*args, **kwargs):\n    return None\n"

@@ -1,0 +1,46 @@
+"""Prompts of verified task synthesis (propose, repair, solve), in one file."""
+
+from __future__ import annotations
+
+PROPOSE_CODE = (
+    "You write verifiable Python programming tasks. Inspired by the instruction below, write ONE self-contained task "
+    "whose solution is a single Python function.\n"
+    "Reply with a JSON object only, with these keys:\n"
+    '  "statement": the task for a programmer (what the function takes and returns, with an example),\n'
+    '  "entry_point": the function name,\n'
+    '  "solution": a correct reference implementation (complete Python code defining the function),\n'
+    '  "tests": pytest tests (complete Python code) that start with `from solution import <entry_point>` and assert '
+    "on at least 4 inputs, edge cases included.\n\n"
+    "Instruction: {instruction}"
+)
+
+REPAIR_CODE = (
+    "A synthesized Python task failed its own tests. Fix the reference solution OR the tests (whichever is wrong) so "
+    "that a correct implementation of the statement passes.\n\n"
+    "Statement:\n{statement}\n\nReference solution (solution.py):\n```python\n{solution}\n```\n\n"
+    "Tests (test_solution.py):\n```python\n{tests}\n```\n\nFailing output:\n```\n{failure}\n```\n\n"
+    'Reply with a JSON object only: {{"fixed": "solution" or "tests" or "both", "solution": "...", "tests": "...", '
+    '"explanation": "one sentence"}}'
+)
+
+SOLVE_CODE = (
+    "Solve this Python programming task. Reply with the complete code of solution.py (the function `{entry_point}` "
+    "and anything it needs) in one ```python code block.\n\n{statement}"
+)
+
+PROPOSE_MATH = (
+    "You write math word problems with a single numeric answer. Inspired by the instruction below, write ONE "
+    "grade-school math word problem and solve it step by step.\n"
+    'Reply with a JSON object only: {{"problem": "...", "steps": ["Step 1: ...", "Step 2: ..."], '
+    '"answer": "the final answer as a number or an arithmetic expression, e.g. 42 or 3/4"}}\n\n'
+    "Instruction: {instruction}"
+)
+
+SOLVE_MATH = (
+    "Solve the following problem step by step, each step on its own line as 'Step 1: ...', 'Step 2: ...', and end "
+    "with the line 'The answer is: <number>'.\n\n{problem}"
+)
+
+
+def msg(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
