@@ -1,0 +1,72 @@
+"""The whole pipeline as one flow, reading like the DAG:
+
+    seeds -> evolve (Evol-Instruct rounds, elimination, dedup every round)
+          -> synthesize (verified Python tasks and math problems, cost per task)   [optional]
+          -> reward data (IRM preference pairs, PRM step labels, health checks)
+          -> train reward models (IRM, PRM)
+          -> PPO (verl config + Ray job, local GRPO smoke run)                      [off by default]
+
+Each stage is also a flow and a deployment of its own; here each writes to
+OUT/<stage>/ and resumes there. A stage whose output is complete is skipped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from pydantic import BaseModel, Field
+
+from evolforge.config.settings import SAMPLE_SEEDS
+from evolforge.flows.evolve import EvolveParams, evolve_flow
+from evolforge.flows.ppo import PPOParams, ppo_flow
+from evolforge.flows.reward_data import RewardDataParams, reward_data_flow
+from evolforge.flows.synthesize import SynthesizeParams, synthesize_flow
+from evolforge.flows.train_reward import TrainRewardParams, train_reward_flow
+
+
+class PipelineParams(BaseModel):
+    """Parameters of the full pipeline (the stage switches are the UI's checkboxes)."""
+
+    seeds: str = Field(str(SAMPLE_SEEDS), description="Seed instructions: a jsonl, parquet or csv file.")
+    out: str = Field("runs/pipeline", description="Root output folder; each stage writes OUT/<stage>/.")
+    rounds: int | None = Field(None, ge=1, le=64, description="Evolution rounds (default: evol_instruct.rounds).")
+    synthesize: bool = Field(True, description="Synthesize verified tasks from the evolved instructions.")
+    reward: bool = Field(True, description="Make reward-model data and train the IRM and PRM.")
+    ppo: bool = Field(False, description="Run the PPO stage (verl config / Ray job and the local GRPO smoke run).")
+    config: str | None = Field(None, description="TOML config file (default: config/default.toml).")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; empty uses the embedded model.")
+    model: str | None = Field(None, description="Model for every stage without its own model in the config.")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="Nested config overrides for every stage.")
+
+
+@flow(name="pipeline", log_prints=True)
+def pipeline_flow(params: PipelineParams = PipelineParams()) -> dict:
+    logger = get_run_logger()
+    root = Path(params.out)
+    common = dict(config=params.config, overrides=params.overrides)
+    endpoint = dict(base_url=params.base_url, model=params.model)
+    done: dict[str, Any] = {}
+
+    evolve = evolve_flow(EvolveParams(seeds=params.seeds, out=str(root / "evolve"), rounds=params.rounds,
+                                      **endpoint, **common))
+    done["evolve"] = evolve["counts"]
+    evolved = evolve["datasets"]["evolved"]
+
+    if params.synthesize:
+        synth = synthesize_flow(SynthesizeParams(seeds=evolved, out=str(root / "synthesize"), **endpoint, **common))
+        done["synthesize"] = {k: synth[k] for k in ("proposed", "kept", "yield")}
+
+    if params.reward or params.ppo:
+        data = reward_data_flow(RewardDataParams(evolve_out=str(root / "evolve"), out=str(root / "reward"),
+                                                 **endpoint, **common))
+        done["reward_data"] = {k: v for k, v in data.items() if k in ("irm_pairs", "prm_rows", "health")}
+        trained = train_reward_flow(TrainRewardParams(data=str(root / "reward"), **common))
+        done["train_reward"] = {k: v for k, v in trained.items() if k in ("irm", "prm", "metrics")}
+
+    if params.ppo:
+        done["ppo"] = ppo_flow(PPOParams(evolved=evolved, reward_dir=str(root / "reward"), out=str(root / "ppo"),
+                                         **common))
+    logger.info("pipeline done: %s", ", ".join(done))
+    return done
