@@ -76,7 +76,7 @@ def test_deploy_worker_run_retry_artifacts(prefect_server, tmp_path):
     assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
     deps = httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()
     by_name = {d["name"]: d for d in deps}
-    assert {"evolve", "nightly"} <= set(by_name)
+    assert {"evolve", "nightly", "dedup", "synthesize", "reward-data", "train-reward", "ppo", "pipeline"} <= set(by_name)
     assert by_name["nightly"]["concurrency_limit"] == 1 or by_name["nightly"].get("global_concurrency_limit")
     sched = by_name["nightly"]["schedules"][0]
     assert sched["schedule"]["cron"] == "0 2 * * *" and sched["active"] is False
