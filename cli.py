@@ -96,6 +96,40 @@ def cmd_retry(args) -> int:
     return _run_with(args, overrides=saved)
 
 
+def _run_flow(fn, params) -> int:
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    try:
+        result = fn(params)
+    except Exception as e:  # one clear line
+        print(f"\nevolforge: {fn.name} failed: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2, default=str)[:6000])
+    return 0
+
+
+def cmd_dedup(args) -> int:
+    from evolforge.flows.dedup import DedupParams, dedup_flow
+
+    return _run_flow(dedup_flow, DedupParams(input=args.input, text_field=args.text_field, id_field=args.id_field,
+                                             out=args.out, index=args.index, config=args.config))
+
+
+def cmd_synthesize(args) -> int:
+    from evolforge.flows.synthesize import SynthesizeParams, synthesize_flow
+
+    return _run_flow(synthesize_flow, SynthesizeParams(seeds=args.seeds, out=args.out, config=args.config,
+                                                       base_url=args.base_url, model=args.model))
+
+
+def cmd_pipeline(args) -> int:
+    from evolforge.flows.pipeline import PipelineParams, pipeline_flow
+
+    return _run_flow(pipeline_flow, PipelineParams(
+        seeds=args.seeds, out=args.out, rounds=args.rounds, synthesize=not args.no_synthesize,
+        reward=not args.no_reward, ppo=args.ppo, config=args.config, base_url=args.base_url, model=args.model))
+
+
 def cmd_deploy(args) -> int:
     settings = _settings(args)
     from evolforge.deployments.deploy import deploy
@@ -198,6 +232,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, help="evolution rounds (default: evol_instruct.rounds)")
     common(p)
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("dedup", help="dedup any jsonl / parquet / csv file: kept set + dropped set with reasons")
+    p.add_argument("--input", required=True)
+    p.add_argument("--text-field", default="instruction")
+    p.add_argument("--id-field")
+    p.add_argument("--out", required=True)
+    p.add_argument("--index", help="persistent index folder to check against and extend")
+    p.add_argument("--config")
+    p.set_defaults(fn=cmd_dedup)
+
+    p = sub.add_parser("synthesize", help="verified task synthesis from instructions (sandboxed tests, repair loop)")
+    p.add_argument("--seeds", required=True, help="e.g. an evolve run's dataset/evolved.parquet")
+    p.add_argument("--out", required=True)
+    common(p)
+    p.set_defaults(fn=cmd_synthesize)
+
+    p = sub.add_parser("pipeline", help="evolve -> synthesize -> reward data -> reward models [-> PPO]")
+    p.add_argument("--seeds", default=str(SAMPLE_SEEDS))
+    p.add_argument("--out", required=True)
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--no-synthesize", action="store_true")
+    p.add_argument("--no-reward", action="store_true")
+    p.add_argument("--ppo", action="store_true", help="also run the PPO stage")
+    common(p)
+    p.set_defaults(fn=cmd_pipeline)
 
     p = sub.add_parser("retry", help="re-run only the failed or rejected batches of the run at --out")
     p.add_argument("--out", required=True)
