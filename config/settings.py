@@ -130,7 +130,7 @@ class EmbeddedModelSettings(_Section):
     n_ctx: int = Field(2048, ge=256, description="Context window.")
     startup_timeout_seconds: float = Field(180.0, gt=0)
     max_new_tokens: int = Field(
-        160, ge=8, description="Cap on completion tokens when the embedded model serves (keeps the sample run short)."
+        128, ge=8, description="Cap on completion tokens when the embedded model serves (keeps the sample run short)."
     )
 
     @field_validator("host")

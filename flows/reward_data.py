@@ -128,6 +128,7 @@ def reward_data_flow(params: RewardDataParams) -> dict:
     summary = {
         "run_id": run_id, "out_dir": str(layout.root), "evolve_out": params.evolve_out,
         "endpoint": base_url if not settings.uses_embedded_model else f"embedded {settings.embedded.alias}",
+        "irm_pairs": (sets.get("irm") or {}).get("pairs"), "prm_rows": (sets.get("prm") or {}).get("labelled"),
         "irm": sets.get("irm"), "prm": sets.get("prm"),
         "health": {"passed": health["passed"], "policy": cfg.health_policy, "problems": health["problems"]},
         "batches": {"total": len(batches), "skipped": sum(1 for b in batches if b["skipped"]),

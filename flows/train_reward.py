@@ -88,7 +88,8 @@ def train_reward_flow(params: TrainRewardParams) -> dict:
                              description="Reward models: held-out pairwise / step accuracy, training time")
     if not report["passed"]:
         logger.warning("trained reward models fail the health checks: %s", "; ".join(report["problems"]))
-    return metrics
+    return {**metrics, "irm": metrics["models"].get("irm"), "prm": metrics["models"].get("prm"),
+            "metrics": str(layout.metrics)}
 
 
 def _markdown(metrics: dict) -> str:

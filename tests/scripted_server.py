@@ -99,8 +99,8 @@ def _solution_steps(prompt: str, marker: str) -> list[str]:
 
 def reward_reply(prompt: str) -> str | None:
     """Reward-data prompts (tasks/reward_prompts.py), answered deterministically:
-    - IRM ranking: longer versions rank higher (a scripted version is its parent plus a sentence), with
-      scores 9 (best) down to 3 (worst);
+    - IRM ranking: longer versions rank higher (a scripted version is a 14-word sentence, longer than the
+      short instructions the tests use), with scores 9 (best) down to 3 (worst);
     - PRM step labels: a step is incorrect when it contains the word 'wrong' (fenced JSON);
     - DeCoRL score: 2 + 2 per step without 'wrong' - 3 per step with it, clipped to 0..10;
     - Math-Shepherd continuation: 'The answer is: 42', or 7 when a prefix step contains 'wrong'."""
