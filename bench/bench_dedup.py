@@ -1,6 +1,6 @@
 """Deduplication benchmark on a seeded, labelled near-duplicate corpus.
 
-    .venv/bin/python bench/bench_dedup.py --n 100000          # the issue's figures
+    .venv/bin/python bench/bench_dedup.py --n 100000 --repeat 3   # the issue's figures
     .venv/bin/python bench/bench_dedup.py --n 1000000 --no-truth   # hand run
 
 Measures, on n records of bench/near_dup_corpus.py:
@@ -98,6 +98,7 @@ def sampled_truth(sk: mh.Sketches, queries: np.ndarray, t: float, chunk: int = 1
 def bench_minhash(texts, cluster, s: DedupSettings, truth: bool, rng, truth_sample: int) -> dict:
     n = len(texts)
     t0 = time.perf_counter()
+    c0 = time.process_time()
     norms = normalize_many(texts, s)
     t1 = time.perf_counter()
     sk = mh.sketch_many(norms, s)
@@ -106,7 +107,7 @@ def bench_minhash(texts, cluster, s: DedupSettings, truth: bool, rng, truth_samp
     t3 = time.perf_counter()
     comp = components(n, pairs)
     t4 = time.perf_counter()
-    res = {"records": n, "seconds": t4 - t0, "records_per_s": n / (t4 - t0),
+    res = {"records": n, "seconds": t4 - t0, "records_per_s": n / (t4 - t0), "cpu_seconds": time.process_time() - c0,
            "seconds_normalize": t1 - t0, "seconds_sketch": t2 - t1, "seconds_lsh_verify": t3 - t2, "seconds_group": t4 - t3,
            "lsh_candidates": ncand, "verified_pairs": len(pairs), "groups_with_duplicates": int(len(np.unique(comp[pairs[:, 0]])) if len(pairs) else 0),
            "num_perm": s.num_perm, "bands": s.bands, "rows": s.rows, "threshold": s.jaccard_threshold,
@@ -142,7 +143,9 @@ def bench_embedding(c, s: DedupSettings, rng, ann_sample: int) -> dict:
     if s.confirm and s.max_confirm_records:
         _encoder("full", s).encode(["warm up"])
     load = time.perf_counter() - t0
+    static._word_row, static._word_vecs = {}, np.zeros((0, static.dim), np.float32)  # cold word cache per run
     t0 = time.perf_counter()
+    c0 = time.process_time()
     E = static.encode(c.texts)
     t1 = time.perf_counter()
     p, sim = emb.neighbor_pairs(E, s.static_candidate_cosine, s)
@@ -164,6 +167,7 @@ def bench_embedding(c, s: DedupSettings, rng, ann_sample: int) -> dict:
     t4 = time.perf_counter()
     cl = c.cluster
     res = {"records": n, "seconds": t4 - t0, "records_per_s": n / (t4 - t0), "model_load_seconds": load,
+           "cpu_seconds": time.process_time() - c0,
            "seconds_static_encode": t1 - t0, "seconds_ann": t2 - t1, "seconds_confirm": t3 - t2, "seconds_group": t4 - t3,
            "candidates": len(p), "static_accepted": int(sure.sum()), "uncertain": len(unc),
            "confirm_checked": 0 if ok is None else len(ok[0]),
@@ -212,6 +216,15 @@ def baseline_datasketch(texts, s: DedupSettings) -> dict:
     return {"records": len(texts), "seconds": dt, "records_per_s": len(texts) / dt}
 
 
+def best_of(runs: list[dict]) -> dict:
+    """The fastest run (the machine is shared: slower runs measure other load), with every run's records/s."""
+    best = dict(max(runs, key=lambda r: r["records_per_s"]))
+    for k, v in runs[0].items():  # quality figures come from the first run (identical across runs)
+        best.setdefault(k, v)
+    best["records_per_s_all_runs"] = [r["records_per_s"] for r in runs]
+    return best
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=100_000)
@@ -223,6 +236,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--ann-sample", type=int, default=2000)
     ap.add_argument("--truth-sample", type=int, default=2000, help="records whose exact Jaccard to all n is computed")
     ap.add_argument("--out", default=str(HERE / "results" / "dedup.json"))
+    ap.add_argument("--repeat", type=int, default=1, help="time each part this many times and report the fastest (shared machine)")
     ap.add_argument("--pipeline-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     s = DedupSettings()
@@ -243,17 +257,19 @@ def main(argv=None) -> dict:
         import subprocess
 
         cmd = [sys.executable, __file__, "--n", str(a.n), "--seed", str(a.seed), "--pipeline-only"]
-        pipe = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        pipe = best_of([json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+                        for _ in range(a.repeat)])
     t = time.perf_counter()
     c = make_corpus(a.n, seed=a.seed)
     out = {"n": a.n, "seed": a.seed, "cpus": os.cpu_count(), "load_avg_start": os.getloadavg(),
            "corpus_seconds": time.perf_counter() - t, "settings": s.model_dump(),
            "corpus_levels": {lv: sum(1 for x in c.level if x == lv) for lv in set(c.level)}}
-    out["minhash"] = bench_minhash(c.texts, c.cluster, s, not a.no_truth, rng, a.truth_sample)
+    runs = [bench_minhash(c.texts, c.cluster, s, not a.no_truth and r == 0, rng, a.truth_sample) for r in range(a.repeat)]
+    out["minhash"] = best_of(runs)
     if a.baseline_n:
         out["datasketch_baseline"] = baseline_datasketch(c.texts[: a.baseline_n], s)
     if not a.no_embedding:
-        out["embedding"] = bench_embedding(c, s, rng, a.ann_sample)
+        out["embedding"] = best_of([bench_embedding(c, s, np.random.default_rng(a.seed), a.ann_sample) for _ in range(a.repeat)])
     if pipe is not None:
         out["pipeline"] = pipe
     out["load_avg_end"] = os.getloadavg()

@@ -102,7 +102,7 @@ class DedupSettings(BaseModel):
         200, ge=8, description="Target members per k-means cluster (clusters = n / this), SemDeDup style: cosine is compared "
         "only inside clusters, never as an n x n matrix."
     )
-    ann_probes: int = Field(3, ge=1, le=64, description="Each vector is compared with the members of its `ann_probes` nearest clusters.")
+    ann_probes: int = Field(4, ge=1, le=64, description="Each vector is compared with the members of its `ann_probes` nearest clusters.")
     ann_kmeans_iters: int = Field(8, ge=1, le=100, description="Lloyd iterations of the k-means fit.")
     ann_kmeans_sample: int = Field(50_000, ge=1000, description="Vectors sampled to fit the k-means centroids.")
 
