@@ -90,8 +90,9 @@ class DedupSettings(BaseModel):
     )
     confirm: bool = Field(True, description="Ask the full model about candidates between static_candidate_cosine and static_accept_cosine.")
     max_confirm_records: int = Field(
-        500, ge=0, description="Most texts the full model embeds per call (it runs at ~50-100 texts/s on 2 CPU cores); the "
-        "uncertain pairs with the highest static cosine are confirmed first, the rest are counted as unconfirmed and kept."
+        256, ge=0, description="Most texts the full model embeds per call (it runs at ~30-140 texts/s on 2 shared CPU cores, so "
+        "this budget bounds the stage's cost: 256 texts ~2-8 s). The uncertain pairs with the highest static cosine are confirmed "
+        "first; the rest are counted as unconfirmed and their records kept (precision first)."
     )
     batch_size: int = Field(64, ge=1, le=4096, description="Full-model encode batch size.")
     max_seq_length: int = Field(128, ge=8, le=512, description="Full-model token limit per text (longer texts are truncated).")
