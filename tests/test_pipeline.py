@@ -1,0 +1,27 @@
+"""The pipeline flow chains the stages, each in OUT/<stage>/."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from evolforge.flows.pipeline import PipelineParams, pipeline_flow
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def test_pipeline_evolve_then_synthesize(tmp_path, server):
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "c1", "instruction": "Write a function that adds two numbers.", "domain": "code"},
+        {"id": "m1", "instruction": "A shop sells 3 boxes of 4 apples each. How many apples?", "domain": "math"},
+    ]) + "\n")
+    done = pipeline_flow(PipelineParams(seeds=str(seeds), out=str(tmp_path / "p"), rounds=1, reward=False,
+                                        base_url=server.base_url))
+    assert set(done) == {"evolve", "synthesize"}
+    assert (tmp_path / "p" / "evolve" / "dataset" / "evolved.parquet").exists()
+    tasks = pl.read_parquet(tmp_path / "p" / "synthesize" / "tasks.parquet")
+    # the synthesis stage read the evolve stage's output: seeds plus their accepted evolutions
+    assert done["synthesize"]["proposed"] == done["evolve"]["evolved"] and tasks.height >= 1
