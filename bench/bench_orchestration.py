@@ -50,9 +50,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--concurrency", type=int, default=16, help="records in flight per batch")
-    ap.add_argument("--gateway-concurrency", type=int, default=32)
-    ap.add_argument("--workers", type=int, default=4, help="batches in flight")
+    ap.add_argument("--concurrency", type=int, default=8, help="records in flight per batch")
+    ap.add_argument("--gateway-concurrency", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=2, help="batches in flight")
     a = ap.parse_args()
 
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="evolforge-bench-prefect-"))
