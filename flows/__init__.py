@@ -1,4 +1,11 @@
 """One Prefect flow per stage, reading top to bottom like the DAG.
 
-- evolve: seeds -> Evol-Instruct rounds (upward, downward, in-breadth; elimination) -> datasets + cost ledger.
+- evolve:        seeds -> Evol-Instruct rounds (elimination, dedup every round) -> datasets + cost ledger.
+- nightly:       each night evolves the survivors of the last night one round further.
+- dedup:         dedup of any jsonl / parquet / csv file.
+- synthesize:    verified Python tasks and math problems, cost per task.
+- reward_data:   IRM preference pairs and PRM step labels, with health checks.
+- train_reward:  the IRM and the PRM.
+- ppo:           verl data + config (Ray job) and a local GRPO smoke run with r = rI * rA.
+- pipeline:      all of the above in order (PPO off by default).
 """
