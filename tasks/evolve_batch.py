@@ -173,8 +173,9 @@ def retry_transient(task, task_run, state) -> bool:
     return True
 
 
-@task(
-    name="evolve-batch",
+# Every batch task of the project: retried on transient failures only, results persisted and cached
+# on inputs + source so a retried flow run skips the batches that finished.
+BATCH_TASK_OPTIONS = dict(
     retries=2,
     retry_delay_seconds=exponential_backoff(backoff_factor=5),
     retry_jitter_factor=0.5,
@@ -182,6 +183,9 @@ def retry_transient(task, task_run, state) -> bool:
     persist_result=True,
     cache_policy=INPUTS + TASK_SOURCE,
 )
+
+
+@task(name="evolve-batch", **BATCH_TASK_OPTIONS)
 def evolve_batch_task(out_dir: str, round_no: int, batch_index: int, settings_json: str, base_url: str, run_id: str) -> dict:
     from prefect import get_run_logger
 

@@ -22,7 +22,7 @@ from ..storage import parts
 from ..storage import reward_sets as store
 from ..storage.journal import CallJournal
 from . import irm_data, prm_data
-from .evolve_batch import gateway_for, retry_transient
+from .evolve_batch import BATCH_TASK_OPTIONS, gateway_for
 from .gateway import EndpointDown, GatewayError
 
 log = logging.getLogger("evolforge.reward_data")
@@ -133,19 +133,9 @@ def _count(rows: list[dict], key: str) -> dict[str, int]:
 
 # ----------------------------------------------------------------- Prefect wrapper
 from prefect import task  # noqa: E402
-from prefect.cache_policies import INPUTS, TASK_SOURCE  # noqa: E402
-from prefect.tasks import exponential_backoff  # noqa: E402
 
 
-@task(
-    name="reward-batch",
-    retries=2,
-    retry_delay_seconds=exponential_backoff(backoff_factor=5),
-    retry_jitter_factor=0.5,
-    retry_condition_fn=retry_transient,
-    persist_result=True,
-    cache_policy=INPUTS + TASK_SOURCE,
-)
+@task(name="reward-batch", **BATCH_TASK_OPTIONS)
 def reward_batch_task(kind: str, out_dir: str, batch: int, settings_json: str, base_url: str, run_id: str) -> dict:
     from prefect import get_run_logger
 

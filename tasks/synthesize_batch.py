@@ -12,7 +12,7 @@ from ..config.settings import Settings
 from ..storage import parts
 from ..storage.journal import CallJournal
 from ..storage.synthesis_sets import TASK_SCHEMA, SynthLayout
-from .evolve_batch import gateway_for, retry_transient
+from .evolve_batch import BATCH_TASK_OPTIONS, gateway_for
 from .synthesis import synthesize_task
 
 
@@ -47,12 +47,8 @@ def run_synthesize_batch(out_dir: str | Path, batch: int, settings: Settings, ba
 
 
 from prefect import task  # noqa: E402
-from prefect.cache_policies import INPUTS, TASK_SOURCE  # noqa: E402
-from prefect.tasks import exponential_backoff  # noqa: E402
 
 
-@task(name="synthesize-batch", retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=5),
-      retry_jitter_factor=0.5, retry_condition_fn=retry_transient, persist_result=True,
-      cache_policy=INPUTS + TASK_SOURCE)
+@task(name="synthesize-batch", **BATCH_TASK_OPTIONS)
 def synthesize_batch_task(out_dir: str, batch: int, settings_json: str, base_url: str, run_id: str) -> dict:
     return run_synthesize_batch(out_dir, batch, Settings.model_validate_json(settings_json), base_url, run_id)
