@@ -44,7 +44,9 @@ def _run_with(args, overrides: dict) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from evolforge.flows.evolve import EvolveParams, evolve_flow
 
-    params = EvolveParams(seeds=str(Path(args.seeds).resolve()), out=str(Path(args.out).resolve()),
+    from evolforge.storage.fs import location
+
+    params = EvolveParams(seeds=str(location(args.seeds)), out=str(location(args.out)),
                           rounds=args.rounds, config=args.config, base_url=args.base_url, model=args.model,
                           overrides=overrides)
     try:
@@ -53,7 +55,6 @@ def _run_with(args, overrides: dict) -> int:
         print(f"\nevolforge run failed: {e}", file=sys.stderr)
         print(f"Checkpoints are kept in {args.out}; run the same command again to resume.", file=sys.stderr)
         return 1
-    out = Path(summary["out_dir"])
     cost = summary["cost"].get("cost_usd")
     print("\n== evolforge run complete ==")
     for r in summary["rounds"]:
@@ -67,23 +68,24 @@ def _run_with(args, overrides: dict) -> int:
         usd = "unpriced" if st["cost_usd"] is None or st["unpriced_calls"] else f"${st['cost_usd']:.6f}"
         print(f"  stage {st['stage']:<8} {st['model']:<28} {st['calls']:>6} calls ({st['failed_attempts']} failed) "
               f"{(st['prompt_tokens'] or 0) + (st['completion_tokens'] or 0):>9} tokens  {usd}")
-    print(f"summary:                               {out / 'summary.json'}")
+    print(f"summary:                               {summary['out_dir'].rstrip('/')}/summary.json")
     print(f"per-stage costs: evolforge costs --out {args.out} --by stage")
     return 0
 
 
 def cmd_retry(args) -> int:
     """Re-run only the batches that failed or hold rejected (error) records in the run at --out."""
+    from evolforge.storage.fs import exists, read_text
     from evolforge.storage.layout import RunLayout
     from evolforge.storage.rounds import reopen_failed_batches
 
     layout = RunLayout(args.out)
-    if not layout.run_info.exists():
+    if not exists(layout.run_info):
         print(f"evolforge: no run in {layout.root} (run.json missing)", file=sys.stderr)
         return 2
-    info = json.loads(layout.run_info.read_text())
+    info = json.loads(read_text(layout.run_info))
     reopened = reopen_failed_batches(layout, time.strftime("%Y%m%dT%H%M%S"))
-    if not reopened["batches"] and layout.summary.exists():
+    if not reopened["batches"] and exists(layout.summary):
         print(f"nothing to retry in {layout.root}: every batch finished without errors")
         return 0
     if reopened["batches"]:

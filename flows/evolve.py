@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.futures import as_completed
@@ -27,6 +28,7 @@ from pydantic import BaseModel, Field
 from evolforge.config.settings import SAMPLE_SEEDS, Settings, load_settings
 from evolforge.storage import rounds as round_store
 from evolforge.storage.datasets import import_seeds
+from evolforge.storage.fs import exists, read_parquet
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import read_ledger
 from evolforge.tasks.dedup_round import dedup_round_task, index_seeds_task
@@ -41,7 +43,8 @@ class EvolveParams(BaseModel):
     """Parameters of the evolve flow (the form the Prefect UI shows)."""
 
     seeds: str = Field(str(SAMPLE_SEEDS), description="Seed instructions: a jsonl, parquet or csv file.")
-    out: str = Field("runs/evolve", description="Output folder; running again over it resumes the run.")
+    out: str = Field("runs/evolve", description="Output folder or fsspec URL (s3://bucket/run); running again over it "
+                     "resumes the run.")
     rounds: int | None = Field(None, ge=1, le=64, description="Evolution rounds (default: evol_instruct.rounds).")
     config: str | None = Field(None, description="TOML config file (default: config/default.toml).")
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint; empty uses the embedded model.")
@@ -123,7 +126,7 @@ def evolve_flow(params: EvolveParams = EvolveParams()) -> dict:
     run_id = flow_run.id or f"local-{int(time.time())}"
     t_start = time.time()
 
-    if not layout.round_input(1).exists():
+    if not exists(layout.round_input(1)):
         counts = import_seeds(params.seeds, layout.round_input(1), layout.rejects, batch_size=cfg.batch_size,
                               **settings.input.model_dump(include={"instruction_field", "id_field", "domain_field", "max_chars"}))
         logger.info("imported %d seeds (%d rejected -> %s)", counts["seeds"], counts["rejected"], layout.rejects)
@@ -147,10 +150,10 @@ def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, 
         logger.info("model endpoint %s; models: %s", gw.describe(), settings.models.model_dump())
         index_dir = None
         if cfg.dedup_each_round:
-            index_dir = str(Path(params.dedup_index) if params.dedup_index else layout.dedup_index)
+            index_dir = params.dedup_index or str(layout.dedup_index)
             index_seeds_task(str(layout.root), settings.model_dump_json(), index_dir)
         for r in range(1, cfg.rounds + 1):
-            if not layout.round_input(r).exists():
+            if not exists(layout.round_input(r)):
                 round_store.build_next_pool(layout, r - 1, layout.round_input(r), cfg.batch_size)
             if round_store.round_is_complete(layout, r):
                 table = round_store.round_table(layout, r)
@@ -167,9 +170,7 @@ def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, 
     counts = round_store.write_final_datasets(layout, rounds_done, cfg.batch_size)
     ledger = read_ledger(layout.root)
     round_store.compact_ledger(layout, ledger)
-    import polars as pl
-
-    lineage = pl.read_parquet(layout.lineage, columns=["id", "round"])
+    lineage = pl.from_arrow(read_parquet(layout.lineage, columns=["id", "round"]))
     summary = {
         "run_id": run_id,
         "out_dir": str(layout.root),

@@ -44,7 +44,7 @@ def nightly_flow(params: NightlyParams = NightlyParams()) -> dict:
     logger = get_run_logger()
     settings = load_settings(params.config, params.overrides)
     sched = settings.schedule
-    index = NightIndex(Path(params.dataset or sched.dataset))
+    index = NightIndex(params.dataset or sched.dataset)
     night = params.night or dt.datetime.now(ZoneInfo(sched.timezone)).date().isoformat()
     dt.date.fromisoformat(night)  # a bad label fails here, before any work
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import re
 from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from .fs import AnyPath, atomic_output, exists, location, parquet_file, parquet_writer, read_parquet
 from .parts import write_table_atomic
 
 POOL_SCHEMA = pa.schema(
@@ -55,11 +56,11 @@ def text_id(text: str, prefix: str = "s") -> str:
     return f"{prefix}-{hashlib.sha1(norm.encode()).hexdigest()[:12]}"
 
 
-def _iter_raw_rows(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:
-    """Yield (line_no, row or None, error) for each row of the file."""
+def _iter_raw_rows(path: AnyPath) -> Iterator[tuple[int, dict | None, str | None]]:
+    """Yield (line_no, row or None, error) for each row of the file (local path or URL)."""
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson", ".json"):
-        with open(path, "r", encoding="utf-8", errors="replace") as fh:
+        with io.TextIOWrapper(path.open("rb"), encoding="utf-8", errors="replace") as fh:
             for n, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
@@ -73,11 +74,11 @@ def _iter_raw_rows(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:
                     continue
                 yield n, row, None
     elif suffix == ".csv":
-        with open(path, "r", encoding="utf-8", errors="replace", newline="") as fh:
+        with io.TextIOWrapper(path.open("rb"), encoding="utf-8", errors="replace", newline="") as fh:
             for n, row in enumerate(csv.DictReader(fh), 2):
                 yield n, row, None
     elif suffix == ".parquet":
-        pf = pq.ParquetFile(path)
+        pf = parquet_file(path)
         n = 0
         for batch in pf.iter_batches(batch_size=4096):
             for row in batch.to_pylist():
@@ -89,8 +90,8 @@ def _iter_raw_rows(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:
 
 def import_seeds(
     path: str | Path,
-    dest: Path,
-    rejects_path: Path,
+    dest: AnyPath,
+    rejects_path: AnyPath,
     *,
     instruction_field: str = "instruction",
     id_field: str = "id",
@@ -99,76 +100,108 @@ def import_seeds(
     batch_size: int = 128,
 ) -> dict:
     """Stream seeds into `dest` (the round-1 pool); return counts. Rejects go to `rejects_path`."""
-    path = Path(path)
-    if not path.exists():
+    path = location(path)
+    if not exists(path):
         raise SeedFileError(f"seed file not found: {path}")
+    kept, rejected, field_seen = 0, 0, False
+    with atomic_output(rejects_path, "w") as rej:  # the rejects are published even when no seed is usable
+        try:
+            with parquet_writer(dest, POOL_SCHEMA, compression="zstd") as writer:
+                kept, rejected, field_seen = _import_rows(path, rej, writer, instruction_field, id_field,
+                                                          domain_field, max_chars, batch_size)
+                if kept == 0:
+                    raise _NoSeeds  # the pool is not published
+        except _NoSeeds:
+            pass
+    if kept == 0:
+        hint = "" if field_seen else f" (no row has the field {instruction_field!r}; set input.instruction_field)"
+        raise SeedFileError(f"no usable seed in {path}{hint}; see {rejects_path}")
+    return {"seeds": kept, "rejected": rejected}
+
+
+class _NoSeeds(Exception):
+    pass
+
+
+def _import_rows(path: AnyPath, rej, writer, instruction_field: str, id_field: str, domain_field: str,
+                 max_chars: int, batch_size: int) -> tuple[int, int, bool]:
     seen_ids: set[str] = set()
     seen_text: dict[str, int] = {}
     chunk: list[dict] = []
     kept = rejected = 0
-    rejects_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".building")
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    writer = pq.ParquetWriter(tmp, POOL_SCHEMA, compression="zstd")
     field_seen = False
-    with open(rejects_path, "w", encoding="utf-8") as rej:
 
-        def reject(line_no: int, reason: str, row: dict | None) -> None:
-            nonlocal rejected
-            rejected += 1
-            rej.write(json.dumps({"source": str(path), "line": line_no, "reason": reason, "row": row},
-                                 ensure_ascii=False, default=str) + "\n")
+    def reject(line_no: int, reason: str, row: dict | None) -> None:
+        nonlocal rejected
+        rejected += 1
+        rej.write(json.dumps({"source": str(path), "line": line_no, "reason": reason, "row": row},
+                             ensure_ascii=False, default=str) + "\n")
 
-        for line_no, row, err in _iter_raw_rows(path):
-            if err:
-                reject(line_no, err, None)
-                continue
-            text = row.get(instruction_field)
-            if instruction_field in row:
-                field_seen = True
-            if not isinstance(text, str) or not text.strip():
-                reject(line_no, f"missing or empty field {instruction_field!r}", row)
-                continue
-            text = text.strip()
-            if len(text) > max_chars:
-                reject(line_no, f"instruction longer than input.max_chars={max_chars}", row)
-                continue
-            raw_id = row.get(id_field)
-            rid = str(raw_id).strip() if raw_id not in (None, "") else text_id(text)
-            norm = " ".join(text.split()).lower()
-            if norm in seen_text:
-                reject(line_no, f"duplicate instruction (same text as line {seen_text[norm]})", row)
-                continue
-            if rid in seen_ids:
-                reject(line_no, f"duplicate id {rid!r}", row)
-                continue
-            seen_ids.add(rid)
-            seen_text[norm] = line_no
-            domain = row.get(domain_field)
-            domain = domain if domain in ("math", "code", "general") else guess_domain(text)
-            # a pool written by an earlier run (final_pool.parquet) keeps its lineage
-            seed_id = row.get("seed_id") if isinstance(row.get("seed_id"), str) and row.get("seed_id") else rid
-            generation = row.get("generation") if isinstance(row.get("generation"), int) else 0
-            chunk.append({"id": rid, "seed_id": seed_id, "instruction": text, "domain": domain, "generation": generation})
-            kept += 1
-            if len(chunk) >= batch_size:
-                writer.write_table(pa.Table.from_pylist(chunk, schema=POOL_SCHEMA), row_group_size=batch_size)
-                chunk = []
-        if chunk:
+    for line_no, row, err in _iter_raw_rows(path):
+        if err:
+            reject(line_no, err, None)
+            continue
+        text = row.get(instruction_field)
+        if instruction_field in row:
+            field_seen = True
+        if not isinstance(text, str) or not text.strip():
+            reject(line_no, f"missing or empty field {instruction_field!r}", row)
+            continue
+        text = text.strip()
+        if len(text) > max_chars:
+            reject(line_no, f"instruction longer than input.max_chars={max_chars}", row)
+            continue
+        raw_id = row.get(id_field)
+        rid = str(raw_id).strip() if raw_id not in (None, "") else text_id(text)
+        norm = " ".join(text.split()).lower()
+        if norm in seen_text:
+            reject(line_no, f"duplicate instruction (same text as line {seen_text[norm]})", row)
+            continue
+        if rid in seen_ids:
+            reject(line_no, f"duplicate id {rid!r}", row)
+            continue
+        seen_ids.add(rid)
+        seen_text[norm] = line_no
+        domain = row.get(domain_field)
+        domain = domain if domain in ("math", "code", "general") else guess_domain(text)
+        # a pool written by an earlier run (final_pool.parquet) keeps its lineage
+        seed_id = row.get("seed_id") if isinstance(row.get("seed_id"), str) and row.get("seed_id") else rid
+        generation = row.get("generation") if isinstance(row.get("generation"), int) else 0
+        chunk.append({"id": rid, "seed_id": seed_id, "instruction": text, "domain": domain, "generation": generation})
+        kept += 1
+        if len(chunk) >= batch_size:
             writer.write_table(pa.Table.from_pylist(chunk, schema=POOL_SCHEMA), row_group_size=batch_size)
-    writer.close()
-    if kept == 0:
-        tmp.unlink(missing_ok=True)
-        hint = "" if field_seen else f" (no row has the field {instruction_field!r}; set input.instruction_field)"
-        raise SeedFileError(f"no usable seed in {path}{hint}; see {rejects_path}")
-    tmp.replace(dest)
-    return {"seeds": kept, "rejected": rejected}
+            chunk = []
+    if chunk:
+        writer.write_table(pa.Table.from_pylist(chunk, schema=POOL_SCHEMA), row_group_size=batch_size)
+    return kept, rejected, field_seen
 
 
-def write_pool(rows: pa.Table, dest: Path, batch_size: int) -> Path:
+def write_pool(rows: pa.Table, dest: AnyPath, batch_size: int) -> AnyPath:
     """Write a round's input pool with one row group per batch."""
     return write_table_atomic(rows.select(POOL_SCHEMA.names).cast(POOL_SCHEMA), dest, row_group_size=batch_size)
 
 
-def read_table(path: Path) -> pa.Table:
-    return pq.read_table(path)
+def read_table(path: AnyPath) -> pa.Table:
+    return read_parquet(location(path))
+
+
+def read_any_table(path: AnyPath):
+    """A whole .jsonl/.parquet/.csv file (local or URL) as a polars DataFrame, and its format."""
+    import polars as pl
+
+    path = location(path)
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return pl.from_arrow(read_parquet(path)), "parquet"
+    if suffix in (".jsonl", ".ndjson", ".csv"):
+        with path.open("rb") as fh:
+            return (pl.read_ndjson(fh), "jsonl") if suffix != ".csv" else (pl.read_csv(fh), "csv")
+    raise ValueError(f"{path}: unsupported format {suffix!r} (use .jsonl, .parquet or .csv)")
+
+
+def write_any_table(df, path: AnyPath, fmt: str) -> AnyPath:
+    """Write a polars DataFrame as jsonl, parquet or csv, atomically."""
+    with atomic_output(path, "wb") as fh:
+        {"jsonl": df.write_ndjson, "parquet": df.write_parquet, "csv": df.write_csv}[fmt](fh)
+    return path

@@ -4,37 +4,35 @@ Every finished call is appended as one line (one `write` on an O_APPEND file,
 so a SIGKILL leaves at most a torn last line, which is ignored on load). When a
 killed batch runs again, calls whose key is in the journal are replayed from it
 instead of being sent again: a resumed run repeats at most the calls that were
-in flight when it died. The journal holds responses only, never request
+in flight when it died. On a remote output folder the journal is a prefix with
+one object per finished call (see storage/fs.py, AppendLog). The journal holds responses only, never request
 headers or keys.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import threading
-from pathlib import Path
+
+from .fs import AnyPath, AppendLog, read_log_lines
 
 
 class CallJournal:
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: AnyPath):
+        self.path = path
         self._lock = threading.Lock()
         self._entries: dict[str, dict] = {}
         self.torn_lines = 0
-        if self.path.exists():
-            with open(self.path, "rb") as fh:
-                for raw in fh:
-                    try:
-                        entry = json.loads(raw)
-                        self._entries[entry["key"]] = entry["value"]
-                    except (ValueError, KeyError, TypeError):
-                        self.torn_lines += 1
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        for raw in read_log_lines([path]):
+            try:
+                entry = json.loads(raw)
+                self._entries[entry["key"]] = entry["value"]
+            except (ValueError, KeyError, TypeError):
+                self.torn_lines += 1
+        self._log = AppendLog(path)
         if self.torn_lines:
             # make sure the next entry starts on its own line after a torn tail
-            os.write(self._fd, b"\n")
+            self._log.write(b"\n")
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -44,15 +42,13 @@ class CallJournal:
 
     def put(self, key: str, value: dict) -> None:
         line = (json.dumps({"key": key, "value": value}, ensure_ascii=False) + "\n").encode()
+        self._log.write(line)  # durable before the call counts as finished
         with self._lock:
-            os.write(self._fd, line)
             self._entries[key] = value
 
     def close(self) -> None:
         with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            self._log.close()
 
     def __enter__(self) -> "CallJournal":
         return self

@@ -23,79 +23,95 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .fs import AnyPath, ensure_dir, is_remote, location
+
 
 @dataclass(frozen=True)
 class RunLayout:
-    root: Path
+    """OUT may be a local folder or an fsspec URL (s3://bucket/run, see storage/fs.py)."""
+
+    root: AnyPath
 
     def __init__(self, root: str | Path):
-        object.__setattr__(self, "root", Path(root).expanduser().resolve())
+        object.__setattr__(self, "root", location(root))
+
+    @property
+    def remote(self) -> bool:
+        return is_remote(self.root)
 
     # run-level files
     @property
-    def run_info(self) -> Path:
+    def run_info(self) -> AnyPath:
         return self.root / "run.json"
 
     @property
-    def rejects(self) -> Path:
+    def rejects(self) -> AnyPath:
         return self.root / "rejects.jsonl"
 
     @property
-    def summary(self) -> Path:
+    def summary(self) -> AnyPath:
         return self.root / "summary.json"
 
     @property
-    def ledger_dir(self) -> Path:
+    def ledger_dir(self) -> AnyPath:
         return self.root / "ledger"
 
     @property
-    def ledger_parquet(self) -> Path:
+    def ledger_parquet(self) -> AnyPath:
         return self.root / "cost_ledger.parquet"
 
     @property
-    def dataset_dir(self) -> Path:
+    def dataset_dir(self) -> AnyPath:
         return self.root / "dataset"
 
     @property
-    def evolved(self) -> Path:
+    def evolved(self) -> AnyPath:
         return self.dataset_dir / "evolved.parquet"
 
     @property
-    def lineage(self) -> Path:
+    def lineage(self) -> AnyPath:
         return self.dataset_dir / "lineage.parquet"
 
     @property
-    def final_pool(self) -> Path:
+    def final_pool(self) -> AnyPath:
         return self.dataset_dir / "final_pool.parquet"
 
     @property
     def logs_dir(self) -> Path:
+        """Local process logs (the embedded model server); a local scratch folder when OUT is remote."""
+        if self.remote:
+            import hashlib
+            import tempfile
+
+            key = hashlib.sha1(str(self.root).encode()).hexdigest()[:12]
+            return Path(tempfile.gettempdir()) / "evolforge-logs" / key
         return self.root / "logs"
 
     # per round
-    def round_dir(self, round_no: int) -> Path:
+    def round_dir(self, round_no: int) -> AnyPath:
         return self.root / "rounds" / f"round_{round_no:02d}"
 
-    def round_input(self, round_no: int) -> Path:
+    def round_input(self, round_no: int) -> AnyPath:
         return self.round_dir(round_no) / "input.parquet"
 
-    def round_success(self, round_no: int) -> Path:
+    def round_success(self, round_no: int) -> AnyPath:
         return self.round_dir(round_no) / "_SUCCESS"
 
-    def round_dedup(self, round_no: int) -> Path:
+    def round_dedup(self, round_no: int) -> AnyPath:
         return self.round_dir(round_no) / "dedup.parquet"
 
     @property
-    def dedup_index(self) -> Path:
+    def dedup_index(self) -> AnyPath:
         return self.root / "dedup_index"
 
-    def part(self, round_no: int, batch: int) -> Path:
+    def part(self, round_no: int, batch: int) -> AnyPath:
         return self.round_dir(round_no) / "parts" / f"batch_{batch:05d}.parquet"
 
-    def journal(self, round_no: int, batch: int) -> Path:
+    def journal(self, round_no: int, batch: int) -> AnyPath:
         return self.round_dir(round_no) / "journal" / f"batch_{batch:05d}.jsonl"
 
     def ensure(self) -> "RunLayout":
-        for d in (self.root, self.ledger_dir, self.dataset_dir, self.logs_dir):
-            d.mkdir(parents=True, exist_ok=True)
+        for d in (self.root, self.ledger_dir, self.dataset_dir):
+            ensure_dir(d)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
         return self

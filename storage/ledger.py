@@ -1,7 +1,9 @@
 """The cost ledger: one row per model call (every attempt, retries included).
 
 Rows are appended as jsonl to `OUT/ledger/<run>.<pid>.<rand>.jsonl` (one file
-per process, so threads, Dask and Ray workers never interleave a line). Totals
+per process, so threads, Dask and Ray workers never interleave a line; on a
+remote output folder one object per row under that name + `.d/`, see
+storage/fs.py). Totals
 per task, per stage and per run are one polars query away:
 
     import polars as pl
@@ -26,6 +28,8 @@ from pathlib import Path
 
 import polars as pl
 
+from .fs import AnyPath, AppendLog, list_logs, location, read_log_lines
+
 LEDGER_SCHEMA: dict[str, pl.DataType] = {
     "ts": pl.Float64,
     "run_id": pl.Utf8,
@@ -47,12 +51,11 @@ LEDGER_SCHEMA: dict[str, pl.DataType] = {
 class LedgerWriter:
     """Thread-safe appender; one per process and ledger folder."""
 
-    def __init__(self, ledger_dir: Path, run_id: str):
-        self.dir = Path(ledger_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, ledger_dir: AnyPath, run_id: str):
+        self.dir = location(ledger_dir)
         self.run_id = run_id
         self.path = self.dir / f"{_safe(run_id)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.jsonl"
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._log = AppendLog(self.path)
         self._lock = threading.Lock()
         self.rows_written = 0
 
@@ -61,15 +64,13 @@ class LedgerWriter:
         full["ts"] = full["ts"] or time.time()
         full["run_id"] = full["run_id"] or self.run_id
         line = (json.dumps(full, ensure_ascii=False) + "\n").encode()
+        self._log.write(line)
         with self._lock:
-            os.write(self._fd, line)
             self.rows_written += 1
 
     def close(self) -> None:
         with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            self._log.close()
 
 
 def _safe(s: str) -> str:
@@ -78,15 +79,12 @@ def _safe(s: str) -> str:
 
 def read_ledger(out_dir: str | Path) -> pl.DataFrame:
     """Every ledger row of an output folder (all runs), torn last lines skipped."""
-    ledger_dir = Path(out_dir) / "ledger"
     rows: list[dict] = []
-    for f in sorted(ledger_dir.glob("*.jsonl")) if ledger_dir.exists() else []:
-        with open(f, "rb") as fh:
-            for raw in fh:
-                try:
-                    rows.append(json.loads(raw))
-                except ValueError:
-                    continue
+    for raw in read_log_lines(list_logs(location(out_dir) / "ledger")):
+        try:
+            rows.append(json.loads(raw))
+        except ValueError:
+            continue
     return pl.DataFrame(rows, schema=LEDGER_SCHEMA, strict=False)
 
 

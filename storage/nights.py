@@ -7,31 +7,33 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from .fs import AnyPath, ensure_dir, exists, location, read_text, write_text_atomic
 from .layout import RunLayout
 
 
 class NightIndex:
-    def __init__(self, root: Path):
-        self.root = Path(root).expanduser().resolve()
+    """DATASET may be a local folder or an fsspec URL (see storage/fs.py)."""
+
+    def __init__(self, root: str | Path):
+        self.root = location(root)
         self.path = self.root / "nights.json"
 
-    def night_dir(self, night: str) -> Path:
+    def night_dir(self, night: str) -> AnyPath:
         return self.root / "nights" / night
 
     def entries(self) -> list[dict]:
-        if not self.path.exists():
+        if not exists(self.path):
             return []
-        return json.loads(self.path.read_text())
+        return json.loads(read_text(self.path))
 
     def last_finished(self, before: str) -> str | None:
         done = [e["night"] for e in self.entries() if e["night"] < before
-                and RunLayout(self.night_dir(e["night"])).final_pool.exists()]
+                and exists(RunLayout(self.night_dir(e["night"])).final_pool)]
         return max(done) if done else None
 
-    def final_pool(self, night: str) -> Path:
+    def final_pool(self, night: str) -> AnyPath:
         return RunLayout(self.night_dir(night)).final_pool
 
     def record(self, night: str, *, seeds: str, previous: str | None, summary: dict) -> dict:
@@ -43,8 +45,6 @@ class NightIndex:
                  "cost_usd": summary["cost"].get("cost_usd"), "out": summary["out_dir"]}
         entries.append(entry)
         entries.sort(key=lambda e: e["night"])
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(entries, indent=2))
-        os.replace(tmp, self.path)
+        ensure_dir(self.root)
+        write_text_atomic(self.path, json.dumps(entries, indent=2))
         return entry

@@ -10,12 +10,9 @@ reported as corrupt (and moved aside by `quarantine`) so its batch is redone.
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
 import pyarrow as pa
-import pyarrow.parquet as pq
+
+from .fs import AnyPath, atomic_output, exists, parquet_file, read_parquet, replace
 
 ROWS_KEY = b"evolforge.rows"
 
@@ -24,26 +21,15 @@ class CheckpointWriteError(OSError):
     """A checkpoint could not be written (disk full, read-only folder, ...)."""
 
 
-def write_table_atomic(table: pa.Table, path: Path, row_group_size: int | None = None) -> Path:
-    path = Path(path)
+def write_table_atomic(table: pa.Table, path: AnyPath, row_group_size: int | None = None) -> AnyPath:
+    import pyarrow.parquet as pq
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         meta = dict(table.schema.metadata or {})
         meta[ROWS_KEY] = str(table.num_rows).encode()
         table = table.replace_schema_metadata(meta)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                pq.write_table(table, fh, row_group_size=row_group_size, compression="zstd")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        with atomic_output(path, "wb") as fh:
+            pq.write_table(table, fh, row_group_size=row_group_size, compression="zstd")
     except OSError as e:
         raise CheckpointWriteError(
             e.errno, f"cannot write checkpoint {path}: {e.strerror or e} "
@@ -56,10 +42,10 @@ class CorruptPart(ValueError):
     pass
 
 
-def read_part(path: Path) -> pa.Table:
+def read_part(path: AnyPath) -> pa.Table:
     """Read a part and verify it is whole; raise CorruptPart when it is not."""
     try:
-        table = pq.read_table(path)
+        table = read_parquet(path)
     except (OSError, pa.ArrowException) as e:
         raise CorruptPart(f"{path}: unreadable parquet ({e})") from e
     meta = table.schema.metadata or {}
@@ -71,8 +57,8 @@ def read_part(path: Path) -> pa.Table:
     return table
 
 
-def part_is_valid(path: Path) -> bool:
-    if not Path(path).exists():
+def part_is_valid(path: AnyPath) -> bool:
+    if not exists(path):
         return False
     try:
         read_part(path)
@@ -81,21 +67,20 @@ def part_is_valid(path: Path) -> bool:
         return False
 
 
-def quarantine(path: Path) -> Path:
+def quarantine(path: AnyPath) -> AnyPath:
     """Move a corrupt part aside (kept for inspection, never read as complete)."""
-    path = Path(path)
     dest = path.with_name(path.name + ".corrupt")
     n = 1
-    while dest.exists():
+    while exists(dest):
         dest = path.with_name(f"{path.name}.corrupt{n}")
         n += 1
-    os.replace(path, dest)
+    replace(path, dest)
     return dest
 
 
-def read_row_group(path: Path, index: int) -> pa.Table:
-    return pq.ParquetFile(path).read_row_group(index)
+def read_row_group(path: AnyPath, index: int) -> pa.Table:
+    return parquet_file(path).read_row_group(index)
 
 
-def num_row_groups(path: Path) -> int:
-    return pq.ParquetFile(path).num_row_groups
+def num_row_groups(path: AnyPath) -> int:
+    return parquet_file(path).num_row_groups

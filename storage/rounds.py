@@ -9,21 +9,20 @@ evolution gives the parent back to the pool to be evolved again next round.
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .datasets import POOL_SCHEMA
+from .fs import AnyPath, exists, list_files, parquet_writer, read_parquet, read_text, replace, scan_parquet, unlink, \
+    write_text_atomic
 from .layout import RunLayout
 from .parts import num_row_groups, read_part, read_row_group, write_table_atomic
 
 
-def read_row_groups_all(path: Path) -> pa.Table:
-    return pq.read_table(path)
+def read_row_groups_all(path: AnyPath) -> pa.Table:
+    return read_parquet(path)
 
 
 def batch_count(layout: RunLayout, round_no: int) -> int:
@@ -32,20 +31,18 @@ def batch_count(layout: RunLayout, round_no: int) -> int:
 
 def round_is_complete(layout: RunLayout, round_no: int) -> bool:
     marker = layout.round_success(round_no)
-    if not marker.exists():
+    if not exists(marker):
         return False
     try:
-        n = json.loads(marker.read_text())["batches"]
+        n = json.loads(read_text(marker))["batches"]
     except (ValueError, KeyError):
         return False
-    return all(layout.part(round_no, i).exists() for i in range(n))
+    present = {p.name for p in list_files(layout.round_dir(round_no) / "parts", "batch_*.parquet")}
+    return all(layout.part(round_no, i).name in present for i in range(n))
 
 
 def mark_round_complete(layout: RunLayout, round_no: int, stats: dict) -> None:
-    marker = layout.round_success(round_no)
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps(stats, indent=2))
-    os.replace(tmp, marker)
+    write_text_atomic(layout.round_success(round_no), json.dumps(stats, indent=2))
 
 
 def _next_pool_rows(inp: pa.Table, out: pa.Table) -> pa.Table:
@@ -59,15 +56,13 @@ def _next_pool_rows(inp: pa.Table, out: pa.Table) -> pa.Table:
     return pa.table(cols, schema=POOL_SCHEMA)
 
 
-def build_next_pool(layout: RunLayout, round_no: int, dest: Path, batch_size: int) -> int:
+def build_next_pool(layout: RunLayout, round_no: int, dest: AnyPath, batch_size: int) -> int:
     """Stream round `round_no`'s input and parts into `dest` (the next round's pool)."""
     src = layout.round_input(round_no)
-    tmp = dest.with_name(dest.name + ".building")
-    tmp.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     buffer: list[pa.Table] = []
     buffered = 0
-    with pq.ParquetWriter(tmp, POOL_SCHEMA, compression="zstd") as writer:
+    with parquet_writer(dest, POOL_SCHEMA, compression="zstd") as writer:
         for i in range(num_row_groups(src)):
             rows = _next_pool_rows(read_row_group(src, i), read_part(layout.part(round_no, i)))
             buffer.append(rows)
@@ -80,12 +75,15 @@ def build_next_pool(layout: RunLayout, round_no: int, dest: Path, batch_size: in
                 buffer, buffered = ([rest] if rest.num_rows else []), rest.num_rows
         if buffered:
             writer.write_table(pa.concat_tables(buffer), row_group_size=batch_size)
-    os.replace(tmp, dest)
     return n
 
 
+def round_parts(layout: RunLayout, round_no: int) -> list[AnyPath]:
+    return list_files(layout.round_dir(round_no) / "parts", "batch_*.parquet")
+
+
 def round_lineage(layout: RunLayout, round_no: int) -> pl.LazyFrame:
-    return pl.scan_parquet(str(layout.round_dir(round_no) / "parts" / "batch_*.parquet"))
+    return scan_parquet(round_parts(layout, round_no))
 
 
 def round_table(layout: RunLayout, round_no: int) -> dict:
@@ -124,12 +122,9 @@ def write_final_datasets(layout: RunLayout, rounds: list[int], batch_size: int) 
     from evolforge.tasks.evolve_batch import LINEAGE_SCHEMA  # schema of the parts
 
     first_input = layout.round_input(rounds[0]) if rounds else None
-    lineage_tmp = layout.lineage.with_name(layout.lineage.name + ".building")
-    evolved_tmp = layout.evolved.with_name(layout.evolved.name + ".building")
-    layout.dataset_dir.mkdir(parents=True, exist_ok=True)
     counts = {"lineage": 0, "evolved": 0}
-    with pq.ParquetWriter(lineage_tmp, LINEAGE_SCHEMA, compression="zstd") as lw, \
-            pq.ParquetWriter(evolved_tmp, LINEAGE_SCHEMA, compression="zstd") as ew:
+    with parquet_writer(layout.lineage, LINEAGE_SCHEMA, compression="zstd") as lw, \
+            parquet_writer(layout.evolved, LINEAGE_SCHEMA, compression="zstd") as ew:
         if first_input is not None:
             for i in range(num_row_groups(first_input)):
                 seeds = read_row_group(first_input, i)
@@ -156,22 +151,18 @@ def write_final_datasets(layout: RunLayout, rounds: list[int], batch_size: int) 
                 if acc.num_rows:
                     ew.write_table(acc)
                     counts["evolved"] += acc.num_rows
-    os.replace(lineage_tmp, layout.lineage)
-    os.replace(evolved_tmp, layout.evolved)
     if rounds:
         counts["final_pool"] = build_next_pool(layout, rounds[-1], layout.final_pool, batch_size)
     return counts
 
 
-def compact_ledger(layout: RunLayout, ledger: pl.DataFrame) -> Path:
+def compact_ledger(layout: RunLayout, ledger: pl.DataFrame) -> AnyPath:
     write_table_atomic(ledger.to_arrow(), layout.ledger_parquet)
     return layout.ledger_parquet
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+def write_json_atomic(path: AnyPath, data: dict) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, default=str))
 
 
 def reopen_failed_batches(layout: RunLayout, stamp: str) -> dict:
@@ -187,37 +178,37 @@ def reopen_failed_batches(layout: RunLayout, stamp: str) -> dict:
     rounds_root = layout.root / "rounds"
     reopened: dict = {"batches": [], "superseded_rounds": []}
     first_round = None
-    for rdir in sorted(rounds_root.glob("round_[0-9][0-9]")):
+    for rdir in list_files(rounds_root, "round_[0-9][0-9]"):
         r = int(rdir.name.split("_")[1])
-        if not layout.round_input(r).exists():
+        if not exists(layout.round_input(r)):
             continue
         n = batch_count(layout, r)
         bad = []
         for b in range(n):
             part = layout.part(r, b)
-            if not part.exists():
+            if not exists(part):
                 bad.append(b)
                 continue
-            status = pq.read_table(part, columns=["status"]).column("status").to_pylist()
+            status = read_parquet(part, columns=["status"]).column("status").to_pylist()
             if "error" in status:
-                os.replace(part, part.with_name(f"{part.name}.retry-{stamp}"))
+                replace(part, part.with_name(f"{part.name}.retry-{stamp}"))
                 bad.append(b)
         if bad:
             first_round = r
             reopened["round"] = r
             reopened["batches"] = bad
-            layout.round_success(r).unlink(missing_ok=True)
+            unlink(layout.round_success(r))
             break
     if first_round is None:
         return reopened
-    for rdir in sorted(rounds_root.glob("round_[0-9][0-9]")):
+    for rdir in list_files(rounds_root, "round_[0-9][0-9]"):
         if int(rdir.name.split("_")[1]) > first_round:
             dest = rdir.with_name(f"{rdir.name}.superseded-{stamp}")
-            os.replace(rdir, dest)
+            replace(rdir, dest)
             reopened["superseded_rounds"].append(rdir.name)
     for f in (layout.evolved, layout.lineage, layout.final_pool, layout.summary):
-        if f.exists():
-            os.replace(f, f.with_name(f"{f.name}.superseded-{stamp}"))
+        if exists(f):
+            replace(f, f.with_name(f"{f.name}.superseded-{stamp}"))
     return reopened
 
 
@@ -232,7 +223,7 @@ def accepted_records(layout: RunLayout, round_no: int) -> tuple[list[str], list[
     return df["id"].to_list(), df["instruction"].to_list()
 
 
-def write_dedup_decisions(layout: RunLayout, round_no: int, dropped: list[dict], stats: dict) -> Path:
+def write_dedup_decisions(layout: RunLayout, round_no: int, dropped: list[dict], stats: dict) -> AnyPath:
     rows = [{k: d.get(k) for k in DEDUP_SCHEMA.names} for d in dropped]
     table = pa.Table.from_pylist(rows, schema=DEDUP_SCHEMA)
     table = table.replace_schema_metadata({b"evolforge.dedup_stats": json.dumps(stats, default=str).encode()})

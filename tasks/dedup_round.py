@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-from pathlib import Path
 
 from ..config.settings import Settings
 from ..storage import rounds as round_store
+from ..storage.fs import AnyPath, exists, location, read_text, unlink, write_text_atomic
 from ..storage.layout import RunLayout
 
 log = logging.getLogger("evolforge.dedup_round")
 
 
 @contextlib.contextmanager
-def index_transaction(index_dir: Path, pending: Path):
+def index_transaction(index_dir: AnyPath, pending: AnyPath):
     """Make one dedup call and its index append all-or-nothing across a kill.
 
     The index manifest as it was before the call is saved in `pending`; if a
@@ -33,43 +32,39 @@ def index_transaction(index_dir: Path, pending: Path):
     were written, the manifest is rolled back first, so the retried call sees the
     same history and reaches the same decisions. `pending` is removed on success.
     """
-    manifest = Path(index_dir) / "manifest.json"
-    if pending.exists():
-        saved = pending.read_text()
+    manifest = location(index_dir) / "manifest.json"
+    if exists(pending):
+        saved = read_text(pending)
         if saved == "":
-            manifest.unlink(missing_ok=True)
+            unlink(manifest)
         else:
-            tmp = manifest.with_suffix(".rollback")
-            tmp.write_text(saved)
-            os.replace(tmp, manifest)
+            write_text_atomic(manifest, saved)
         log.warning("rolled back dedup index %s to its state before an interrupted dedup step", index_dir)
     else:
-        tmp = pending.with_suffix(".tmp")
-        tmp.write_text(manifest.read_text() if manifest.exists() else "")
-        os.replace(tmp, pending)
+        write_text_atomic(pending, read_text(manifest) if exists(manifest) else "")
     yield
-    pending.unlink(missing_ok=True)
+    unlink(pending)
 
 
-def index_seeds(layout: RunLayout, settings: Settings, index_dir: Path) -> dict:
+def index_seeds(layout: RunLayout, settings: Settings, index_dir: AnyPath) -> dict:
     """Put the round-1 pool into the index once, so evolutions that copy a seed are caught."""
     from .dedup.pipeline import dedup
 
     marker = layout.round_dir(1) / "_SEEDS_INDEXED"
-    if marker.exists():
+    if exists(marker):
         return {}
     table = round_store.read_row_groups_all(layout.round_input(1))
     with index_transaction(index_dir, layout.round_dir(1) / "_SEEDS_INDEX_PENDING"):
         res = dedup(table.column("instruction").to_pylist(), table.column("id").to_pylist(), settings.dedup, index_dir)
-        marker.write_text(str(len(res.kept_ids)))
+        write_text_atomic(marker, str(len(res.kept_ids)))
     return res.stats
 
 
-def dedup_round(layout: RunLayout, round_no: int, settings: Settings, index_dir: Path) -> dict:
+def dedup_round(layout: RunLayout, round_no: int, settings: Settings, index_dir: AnyPath) -> dict:
     """Dedup the round's accepted evolutions; return dropped counts per method."""
     from .dedup.pipeline import dedup
 
-    if not layout.round_dedup(round_no).exists():
+    if not exists(layout.round_dedup(round_no)):
         ids, texts = round_store.accepted_records(layout, round_no)
         with index_transaction(index_dir, layout.round_dir(round_no) / "_DEDUP_PENDING"):
             res = dedup(texts, ids, settings.dedup, index_dir) if ids else None
@@ -86,9 +81,9 @@ from prefect import task  # noqa: E402
 
 @task(name="dedup-seeds")
 def index_seeds_task(out_dir: str, settings_json: str, index_dir: str) -> dict:
-    return index_seeds(RunLayout(out_dir), Settings.model_validate_json(settings_json), Path(index_dir))
+    return index_seeds(RunLayout(out_dir), Settings.model_validate_json(settings_json), location(index_dir))
 
 
 @task(name="dedup-round")
 def dedup_round_task(out_dir: str, round_no: int, settings_json: str, index_dir: str) -> dict:
-    return dedup_round(RunLayout(out_dir), round_no, Settings.model_validate_json(settings_json), Path(index_dir))
+    return dedup_round(RunLayout(out_dir), round_no, Settings.model_validate_json(settings_json), location(index_dir))

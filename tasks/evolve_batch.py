@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from ..config.settings import Settings
 from ..storage import parts
+from ..storage.fs import exists
 from ..storage.journal import CallJournal
 from ..storage.layout import RunLayout
 from ..storage.ledger import LedgerWriter
@@ -107,7 +108,7 @@ def run_evolve_batch(
 ) -> dict:
     layout = RunLayout(out_dir)
     part = layout.part(round_no, batch_index)
-    if part.exists():
+    if exists(part):
         try:
             table = parts.read_part(part)
             return _batch_stats(part, table, skipped=True)

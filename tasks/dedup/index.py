@@ -8,17 +8,17 @@
 A segment holds, for its records: ids and original texts (UTF-8 + offsets),
 exact keys, MinHash shingle sets (CSR), signatures and band keys, and static
 embeddings (float16). New records are checked against all of it without
-re-hashing or re-embedding history. Every file is written to a temporary
-file, fsynced and renamed into place (os.replace), and the manifest is
-replaced last: a crash leaves the previous index intact (an orphan segment
-not named in the manifest is ignored and overwritten later).
+re-hashing or re-embedding history. Every file is written atomically
+(storage/fs.py: temporary file, fsync, rename; or a whole object on a remote
+store), and the manifest is replaced last: a crash leaves the previous index
+intact (an orphan segment not named in the manifest is ignored and
+overwritten later). INDEX_DIR may be a local folder or an fsspec URL.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from evolforge.config.dedup_settings import DedupSettings
+from evolforge.storage.fs import atomic_output, ensure_dir, exists, location, read_bytes, read_text
 from evolforge.tasks.dedup.minhash import Sketches, empty_sketches
 
 FORMAT = 1
@@ -54,20 +55,13 @@ def _unpack(data: np.ndarray, off: np.ndarray) -> list[str]:
     return [raw[off[i]: off[i + 1]].decode("utf-8") for i in range(len(off) - 1)]
 
 
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+def _atomic_write(path, write) -> None:
+    with atomic_output(path, "wb") as fh:
+        write(fh)
+
+
+def _load_npz(path):
+    return np.load(io.BytesIO(read_bytes(path)))
 
 
 @dataclass
@@ -91,15 +85,15 @@ def empty_data(settings: DedupSettings, dim: int = 0) -> IndexData:
 
 class DedupIndex:
     def __init__(self, folder: str | Path, settings: DedupSettings, static_model: str = ""):
-        self.folder = Path(folder).expanduser()
+        self.folder = location(folder)
         self.settings = settings
         self.fp = fingerprint(settings, static_model)
         self.manifest_path = self.folder / "manifest.json"
 
     def _manifest(self) -> dict:
-        if not self.manifest_path.exists():
+        if not exists(self.manifest_path):
             return {"format": FORMAT, "fingerprint": self.fp, "segments": [], "full": [], "count": 0}
-        m = json.loads(self.manifest_path.read_text())
+        m = json.loads(read_text(self.manifest_path))
         if m.get("format") != FORMAT:
             raise IndexMismatch(f"{self.manifest_path}: index format {m.get('format')}, expected {FORMAT}")
         diff = {k: (m["fingerprint"].get(k), v) for k, v in self.fp.items() if m["fingerprint"].get(k) != v}
@@ -114,7 +108,7 @@ class DedupIndex:
             return empty_data(self.settings, dim)
         ids, texts, exact, parts, static = [], [], [], [], []
         for name in m["segments"]:
-            with np.load(self.folder / name) as z:
+            with _load_npz(self.folder / name) as z:
                 ids += _unpack(z["ids"], z["ids_off"])
                 texts += _unpack(z["texts"], z["texts_off"])
                 exact.append(z["exact"])
@@ -122,7 +116,7 @@ class DedupIndex:
                 static.append(z["static"].astype(np.float32))
         full: dict[int, np.ndarray] = {}
         for name in m.get("full", []):
-            with np.load(self.folder / name) as z:
+            with _load_npz(self.folder / name) as z:
                 full.update(zip(z["rows"].tolist(), z["vecs"].astype(np.float32)))
         st = np.concatenate(static) if static else np.zeros((0, dim), np.float32)
         return IndexData(ids, texts, np.concatenate(exact), Sketches.concat(parts, self.settings), st, full)
@@ -130,7 +124,7 @@ class DedupIndex:
     def append(self, ids: Sequence[str], texts: Sequence[str], exact: np.ndarray, sketches: Sketches,
                static: np.ndarray, full_new: dict[int, np.ndarray] | None = None) -> None:
         """Add accepted records (and full-model embeddings of any indexed rows) and save atomically."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.folder)
         m = self._manifest()
         n_seg = len(m["segments"]) + len(m.get("full", [])) + 1
         if len(ids):

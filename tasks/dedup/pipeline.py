@@ -17,7 +17,6 @@ below the threshold when it was linked through a chain (matched_* shows the link
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,25 +241,6 @@ def _confirm(pairs: np.ndarray, sims: np.ndarray, s: DedupSettings, hist, new_te
     return (ch, cos), {x: vec[x] for x in need}
 
 
-def _read_table(path: Path):
-    import polars as pl
-
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
-        return pl.read_ndjson(path), "jsonl"
-    if suffix == ".parquet":
-        return pl.read_parquet(path), "parquet"
-    if suffix == ".csv":
-        return pl.read_csv(path), "csv"
-    raise ValueError(f"{path}: unsupported format {suffix!r} (use .jsonl, .parquet or .csv)")
-
-
-def _write_table(df, path: Path, fmt: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    {"jsonl": df.write_ndjson, "parquet": df.write_parquet, "csv": df.write_csv}[fmt](tmp)
-    os.replace(tmp, path)
-
-
 def dedup_file(path: str | Path, text_field: str, out_dir: str | Path, settings: DedupSettings | None = None,
                id_field: str | None = None, index_dir: str | Path | None = None) -> dict:
     """Dedup a .jsonl/.parquet/.csv file on `text_field`.
@@ -274,18 +254,21 @@ def dedup_file(path: str | Path, text_field: str, out_dir: str | Path, settings:
 
     import polars as pl
 
+    from evolforge.storage.datasets import read_any_table, write_any_table
+    from evolforge.storage.fs import ensure_dir, location, write_text_atomic
+
     s = settings or DedupSettings()
-    path, out = Path(path), Path(out_dir)
-    df, fmt = _read_table(path)
+    path, out = location(path), location(out_dir)
+    df, fmt = read_any_table(path)
     if text_field not in df.columns:
         raise ValueError(f"{path}: no column {text_field!r} (columns: {df.columns})")
     ids = [str(x) for x in df[id_field].to_list()] if id_field else [str(i) for i in range(df.height)]
     scores = df[s.score_field].cast(pl.Float64).to_list() if s.keep == "best" else None
     res = dedup(df[text_field].to_list(), ids, s, index_dir=index_dir, scores=scores)
-    out.mkdir(parents=True, exist_ok=True)
+    ensure_dir(out)
     pos = {k: i for i, k in enumerate(ids)}
     kept_rows = sorted(pos[k] for k in res.kept_ids)
-    _write_table(df[kept_rows], out / f"kept.{fmt}", fmt)
+    write_any_table(df[kept_rows], out / f"kept.{fmt}", fmt)
     d = res.dropped
     reasons = pl.DataFrame({
         "dedup_duplicate_of": [r["duplicate_of"] for r in d], "dedup_method": [r["method"] for r in d],
@@ -294,10 +277,8 @@ def dedup_file(path: str | Path, text_field: str, out_dir: str | Path, settings:
     }, schema={"dedup_duplicate_of": pl.Utf8, "dedup_method": pl.Utf8, "dedup_similarity": pl.Float64,
                "dedup_matched_id": pl.Utf8, "dedup_matched_similarity": pl.Float64, "dedup_detail": pl.Utf8})
     dropped_df = pl.concat([df[[pos[r["id"]] for r in d]], reasons], how="horizontal")
-    _write_table(dropped_df, out / f"dropped.{fmt}", fmt)
+    write_any_table(dropped_df, out / f"dropped.{fmt}", fmt)
     summary = {"input": str(path), "text_field": text_field, "kept": len(res.kept_ids), "dropped": len(d),
                "kept_path": str(out / f"kept.{fmt}"), "dropped_path": str(out / f"dropped.{fmt}"), "stats": res.stats}
-    tmp = out / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1, default=float))
-    os.replace(tmp, out / "summary.json")
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=1, default=float))
     return summary

@@ -1,0 +1,320 @@
+"""Where checkpoints and outputs live: a local folder (default) or any fsspec URL.
+
+Every output folder, dedup index, dataset folder and seed file may be a local
+path or a URL that fsspec understands: `s3://bucket/prefix`, `gs://...`,
+`az://...`, `memory://...` (tests), `file:///abs/path`. The protocol's package
+must be installed (`pip install 'evolforge[s3]'` brings s3fs).
+
+Credentials and connection options never go into evolforge's config (they
+would end up in run.json and in Prefect parameters); they come from the
+environment the way each filesystem reads them, e.g. for S3 or MinIO:
+
+    AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... AWS_REGION=eu-west-1
+    FSSPEC_S3='{"endpoint_url": "http://minio:9000"}'   # any s3fs option, as JSON
+    FSSPEC_S3_ENDPOINT_URL=http://minio:9000            # or one option per variable
+
+How the guarantees of a local folder carry over:
+- atomic files: a local file is written to a temporary file in the same folder,
+  fsynced and renamed into place; on a remote filesystem it is written to a
+  temporary key and moved into place (an object store publishes an object only
+  when its upload completes), so a reader never sees half a checkpoint;
+- append-only logs (call journal, cost ledger): a local log is one O_APPEND
+  file; object stores cannot append, so a remote log is a prefix `NAME.d/`
+  holding one small object per entry, written when the entry is (a finished
+  call is durable before the next one starts, as locally).
+
+Nothing outside `storage/` calls this module's helpers on output paths except
+through the storage modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import tempfile
+import uuid
+from pathlib import Path, PurePosixPath
+from typing import IO, Iterable, Iterator, Union
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+try:  # universal-pathlib: pathlib's API over fsspec
+    from upath import UPath
+except ImportError:  # pragma: no cover - a dependency of evolforge
+    UPath = None  # type: ignore[assignment,misc]
+
+AnyPath = Union[Path, "UPath"]
+LOCAL_PROTOCOLS = ("", "file", "local")
+
+
+class StorageURLError(ValueError):
+    """A location URL that cannot be opened (unknown protocol, missing package)."""
+
+
+def is_url(location: str | os.PathLike) -> bool:
+    s = str(location)
+    return "://" in s and not s.startswith("file://")
+
+
+def location(loc: str | os.PathLike) -> AnyPath:
+    """A local `Path` (absolute) for a path or file:// URL, else a `UPath` for the URL."""
+    if isinstance(loc, Path) and not is_remote(loc):
+        return Path(loc).expanduser().resolve()
+    if UPath is not None and isinstance(loc, UPath):
+        return loc
+    s = os.fspath(loc)
+    if s.startswith("file://"):
+        s = s[len("file://"):]
+    if not is_url(s):
+        return Path(s).expanduser().resolve()
+    if UPath is None:
+        raise StorageURLError(f"{s}: URLs need the package universal-pathlib (pip install universal-pathlib)")
+    try:
+        p = UPath(s)
+        p.fs  # noqa: B018 - instantiate now: a missing package or bad option fails here, clearly
+    except (ImportError, ValueError) as e:
+        proto = s.split("://", 1)[0]
+        raise StorageURLError(f"cannot open {s}: {e} (the {proto}:// filesystem needs its fsspec package, "
+                              f"e.g. s3fs for s3://, gcsfs for gs://, adlfs for az://)") from e
+    return p
+
+
+def is_remote(p: AnyPath) -> bool:
+    return UPath is not None and isinstance(p, UPath) and getattr(p, "protocol", "") not in LOCAL_PROTOCOLS
+
+
+def _fs_path(p: AnyPath) -> tuple:
+    return p.fs, p.path
+
+
+def ensure_dir(p: AnyPath) -> AnyPath:
+    """mkdir -p for local folders; object stores have no folders (a no-op beyond the bucket)."""
+    if is_remote(p):
+        fs, path = _fs_path(p)
+        with contextlib.suppress(FileExistsError):
+            fs.makedirs(path, exist_ok=True)
+    else:
+        p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def replace(src: AnyPath, dst: AnyPath) -> None:
+    """Rename `src` to `dst` (a file or a folder), replacing a file at `dst`."""
+    if is_remote(src):
+        fs, s = _fs_path(src)
+        fs.mv(s, dst.path, recursive=fs.isdir(s))
+        fs.invalidate_cache()
+    else:
+        os.replace(src, dst)
+
+
+def unlink(p: AnyPath) -> None:
+    if is_remote(p):
+        fs, path = _fs_path(p)
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(path)
+        fs.invalidate_cache()
+    else:
+        Path(p).unlink(missing_ok=True)
+
+
+def exists(p: AnyPath) -> bool:
+    if is_remote(p):
+        fs, path = _fs_path(p)
+        fs.invalidate_cache(path)
+        return fs.exists(path)
+    return p.exists()
+
+
+def list_files(folder: AnyPath, pattern: str) -> list[AnyPath]:
+    """Files in `folder` matching the glob `pattern` (one level), sorted by name."""
+    if is_remote(folder):
+        fs, path = _fs_path(folder)
+        fs.invalidate_cache()
+        found = fs.glob(f"{path.rstrip('/')}/{pattern}")
+        return sorted((folder / PurePosixPath(f).name for f in found), key=lambda x: x.name)
+    return sorted(folder.glob(pattern)) if folder.exists() else []
+
+
+@contextlib.contextmanager
+def atomic_output(path: AnyPath, mode: str = "wb", encoding: str | None = "utf-8") -> Iterator[IO]:
+    """Write `path` all-or-nothing: the file appears complete or not at all.
+
+    An exception inside the block (disk full, read-only folder, a kill) leaves
+    no file at `path` and no temporary file behind (a SIGKILL may leave a
+    `.NAME.*.tmp`, which is never read).
+    """
+    text = "b" not in mode
+    if is_remote(path):
+        fs, dest = _fs_path(path)
+        tmp = f"{dest.rsplit('/', 1)[0]}/.{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            with fs.open(tmp, "wb") as raw:
+                if text:
+                    import io
+
+                    fh = io.TextIOWrapper(raw, encoding=encoding or "utf-8", newline="")
+                    yield fh
+                    fh.flush()
+                    fh.detach()
+                else:
+                    yield raw
+            fs.mv(tmp, dest)
+            fs.invalidate_cache()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                fs.rm(tmp)
+            raise
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **({"encoding": encoding, "newline": ""} if text else {})) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes_atomic(path: AnyPath, data: bytes) -> None:
+    with atomic_output(path, "wb") as fh:
+        fh.write(data)
+
+
+def write_text_atomic(path: AnyPath, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def read_bytes(path: AnyPath) -> bytes:
+    if is_remote(path):
+        fs, p = _fs_path(path)
+        return fs.cat_file(p)
+    return Path(path).read_bytes()
+
+
+def read_text(path: AnyPath) -> str:
+    return read_bytes(path).decode("utf-8")
+
+
+def open_input(path: AnyPath, mode: str = "rb", **kw) -> IO:
+    """Open a file for reading (local or remote)."""
+    return path.open(mode, **kw)
+
+
+# ---------------------------------------------------------------- parquet
+def arrow_location(path: AnyPath) -> tuple[str, "pa.fs.FileSystem | None"]:
+    """(path, filesystem) for pyarrow: the local path and None, or the fsspec fs wrapped for arrow."""
+    if is_remote(path):
+        from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+        return path.path, PyFileSystem(FSSpecHandler(path.fs))
+    return str(path), None
+
+
+def read_parquet(path: AnyPath, columns: list[str] | None = None) -> pa.Table:
+    p, fs = arrow_location(path)
+    return pq.read_table(p, columns=columns, filesystem=fs)
+
+
+def parquet_file(path: AnyPath) -> pq.ParquetFile:
+    p, fs = arrow_location(path)
+    return pq.ParquetFile(p, filesystem=fs) if fs is not None else pq.ParquetFile(p)
+
+
+def scan_parquet(paths: Iterable[AnyPath]):
+    """A polars LazyFrame over parquet files (local or remote), read lazily and in batches."""
+    import polars as pl
+
+    paths = list(paths)
+    if not paths:
+        raise FileNotFoundError("no parquet files to scan")
+    if not is_remote(paths[0]):
+        return pl.scan_parquet([str(p) for p in paths])
+    import pyarrow.dataset as ds
+
+    _, fs = arrow_location(paths[0])
+    return pl.scan_pyarrow_dataset(ds.dataset([p.path for p in paths], filesystem=fs, format="parquet"))
+
+
+@contextlib.contextmanager
+def parquet_writer(path: AnyPath, schema: pa.Schema, **kw) -> Iterator[pq.ParquetWriter]:
+    """A streaming ParquetWriter whose file appears at `path` only once it is closed whole."""
+    with atomic_output(path, "wb") as fh:
+        with pq.ParquetWriter(fh, schema, **kw) as writer:
+            yield writer
+
+
+# ---------------------------------------------------------------- append-only logs
+class AppendLog:
+    """An append-only log of lines (jsonl), durable line by line.
+
+    Local: one file opened O_APPEND; each entry is one `write`, so a kill leaves
+    at most a torn last line. Remote: `PATH.d/` holds one object per entry
+    (object stores cannot append); each object is published whole.
+    """
+
+    def __init__(self, path: AnyPath):
+        self.path = path
+        self.remote = is_remote(path)
+        self._fd = -1
+        if self.remote:
+            self._dir = f"{path.path}.d"
+            self._fs = path.fs
+            self._prefix = f"{int.from_bytes(os.urandom(4), 'big'):08x}"
+            self._seq = itertools.count(1)
+        else:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, line: bytes) -> None:
+        """Append one entry (thread-safe: an O_APPEND write, or an object with a unique name)."""
+        if self.remote:
+            self._fs.pipe_file(f"{self._dir}/{self._prefix}-{next(self._seq):09d}.jsonl", line)
+        else:
+            os.write(self._fd, line)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def log_exists(path: AnyPath) -> bool:
+    if is_remote(path):
+        fs, p = _fs_path(path)
+        fs.invalidate_cache()
+        return bool(fs.glob(f"{p}.d/*.jsonl"))
+    return Path(path).exists()
+
+
+def read_log_lines(paths: Iterable[AnyPath]) -> Iterator[bytes]:
+    """Every line of the given logs (as written by AppendLog), log by log."""
+    for path in paths:
+        if is_remote(path):
+            fs, p = _fs_path(path)
+            fs.invalidate_cache()
+            entries = sorted(fs.glob(f"{p}.d/*.jsonl"))
+            if not entries:
+                continue
+            for _, data in sorted(fs.cat(entries, on_error="omit").items()):
+                yield from data.splitlines(keepends=True)
+        elif Path(path).exists():
+            with open(path, "rb") as fh:
+                yield from fh
+
+
+def list_logs(folder: AnyPath, pattern: str = "*.jsonl") -> list[AnyPath]:
+    """The logs in `folder` (local files, or remote `NAME.d/` prefixes) matching `pattern`."""
+    if is_remote(folder):
+        fs, path = _fs_path(folder)
+        fs.invalidate_cache()
+        names = {PurePosixPath(f).parent.name[:-2] for f in fs.glob(f"{path.rstrip('/')}/{pattern}.d/*.jsonl")}
+        return [folder / n for n in sorted(names)]
+    return list_files(folder, pattern)
