@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from evolforge.config.settings import Settings, load_settings
 from evolforge.flows.evolve import model_endpoint
 from evolforge.storage import reward_sets as store
+from evolforge.storage.fs import exists
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import read_ledger
 from evolforge.tasks.evolve_batch import close_gateways, gateway_for
@@ -100,7 +101,7 @@ def reward_data_flow(params: RewardDataParams) -> dict:
     run_id = flow_run.id or f"local-{int(time.time())}"
     t_start = time.time()
 
-    if not layout.input.exists():
+    if not exists(layout.input):
         n = store.build_input(store.evolve_dataset(params.evolve_out), layout.input, cfg.batch_size,
                               cfg.max_instructions, cfg.reference_answer_field)
         logger.info("took %d instructions from %s", n, params.evolve_out)

@@ -24,9 +24,10 @@ from evolforge.config.settings import load_settings
 from evolforge.flows.evolve import model_endpoint
 from evolforge.storage.datasets import import_seeds
 from evolforge.storage.ledger import read_ledger
+from evolforge.storage.fs import exists
 from evolforge.storage.parts import num_row_groups, write_table_atomic
 from evolforge.storage.rounds import write_json_atomic
-from evolforge.storage.synthesis_sets import SynthLayout
+from evolforge.storage.synthesis_sets import SynthLayout, write_csv_atomic
 from evolforge.tasks.evolve_batch import close_gateways, gateway_for
 from evolforge.tasks.runners import build_task_runner
 from evolforge.tasks.sandbox import check_sandbox_available
@@ -97,7 +98,7 @@ def synthesize_flow(params: SynthesizeParams) -> dict:
     check_sandbox_available(settings.sandbox)  # refuse before spending anything
     lay = SynthLayout(params.out).ensure()
     run_id = flow_run.id or f"local-{int(time.time())}"
-    if not lay.input.exists():
+    if not exists(lay.input):
         counts = import_seeds(params.seeds, lay.input, lay.rejects, batch_size=settings.synthesis.batch_size,
                               **settings.input.model_dump(include={"instruction_field", "id_field", "domain_field", "max_chars"}))
         logger.info("synthesis seeds: %d (%d rejected)", counts["seeds"], counts["rejected"])
@@ -125,7 +126,7 @@ def synthesize_flow(params: SynthesizeParams) -> dict:
     write_table_atomic(table.filter(pl.col("status") == "rejected").to_arrow(), lay.rejected)
     costs = cost_per_task(read_ledger(lay.root), table)
     write_table_atomic(costs.to_arrow(), lay.cost_per_task)
-    costs.write_csv(lay.cost_per_task.with_suffix(".csv"))
+    write_csv_atomic(costs, lay.cost_per_task.with_suffix(".csv"))
     summary = {"run_id": run_id, "out_dir": str(lay.root), **summarize(table, costs),
                "datasets": {"tasks": str(lay.tasks), "rejected": str(lay.rejected),
                             "cost_per_task": str(lay.cost_per_task)}}

@@ -51,7 +51,11 @@ def train_reward_flow(params: TrainRewardParams) -> dict:
     settings = resolve_settings(params)
     cfg = settings.reward
     data = store.RewardLayout(params.data)
-    layout = store.RewardLayout(params.out or params.data).ensure()
+    layout = store.RewardLayout(params.out or params.data)
+    if layout.remote:
+        raise ValueError(f"train-reward saves models with save_pretrained, which needs a local folder: pass "
+                         f"out=<local folder> (the data in {params.data} may stay on {layout.root.protocol}://)")
+    layout.ensure()
     t_start = time.time()
 
     health = store.read_json(data.health) or {}

@@ -25,14 +25,14 @@ Trainer formats (field by field):
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from .fs import AnyPath, ensure_dir, exists, is_remote, location, parquet_file, read_parquet, read_text, \
+    write_text_atomic
 from .parts import num_row_groups, read_part, read_row_group, write_table_atomic
 
 INPUT_SCHEMA = pa.schema([("id", pa.string()), ("instruction", pa.string()), ("answer", pa.string()),
@@ -64,10 +64,16 @@ PRM_SCHEMA = pa.schema([STEP_ROW_SCHEMA.field(c) for c in PRM_COLUMNS])
 
 @dataclass(frozen=True)
 class RewardLayout:
-    root: Path
+    """OUT may be a local folder or an fsspec URL for the data; trained models need a local folder."""
+
+    root: AnyPath
 
     def __init__(self, root: str | Path):
-        object.__setattr__(self, "root", Path(root).expanduser().resolve())
+        object.__setattr__(self, "root", location(root))
+
+    @property
+    def remote(self) -> bool:
+        return is_remote(self.root)
 
     input = property(lambda self: self.root / "reward_input.parquet")
     irm_groups = property(lambda self: self.root / "irm_groups.parquet")
@@ -79,34 +85,34 @@ class RewardLayout:
     metrics = property(lambda self: self.root / "metrics.json")
     models_dir = property(lambda self: self.root / "models")
 
-    def part(self, kind: str, batch: int) -> Path:
+    def part(self, kind: str, batch: int) -> AnyPath:
         return self.root / kind / "parts" / f"batch_{batch:05d}.parquet"
 
-    def journal(self, kind: str, batch: int) -> Path:
+    def journal(self, kind: str, batch: int) -> AnyPath:
         return self.root / kind / "journal" / f"batch_{batch:05d}.jsonl"
 
-    def model_dir(self, kind: str) -> Path:
+    def model_dir(self, kind: str) -> AnyPath:
         return self.models_dir / kind
 
     def ensure(self) -> "RewardLayout":
-        self.root.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.root)
         return self
 
 
-def evolve_dataset(evolve_out: str | Path) -> Path:
+def evolve_dataset(evolve_out: str | Path) -> AnyPath:
     """The training pool of an evolve run (seeds + accepted evolutions)."""
     from .layout import RunLayout
 
     path = RunLayout(evolve_out).evolved
-    if not path.exists():
+    if not exists(path):
         raise FileNotFoundError(f"{path} not found: pass the output folder of a finished evolve run")
     return path
 
 
-def build_input(evolved: Path, dest: Path, batch_size: int, max_instructions: int = 0,
+def build_input(evolved: AnyPath, dest: AnyPath, batch_size: int, max_instructions: int = 0,
                 reference_field: str = "reference_answer") -> int:
     """Snapshot the instructions to label into `dest` (row group = batch), so batches are stable on resume."""
-    df = pl.read_parquet(evolved)
+    df = pl.from_arrow(read_parquet(location(evolved)))
     if "status" in df.columns:
         df = df.filter(pl.col("status").is_null() | pl.col("status").is_in(["seed", "accepted"]))
     df = df.filter(pl.col("instruction").is_not_null() & (pl.col("instruction").str.strip_chars() != ""))
@@ -137,10 +143,10 @@ def read_batch(layout: RewardLayout, batch: int) -> list[dict]:
 
 
 def parts_complete(layout: RewardLayout, kind: str) -> bool:
-    return layout.input.exists() and all(layout.part(kind, b).exists() for b in range(batch_count(layout)))
+    return exists(layout.input) and all(exists(layout.part(kind, b)) for b in range(batch_count(layout)))
 
 
-def write_part(rows: list[dict], schema: pa.Schema, path: Path) -> pa.Table:
+def write_part(rows: list[dict], schema: pa.Schema, path: AnyPath) -> pa.Table:
     table = pa.Table.from_pylist(rows, schema=schema)
     write_table_atomic(table, path)
     return table
@@ -167,30 +173,26 @@ def write_prm_sets(rows: pa.Table, layout: RewardLayout) -> tuple[int, int]:
 
 
 def read_irm_pairs(path: str | Path) -> pl.DataFrame:
-    return pl.read_parquet(path)
+    return pl.from_arrow(read_parquet(location(path)))
 
 
 def read_prm_steps(path: str | Path) -> pl.DataFrame:
-    return pl.read_parquet(path)
+    return pl.from_arrow(read_parquet(location(path)))
 
 
 def read_groups(layout: RewardLayout) -> pl.DataFrame:
-    return pl.read_parquet(layout.irm_groups)
+    return pl.from_arrow(read_parquet(layout.irm_groups))
 
 
-def write_json_atomic(path: Path, obj: dict) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
+def write_json_atomic(path: AnyPath, obj: dict) -> AnyPath:
+    write_text_atomic(path, json.dumps(obj, indent=2, default=str))
     return path
 
 
-def read_json(path: Path) -> dict | None:
-    path = Path(path)
-    return json.loads(path.read_text()) if path.exists() else None
+def read_json(path: AnyPath) -> dict | None:
+    path = location(path)
+    return json.loads(read_text(path)) if exists(path) else None
 
 
-def parquet_rows(path: Path) -> int:
-    return pq.ParquetFile(path).metadata.num_rows
+def parquet_rows(path: AnyPath) -> int:
+    return parquet_file(location(path)).metadata.num_rows

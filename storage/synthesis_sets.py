@@ -12,11 +12,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from .fs import AnyPath, list_files, read_parquet, write_bytes_atomic
 from .layout import RunLayout
 
 TASK_SCHEMA = pa.schema([
@@ -31,27 +29,37 @@ TASK_SCHEMA = pa.schema([
 
 class SynthLayout(RunLayout):
     @property
-    def input(self) -> Path:
+    def input(self) -> AnyPath:
         return self.root / "input.parquet"
 
-    def synth_part(self, batch: int) -> Path:
+    def synth_part(self, batch: int) -> AnyPath:
         return self.root / "parts" / f"batch_{batch:05d}.parquet"
 
-    def synth_journal(self, batch: int) -> Path:
+    def synth_journal(self, batch: int) -> AnyPath:
         return self.root / "journal" / f"batch_{batch:05d}.jsonl"
 
     @property
-    def tasks(self) -> Path:
+    def tasks(self) -> AnyPath:
         return self.root / "tasks.parquet"
 
     @property
-    def rejected(self) -> Path:
+    def rejected(self) -> AnyPath:
         return self.root / "rejected.parquet"
 
     @property
-    def cost_per_task(self) -> Path:
+    def cost_per_task(self) -> AnyPath:
         return self.root / "cost_per_task.parquet"
 
     def all_parts(self) -> pa.Table:
-        files = sorted((self.root / "parts").glob("batch_*.parquet"))
-        return pa.concat_tables([pq.read_table(f) for f in files]) if files else TASK_SCHEMA.empty_table()
+        files = list_files(self.root / "parts", "batch_*.parquet")
+        return pa.concat_tables([read_parquet(f) for f in files]) if files else TASK_SCHEMA.empty_table()
+
+
+def write_csv_atomic(df, path: AnyPath) -> AnyPath:
+    """A polars DataFrame as csv, written atomically (local or remote)."""
+    import io
+
+    buf = io.BytesIO()
+    df.write_csv(buf)
+    write_bytes_atomic(path, buf.getvalue())
+    return path

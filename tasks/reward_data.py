@@ -20,6 +20,7 @@ from typing import Callable
 from ..config.settings import Settings
 from ..storage import parts
 from ..storage import reward_sets as store
+from ..storage.fs import exists
 from ..storage.journal import CallJournal
 from . import irm_data, prm_data
 from .evolve_batch import BATCH_TASK_OPTIONS, gateway_for
@@ -52,7 +53,7 @@ def run_reward_batch(kind: str, out_dir: str | Path, batch: int, settings: Setti
     _, _, schema = KINDS[kind]
     layout = store.RewardLayout(out_dir)
     part = layout.part(kind, batch)
-    if part.exists():
+    if exists(part):
         try:
             return _stats(kind, part, parts.read_part(part).to_pylist(), skipped=True)
         except parts.CorruptPart as e:

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from ..config.settings import Settings
 from ..storage import parts
+from ..storage.fs import exists
 from ..storage.journal import CallJournal
 from ..storage.synthesis_sets import TASK_SCHEMA, SynthLayout
 from .evolve_batch import BATCH_TASK_OPTIONS, gateway_for
@@ -25,7 +26,7 @@ def task_kind(seed: dict, setting: str) -> str:
 def run_synthesize_batch(out_dir: str | Path, batch: int, settings: Settings, base_url: str, run_id: str) -> dict:
     lay = SynthLayout(out_dir)
     part = lay.synth_part(batch)
-    if part.exists():
+    if exists(part):
         try:
             t = parts.read_part(part)
             return {"part": str(part), "tasks": t.num_rows, "skipped": True}
