@@ -30,12 +30,12 @@ from evolforge.storage import rounds as round_store
 from evolforge.storage.datasets import import_seeds
 from evolforge.storage.fs import exists, read_parquet
 from evolforge.storage.layout import RunLayout
-from evolforge.storage.ledger import read_ledger
+from evolforge.storage.ledger import LedgerTail, read_ledger
 from evolforge.tasks.dedup_round import dedup_round_task, index_seeds_task
 from evolforge.tasks.embedded_model import embedded_server
 from evolforge.tasks.evolve_batch import close_gateways, evolve_batch_task, gateway_for
 from evolforge.tasks.gateway import EndpointDown
-from evolforge.tasks.reporting import cost_summary, markdown_summary, round_cost, round_rows
+from evolforge.tasks.reporting import CostTally, cost_summary, markdown_summary, round_rows
 from evolforge.tasks.runners import build_task_runner
 
 
@@ -148,6 +148,7 @@ def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, 
         gw = gateway_for(settings, base_url, run_id, layout.root)
         gw.check_reachable()
         logger.info("model endpoint %s; models: %s", gw.describe(), settings.models.model_dump())
+        ledger_tail, tally = LedgerTail(layout.root), CostTally()  # prices each round from the new ledger rows only
         index_dir = None
         if cfg.dedup_each_round:
             index_dir = params.dedup_index or str(layout.dedup_index)
@@ -160,7 +161,7 @@ def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, 
                 logger.info("round %d already complete: skipped", r)
             else:
                 table = _run_round(layout, r, settings, base_url, run_id, runner, logger, index_dir)
-            cost = round_cost(read_ledger(layout.root), round_store.round_lineage(layout, r).select("id").collect()["id"])
+            cost = tally.add(ledger_tail.new_rows()).cost_of(round_store.round_lineage(layout, r).select("id").collect()["id"])
             table["cost_usd"] = cost
             create_table_artifact(key=f"evolve-round-{r}", table=round_rows(table, cost),
                                   description=f"Round {r}: survival by operation, eliminations by rule, tokens, cost")

@@ -88,6 +88,51 @@ def read_ledger(out_dir: str | Path) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=LEDGER_SCHEMA, strict=False)
 
 
+class LedgerTail:
+    """Reads only the ledger rows appended since its last read (the flow prices each round with it).
+
+    Local ledgers are read from the byte offset reached last time, up to the last
+    complete line; on a remote folder only objects not seen before are fetched.
+    So pricing round after round costs I/O proportional to the new rows, not to
+    the whole ledger.
+    """
+
+    def __init__(self, out_dir: str | Path):
+        self.dir = location(out_dir) / "ledger"
+        self._offsets: dict[str, int] = {}
+        self._seen: set[str] = set()
+
+    def new_rows(self) -> pl.DataFrame:
+        rows: list[dict] = []
+        for raw in self._new_lines():
+            try:
+                rows.append(json.loads(raw))
+            except ValueError:
+                continue
+        return pl.DataFrame(rows, schema=LEDGER_SCHEMA, strict=False)
+
+    def _new_lines(self):
+        from .fs import is_remote
+
+        if is_remote(self.dir):
+            fs = self.dir.fs
+            fs.invalidate_cache()
+            fresh = sorted(set(fs.glob(f"{self.dir.path.rstrip('/')}/*.jsonl.d/*.jsonl")) - self._seen)
+            if fresh:
+                for name, data in sorted(fs.cat(fresh, on_error="omit").items()):
+                    self._seen.add(name)
+                    yield from data.splitlines()
+            return
+        for f in list_logs(self.dir):
+            start = self._offsets.get(str(f), 0)
+            with open(f, "rb") as fh:
+                fh.seek(start)
+                data = fh.read()
+            end = data.rfind(b"\n") + 1  # a line still being written is read next time
+            self._offsets[str(f)] = start + end
+            yield from data[:end].splitlines()
+
+
 def totals(df: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     """Calls, retries, tokens, USD and model seconds grouped by `by` columns."""
     return (

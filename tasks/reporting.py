@@ -49,11 +49,26 @@ def _f(v) -> float | None:
     return None if v is None else round(float(v), 8)
 
 
-def round_cost(ledger: pl.DataFrame, round_ids: pl.Series) -> float | None:
-    rows = ledger.filter(pl.col("task_id").is_in(round_ids.implode()))
-    if rows.is_empty() or rows["cost_usd"].null_count() == rows.height:
-        return None
-    return float(rows["cost_usd"].sum())
+class CostTally:
+    """USD per task, summed incrementally from ledger rows as they arrive (memory: one entry per task)."""
+
+    def __init__(self):
+        self.by_task = pl.DataFrame(schema={"task_id": pl.Utf8, "cost_usd": pl.Float64, "priced": pl.UInt32})
+
+    def add(self, rows: pl.DataFrame) -> "CostTally":
+        if rows.height:
+            new = rows.group_by("task_id").agg(pl.col("cost_usd").sum(), pl.col("cost_usd").is_not_null().sum()
+                                               .cast(pl.UInt32).alias("priced"))
+            self.by_task = (pl.concat([self.by_task, new]).group_by("task_id")
+                            .agg(pl.col("cost_usd").sum(), pl.col("priced").sum()))
+        return self
+
+    def cost_of(self, task_ids: pl.Series) -> float | None:
+        """Total USD of these tasks; None when none of their calls has a price."""
+        rows = self.by_task.filter(pl.col("task_id").is_in(task_ids.implode()))
+        if rows.is_empty() or rows["priced"].sum() == 0:
+            return None
+        return float(rows["cost_usd"].sum())
 
 
 def round_rows(table: dict, cost_usd: float | None = None) -> list[dict]:
