@@ -132,6 +132,9 @@ class EmbeddedModelSettings(_Section):
     max_new_tokens: int = Field(
         128, ge=8, description="Cap on completion tokens when the embedded model serves (keeps the sample run short)."
     )
+    max_concurrent_calls: int = Field(
+        2, ge=1, le=64, description="Calls in flight at once against the embedded server (caps gateway.concurrency "
+        "while it serves): it answers one request at a time, so more calls only queue and run into the client timeout.")
 
     @field_validator("host")
     @classmethod

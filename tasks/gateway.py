@@ -157,7 +157,10 @@ class Gateway:
             timeout=self.cfg.timeout_seconds,
             max_retries=0,  # retries are ours: counted, ledgered, Retry-After aware
         )
-        self._sem = threading.BoundedSemaphore(self.cfg.concurrency)
+        self.max_in_flight = self.cfg.concurrency
+        if self.embedded_models:  # llama.cpp serves one request at a time: more in flight only queue and time out
+            self.max_in_flight = min(self.max_in_flight, settings.embedded.max_concurrent_calls)
+        self._sem = threading.BoundedSemaphore(self.max_in_flight)
         self._sleep = sleep
         self._down_lock = threading.Lock()
         self._consecutive_unreachable = 0

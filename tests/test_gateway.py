@@ -214,3 +214,24 @@ def test_extract_json_tolerant(text, expected):
 def test_extract_json_failure_is_explicit(text):
     with pytest.raises(JSONParseFailure):
         extract_json(text)
+
+
+def test_embedded_model_gets_at_most_its_concurrent_calls(server, tmp_path):
+    """llama.cpp serves one call at a time: the gateway caps calls in flight to embedded.max_concurrent_calls."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server.latency = 0.3
+    settings = make_settings(server.base_url, gateway={"concurrency": 8, "timeout_seconds": 10.0},
+                             embedded={"max_concurrent_calls": 2})
+    gw = Gateway(settings, base_url=server.base_url, run_id="r", ledger=LedgerWriter(tmp_path / "ledger", "r"),
+                 embedded_models={"tiny-local"})
+    assert gw.max_in_flight == 2
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda i: gw.chat("evolve", [{"role": "user", "content": f"hi {i}"}], task_id=str(i),
+                                        model="tiny-local"), range(6)))
+    starts = sorted(e["t"] for e in server.posts())
+    assert len(starts) == 6
+    # each call holds its slot for >= 0.3 s, so no three calls can start within 0.25 s of each other
+    assert max(sum(1 for t in starts if s <= t < s + 0.25) for s in starts) <= 2
+    remote = Gateway(settings, base_url=server.base_url, run_id="r2", ledger=LedgerWriter(tmp_path / "l2", "r2"))
+    assert remote.max_in_flight == 8  # a real endpoint keeps gateway.concurrency
