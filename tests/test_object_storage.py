@@ -197,3 +197,24 @@ def test_dedup_index_and_nightly_dataset_on_s3(tmp_path, server, s3):
     night2 = _s3_table(s3, f"{root}/nights/2026-11-02/dataset/lineage.parquet")
     night1_pool = _s3_table(s3, f"{root}/nights/2026-11-01/dataset/final_pool.parquet")
     assert set(night2["parent_id"]) == set(night1_pool["id"])  # night 2 evolved night 1's survivors
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_dask_workers_share_an_s3_output_folder_configured_from_the_environment(tmp_path, server, s3, monkeypatch):
+    """The documented set-up: credentials and endpoint in the environment, batches on two Dask worker processes."""
+    pytest.importorskip("prefect_dask")
+    conf = fsspec.config.conf["s3"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("FSSPEC_S3", json.dumps({"endpoint_url": conf["endpoint_url"],
+                                                "client_kwargs": {"region_name": "us-east-1"}}))
+    url = "s3://evolforge/scale-out/run"
+    p = _params(tmp_path, server, url)
+    p.overrides["runner"] = {"kind": "dask", "max_workers": 2}
+    evolve_flow(p)
+    lineage = _s3_table(s3, "evolforge/scale-out/run/dataset/lineage.parquet")
+    assert lineage.height == 12 and lineage["id"].n_unique() == 12
+    # batches ran in two worker processes, each writing its own ledger objects to the bucket
+    writers = {key.split("/")[-2] for key in s3.glob("evolforge/scale-out/run/ledger/*.jsonl.d/*.jsonl")}
+    assert len({w.split(".")[1] for w in writers}) >= 2
+    assert read_ledger(url).height == 12 * 3
