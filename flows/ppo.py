@@ -22,11 +22,13 @@ from pydantic import BaseModel, Field
 
 from evolforge.config.settings import PPOSettings, load_settings
 from evolforge.storage import ppo as store
+from evolforge.storage.fs import local_copy, location
 from evolforge.storage.layout import RunLayout
 from evolforge.tasks import ppo_local, ppo_verl
 from evolforge.tasks.ppo_data import build_prompt_rows
 from evolforge.tasks.ppo_preflight import preflight
 from evolforge.tasks.ppo_reward import load_reward
+from evolforge.tasks.reward_scoring import META_FILE
 
 
 class PPOParams(BaseModel):
@@ -44,7 +46,7 @@ class PPOParams(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict, description='Nested config overrides, e.g. {"ppo": {"kl_coef": 0.1}}.')
 
 
-def resolve(p: PPOParams) -> tuple[PPOSettings, Path, Path, Path]:
+def resolve(p: PPOParams) -> tuple[PPOSettings, Any, Path, Path]:
     overrides: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in p.overrides.items()}
     ppo = overrides.setdefault("ppo", {})
     if p.ray_address is not None:
@@ -52,19 +54,20 @@ def resolve(p: PPOParams) -> tuple[PPOSettings, Path, Path, Path]:
     if p.local_steps is not None:
         ppo["local_steps"] = p.local_steps
     cfg = load_settings(p.config, overrides).ppo
-    evolved = Path(p.evolved)
+    evolved = location(p.evolved)
     if evolved.is_dir():
         evolved = RunLayout(evolved).evolved
-    reward_dir = Path(p.reward_dir).expanduser().resolve()
-    irm = Path(p.irm_dir).resolve() if p.irm_dir else reward_dir / cfg.irm_subdir
-    prm = Path(p.prm_dir).resolve() if p.prm_dir else reward_dir / cfg.prm_subdir
-    return cfg, evolved, irm, prm
+    reward_dir = location(p.reward_dir)
+    irm = location(p.irm_dir) if p.irm_dir else reward_dir / cfg.irm_subdir
+    prm = location(p.prm_dir) if p.prm_dir else reward_dir / cfg.prm_subdir
+    # the trainers and the reward function load models from local folders: remote ones are downloaded (cached)
+    return cfg, evolved, local_copy(irm, marker=META_FILE), local_copy(prm, marker=META_FILE)
 
 
 @task(name="ppo-prompt-data")
 def prompt_data_task(evolved: str, train: str, test: str, test_fraction: float, split_seed: int,
                      answer_in_steps: bool) -> dict:
-    train_rows, test_rows, counts = build_prompt_rows(store.read_evolved(Path(evolved)), test_fraction, split_seed,
+    train_rows, test_rows, counts = build_prompt_rows(store.read_evolved(evolved), test_fraction, split_seed,
                                                       answer_in_steps)
     if not train_rows:
         raise ValueError(f"{evolved} yields no training prompts ({counts})")
@@ -149,7 +152,7 @@ def ppo_flow(params: PPOParams) -> dict:
     logger = get_run_logger()
     t0 = time.time()
     cfg, evolved, irm, prm = resolve(params)
-    health = preflight(Path(params.reward_dir), irm, prm, params.ignore_reward_health)
+    health = preflight(params.reward_dir, irm, prm, params.ignore_reward_health)
     if health["overridden"]:
         logger.warning("reward stage NOT healthy, running anyway (ignore_reward_health): %s", health["reason"])
     lay = store.PPOLayout(params.out).ensure()

@@ -21,7 +21,6 @@ from pydantic import BaseModel, Field
 from evolforge.config.settings import Settings, load_settings
 from evolforge.storage import reward_sets as store
 from evolforge.tasks.reward_health import enforce, health_markdown
-from evolforge.tasks.reward_scoring import META_FILE
 from evolforge.tasks.reward_training import model_health, train_reward_model_task
 
 
@@ -51,11 +50,7 @@ def train_reward_flow(params: TrainRewardParams) -> dict:
     settings = resolve_settings(params)
     cfg = settings.reward
     data = store.RewardLayout(params.data)
-    layout = store.RewardLayout(params.out or params.data)
-    if layout.remote:
-        raise ValueError(f"train-reward saves models with save_pretrained, which needs a local folder: pass "
-                         f"out=<local folder> (the data in {params.data} may stay on {layout.root.protocol}://)")
-    layout.ensure()
+    layout = store.RewardLayout(params.out or params.data).ensure()
     t_start = time.time()
 
     health = store.read_json(data.health) or {}
@@ -69,7 +64,7 @@ def train_reward_flow(params: TrainRewardParams) -> dict:
     previous = store.read_json(layout.metrics) or {}
     metrics: dict[str, Any] = {"models": {}}
     for kind in params.models:
-        if not params.retrain and (layout.model_dir(kind) / META_FILE).exists() and kind in previous.get("models", {}):
+        if not params.retrain and layout.model_ready(kind) and kind in previous.get("models", {}):
             logger.info("%s model already trained in %s: kept (retrain=True trains again)", kind, layout.model_dir(kind))
             metrics["models"][kind] = previous["models"][kind]
             continue

@@ -318,3 +318,49 @@ def list_logs(folder: AnyPath, pattern: str = "*.jsonl") -> list[AnyPath]:
         names = {PurePosixPath(f).parent.name[:-2] for f in fs.glob(f"{path.rstrip('/')}/{pattern}.d/*.jsonl")}
         return [folder / n for n in sorted(names)]
     return list_files(folder, pattern)
+
+
+# ---------------------------------------------------------------- whole folders (trained models)
+def scratch_dir(kind: str, remote: AnyPath) -> Path:
+    """A local folder standing in for a remote one (same remote URL: same folder)."""
+    import hashlib
+
+    key = hashlib.sha1(str(remote).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "evolforge-cache" / kind / key
+
+
+def publish_dir(local: Path, dest: AnyPath, last: str | None = None) -> AnyPath:
+    """Copy a local folder to `dest` (local or remote); the file named `last` is copied after all others,
+    so its presence means the folder is complete (a model's meta file)."""
+    files = sorted(p for p in Path(local).rglob("*") if p.is_file())
+    files.sort(key=lambda p: p.name == last)  # stable: `last` moves to the end
+    for f in files:
+        write_bytes_atomic(dest / f.relative_to(local).as_posix(), f.read_bytes())
+    return dest
+
+
+def local_copy(src: AnyPath, marker: str | None = None) -> Path:
+    """A local folder with `src`'s files: `src` itself when local, else a cached download.
+
+    The cache is reused while `marker` (e.g. a model's meta file) has the same bytes remotely.
+    """
+    if not is_remote(src):
+        return Path(src)
+    dest = scratch_dir("download", src)
+    if marker and (dest / marker).exists() and exists(src / marker) and (dest / marker).read_bytes() == read_bytes(src / marker):
+        return dest
+    fs, path = _fs_path(src)
+    fs.invalidate_cache()
+    if not fs.exists(path):
+        raise FileNotFoundError(f"{src} not found")
+    import shutil
+
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    root = path.rstrip("/")
+    for f in fs.find(root):
+        rel = f[len(root):].lstrip("/")
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(fs.cat_file(f))
+    return dest

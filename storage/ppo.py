@@ -45,9 +45,17 @@ VERL_SCHEMA = pa.schema([
 
 @dataclass(frozen=True)
 class PPOLayout:
+    """PPO_OUT is a local folder: verl reads its data files and the trainers write policies there."""
+
     root: Path
 
     def __init__(self, root: str | Path):
+        from .fs import is_url
+
+        if is_url(root):
+            raise ValueError(f"the PPO output folder must be a local (or shared, mounted) folder, not {root}: "
+                             "verl and the local trainer write policies and data files there. Its inputs "
+                             "(evolved, reward_dir) may be URLs.")
         object.__setattr__(self, "root", Path(root).expanduser().resolve())
 
     def ensure(self) -> "PPOLayout":
@@ -119,23 +127,25 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def read_health(reward_dir: Path) -> dict | None:
-    """The reward stage's health.json, or None when it is missing."""
-    path = Path(reward_dir) / "health.json"
-    if not path.exists():
+def read_health(reward_dir: str | Path) -> dict | None:
+    """The reward stage's health.json (local folder or URL), or None when it is missing."""
+    from .fs import exists, location, read_text
+
+    path = location(reward_dir) / "health.json"
+    if not exists(path):
         return None
     try:
-        return read_json(path)
+        return json.loads(read_text(path))
     except (OSError, json.JSONDecodeError) as e:
         return {"healthy": False, "error": f"unreadable {path}: {e}"}
 
 
 def read_evolved(path: Path) -> list[dict]:
     """An evolve run's dataset/evolved.parquet (or any parquet with id, seed_id, instruction) as rows."""
-    import pyarrow.parquet as pq
+    from .fs import exists, location, read_parquet
 
-    path = Path(path)
-    if not path.exists():
+    path = location(path)
+    if not exists(path):
         raise FileNotFoundError(f"evolved dataset not found: {path} (run the evolve flow first, or pass its "
                                 "OUT/dataset/evolved.parquet)")
-    return pq.read_table(path).to_pylist()
+    return read_parquet(path).to_pylist()

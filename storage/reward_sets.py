@@ -94,6 +94,34 @@ class RewardLayout:
     def model_dir(self, kind: str) -> AnyPath:
         return self.models_dir / kind
 
+    def training_dir(self, kind: str) -> Path:
+        """Where a model is trained: its folder when local; a local scratch folder published to it when remote."""
+        from .fs import scratch_dir
+
+        return scratch_dir("train", self.model_dir(kind)) if self.remote else self.model_dir(kind)
+
+    def model_ready(self, kind: str) -> bool:
+        from evolforge.tasks.reward_scoring import META_FILE
+
+        return exists(self.model_dir(kind) / META_FILE)
+
+    def local_model(self, kind: str) -> Path:
+        """A trained model as a local folder (downloaded and cached when the folder is remote)."""
+        from evolforge.tasks.reward_scoring import META_FILE
+
+        from .fs import local_copy
+
+        return local_copy(self.model_dir(kind), marker=META_FILE)
+
+    def publish_model(self, kind: str) -> None:
+        """Upload a model trained in `training_dir` to its remote folder (meta file last); no-op when local."""
+        from evolforge.tasks.reward_scoring import META_FILE
+
+        from .fs import publish_dir
+
+        if self.remote:
+            publish_dir(self.training_dir(kind), self.model_dir(kind), last=META_FILE)
+
     def ensure(self) -> "RewardLayout":
         ensure_dir(self.root)
         return self

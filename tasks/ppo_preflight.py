@@ -45,14 +45,14 @@ def health_verdict(health: dict | None, path: Path) -> tuple[bool, str]:
     return False, f"{path} has neither a boolean 'healthy' field nor a 'model' health report"
 
 
-def preflight(reward_dir: Path, irm_dir: Path, prm_dir: Path, ignore_health: bool = False) -> dict:
+def preflight(reward_dir: str | Path, irm_dir: Path, prm_dir: Path, ignore_health: bool = False) -> dict:
     """Raise RewardStageUnhealthy unless the models exist and health.json says healthy (or ignore_health)."""
     problems = [p for p in (_model_folder_problem(Path(irm_dir), "IRM"), _model_folder_problem(Path(prm_dir), "PRM")) if p]
     if problems:
         raise RewardStageUnhealthy("; ".join(problems) + " (train the reward models first, or point irm_dir / "
                                    "prm_dir at them)")
     health = read_health(reward_dir)
-    verdict, why = health_verdict(health, Path(reward_dir) / "health.json")
+    verdict, why = health_verdict(health, f"{str(reward_dir).rstrip('/')}/health.json")
     if not verdict and not ignore_health:
         raise RewardStageUnhealthy(f"PPO refused to start: {why}. Fix the reward models (see the health checks in "
                                    "GUIDE section 2), or set ignore_reward_health=True to run anyway.")

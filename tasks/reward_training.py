@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..config.settings import RewardSettings, Settings
 from ..storage import reward_sets as store
+from ..storage.fs import exists, location, read_parquet
 from . import reward_scoring as scoring
 from .reward_health import check_health
 
@@ -61,7 +62,7 @@ def train_irm(pairs_path: str | Path, model_dir: str | Path, cfg: RewardSettings
     from trl import RewardConfig, RewardTrainer
 
     base = _setup(cfg)
-    ds = datasets.load_dataset("parquet", data_files=str(pairs_path), split="train")
+    ds = datasets.Dataset(read_parquet(location(pairs_path)))  # local path or URL
     if len(ds) == 0:
         raise ValueError(f"{pairs_path} holds no IRM pairs: nothing to train on (see the reward-data summary)")
     held = held_out_ids(ds["instruction_id"], cfg.eval_share, cfg.seed)
@@ -106,7 +107,7 @@ def train_prm(steps_path: str | Path, model_dir: str | Path, cfg: RewardSettings
                               Trainer, TrainingArguments)
 
     base = _setup(cfg)
-    ds = datasets.load_dataset("parquet", data_files=str(steps_path), split="train")
+    ds = datasets.Dataset(read_parquet(location(steps_path)))
     if len(ds) == 0:
         raise ValueError(f"{steps_path} holds no labelled answers: nothing to train on (see the reward-data summary)")
     held = held_out_ids(ds["id"], cfg.eval_share, cfg.seed)
@@ -151,11 +152,11 @@ def model_health(data_dir: str | Path, out_dir: str | Path, cfg: RewardSettings)
     data, layout = store.RewardLayout(data_dir), store.RewardLayout(out_dir)
     rng = random.Random(cfg.seed)
     irm_scores, prm_scores = [], []
-    if (layout.model_dir("irm") / scoring.META_FILE).exists() and data.irm_groups.exists():
+    if layout.model_ready("irm") and exists(data.irm_groups):
         texts = sorted({v for vs in store.read_groups(data)["versions"].to_list() for v in vs})
         texts = rng.sample(texts, min(len(texts), cfg.health_sample))
-        irm_scores = scoring.score_instructions(layout.model_dir("irm"), texts)
-    if (layout.model_dir("prm") / scoring.META_FILE).exists() and data.prm_steps.exists():
+        irm_scores = scoring.score_instructions(layout.local_model("irm"), texts)
+    if layout.model_ready("prm") and exists(data.prm_steps):
         rows = store.read_prm_steps(data.prm_steps).select("prompt", "completions").to_dicts()
         rng.shuffle(rows)
         picked, n = [], 0
@@ -164,7 +165,7 @@ def model_health(data_dir: str | Path, out_dir: str | Path, cfg: RewardSettings)
                 break
             picked.append(r)
             n += len(r["completions"])
-        scores = scoring.score_step_lists(layout.model_dir("prm"), [r["prompt"] for r in picked],
+        scores = scoring.score_step_lists(layout.local_model("prm"), [r["prompt"] for r in picked],
                                           [r["completions"] for r in picked])
         prm_scores = [s for sc in scores for s in sc]
     return check_health(irm_scores, prm_scores, cfg, stage="model")
@@ -179,8 +180,8 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 def train_reward_model_task(kind: str, data_dir: str, out_dir: str, settings_json: str) -> dict:
     cfg = Settings.model_validate_json(settings_json).reward
     data, layout = store.RewardLayout(data_dir), store.RewardLayout(out_dir)
-    dest = layout.model_dir(kind)
+    dest = layout.training_dir(kind)
     dest.mkdir(parents=True, exist_ok=True)
-    if kind == "irm":
-        return train_irm(data.irm_pairs, dest, cfg)
-    return train_prm(data.prm_steps, dest, cfg)
+    result = train_irm(data.irm_pairs, dest, cfg) if kind == "irm" else train_prm(data.prm_steps, dest, cfg)
+    layout.publish_model(kind)
+    return result

@@ -218,3 +218,49 @@ def test_dask_workers_share_an_s3_output_folder_configured_from_the_environment(
     writers = {key.split("/")[-2] for key in s3.glob("evolforge/scale-out/run/ledger/*.jsonl.d/*.jsonl")}
     assert len({w.split(".")[1] for w in writers}) >= 2
     assert read_ledger(url).height == 12 * 3
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_reward_data_and_trained_models_on_s3_feed_the_ppo_stage(tmp_path, server, s3):
+    """reward-data reads an evolve run on s3:// and writes there; train-reward publishes models there
+    (meta file last); the PPO stage downloads them and scores with them."""
+    from test_reward_flows import TINY_TRAINING, evolve_folder
+
+    from evolforge.flows.ppo import PPOParams, resolve
+    from evolforge.flows.reward_data import RewardDataParams, reward_data_flow
+    from evolforge.flows.train_reward import TrainRewardParams, train_reward_flow
+    from evolforge.storage.reward_sets import RewardLayout
+    from evolforge.tasks.reward_scoring import META_FILE, score_instructions
+
+    local_evolve = evolve_folder(tmp_path)
+    s3.put_file(str(local_evolve / "dataset" / "evolved.parquet"), "evolforge/rm/evolve/dataset/evolved.parquet")
+    data_url, reward_url = "s3://evolforge/rm/evolve", "s3://evolforge/rm/reward"
+    summary = reward_data_flow(RewardDataParams(
+        evolve_out=data_url, out=reward_url, base_url=server.base_url,
+        overrides={"reward": {"batch_size": 4, "concurrency": 2},
+                   "gateway": {"backoff_base_seconds": 0.0, "timeout_seconds": 2.0}}))
+    assert summary["irm"]["pairs"] == _s3_table(s3, "evolforge/rm/reward/irm_pairs.parquet").height == 36
+    n = len(server.posts())
+    reward_data_flow(RewardDataParams(evolve_out=data_url, out=reward_url, base_url=server.base_url,
+                                      overrides={"reward": {"batch_size": 4, "concurrency": 2}}))
+    assert len(server.posts()) == n  # resumed from the parts on s3: nothing sent again
+
+    metrics = train_reward_flow(TrainRewardParams(data=reward_url, overrides={"reward": TINY_TRAINING}))
+    assert metrics["models"]["irm"]["train_pairs"] + metrics["models"]["irm"]["eval_pairs"] == 36
+    for kind in ("irm", "prm"):
+        keys = {k.rsplit("/", 1)[-1] for k in s3.find(f"evolforge/rm/reward/models/{kind}")}
+        assert {META_FILE, "config.json"} <= keys
+    health = json.loads(s3.cat_file("evolforge/rm/reward/health.json"))
+    assert health["model"]["irm"]["n"] > 0
+    assert RewardLayout(reward_url).model_ready("irm")
+
+    # the PPO stage takes the reward folder as a URL: models arrive as local folders that score
+    _, evolved, irm, prm = resolve(PPOParams(evolved=data_url, reward_dir=reward_url, out=str(tmp_path / "ppo")))
+    assert str(evolved) == f"{data_url}/dataset/evolved.parquet"
+    assert (irm / META_FILE).exists() and (prm / "config.json").exists()
+    scores = score_instructions(irm, ["Add 1 and 1.", "Write a haiku about rain in June."])
+    assert len(scores) == 2 and all(0.0 < s < 1.0 for s in scores)
+    with pytest.raises(ValueError, match="must be a local"):
+        from evolforge.storage.ppo import PPOLayout
+
+        PPOLayout("s3://evolforge/rm/ppo")
