@@ -12,7 +12,6 @@ OUT/<stage>/ and resumes there. A stage whose output is complete is skipped.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -24,6 +23,7 @@ from evolforge.flows.ppo import PPOParams, ppo_flow
 from evolforge.flows.reward_data import RewardDataParams, reward_data_flow
 from evolforge.flows.synthesize import SynthesizeParams, synthesize_flow
 from evolforge.flows.train_reward import TrainRewardParams, train_reward_flow
+from evolforge.storage.fs import location
 
 
 class PipelineParams(BaseModel):
@@ -44,7 +44,7 @@ class PipelineParams(BaseModel):
 @flow(name="pipeline", log_prints=True)
 def pipeline_flow(params: PipelineParams = PipelineParams()) -> dict:
     logger = get_run_logger()
-    root = Path(params.out)
+    root = location(params.out)  # a local folder or an fsspec URL (the PPO stage needs a local one)
     common = dict(config=params.config, overrides=params.overrides)
     endpoint = dict(base_url=params.base_url, model=params.model)
     done: dict[str, Any] = {}
