@@ -16,7 +16,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 
 def _settings(args, extra: dict | None = None):

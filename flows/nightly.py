@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
