@@ -53,6 +53,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8, help="records in flight per batch")
     ap.add_argument("--gateway-concurrency", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2, help="batches in flight")
+    ap.add_argument("--storage", choices=["local", "s3"], default="local",
+                    help="where the run's folder lives: a local temp folder, or s3:// on a moto S3 server process")
     a = ap.parse_args()
 
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="evolforge-bench-prefect-"))
@@ -66,6 +68,7 @@ def main() -> None:
         for i in range(a.n):
             fh.write(json.dumps({"id": f"b{i:06d}", "instruction": f"Explain step by step how to compute {i} times {i % 97 + 3}."}) + "\n")
     port = free_port()
+    stack: list = []
     server = subprocess.Popen([sys.executable, str(ROOT / "bench" / "instant_server.py"), "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -80,8 +83,9 @@ def main() -> None:
             return 1
 
         warm_up()  # start the temporary Prefect server outside the measurement
+        out = str(work / "out") if a.storage == "local" else start_s3(stack)
         params = EvolveParams(
-            seeds=str(seeds), out=str(work / "out"), rounds=1, base_url=f"http://127.0.0.1:{port}/v1",
+            seeds=str(seeds), out=out, rounds=1, base_url=f"http://127.0.0.1:{port}/v1",
             overrides={"evol_instruct": {"batch_size": a.batch_size, "concurrency": a.concurrency},
                        "gateway": {"concurrency": a.gateway_concurrency}},
         )
@@ -89,11 +93,11 @@ def main() -> None:
         t0 = time.time()
         summary = evolve_flow(params)
         wall = time.time() - t0
-        ledger = read_ledger(work / "out")
+        ledger = read_ledger(out)
         first, last, busy = busy_share(ledger)
         round_wall = last - first
         result = {
-            "n": a.n, "batch_size": a.batch_size, "batches": -(-a.n // a.batch_size),
+            "storage": a.storage, "n": a.n, "batch_size": a.batch_size, "batches": -(-a.n // a.batch_size),
             "calls": ledger.height, "flow_wall_s": round(wall, 2), "round_wall_s": round(round_wall, 2),
             "items_per_s_round": round(a.n / round_wall, 1), "items_per_s_flow": round(a.n / wall, 1),
             "calls_per_s": round(ledger.height / round_wall, 1),
@@ -103,10 +107,41 @@ def main() -> None:
         }
     finally:
         server.terminate()
+        for proc in stack:
+            proc.kill()
     print(json.dumps(result, indent=2))
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "orchestration.json").write_text(json.dumps(result, indent=2))
+    res_dir = ROOT / "bench" / "results"
+    res_dir.mkdir(parents=True, exist_ok=True)
+    name = "orchestration.json" if a.storage == "local" else f"orchestration_{a.storage}.json"
+    (res_dir / name).write_text(json.dumps(result, indent=2))
+
+
+def start_s3(stack: list) -> str:
+    """A moto S3 server in its own process; fsspec pointed at it; returns the run URL."""
+    import shutil
+    import urllib.request
+
+    import fsspec
+
+    port = free_port()
+    venv_exe = Path(sys.executable).parent / "moto_server"
+    exe = str(venv_exe) if venv_exe.exists() else shutil.which("moto_server")
+    stack.append(subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL))
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            break
+        except OSError:
+            time.sleep(0.2)
+    fsspec.config.conf["s3"] = {"endpoint_url": url, "key": "bench", "secret": "bench",
+                                "client_kwargs": {"region_name": "us-east-1"}}
+    import boto3
+
+    boto3.client("s3", endpoint_url=url, aws_access_key_id="bench", aws_secret_access_key="bench",
+                 region_name="us-east-1").create_bucket(Bucket="bench")
+    return "s3://bench/run"
 
 
 if __name__ == "__main__":
