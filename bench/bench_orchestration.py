@@ -55,6 +55,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="batches in flight")
     ap.add_argument("--storage", choices=["local", "s3"], default="local",
                     help="where the run's folder lives: a local temp folder, or s3:// on a moto S3 server process")
+    ap.add_argument("--no-dedup", action="store_true", help="skip the dedup step after the round")
+    ap.add_argument("--flush-seconds", type=float, default=None,
+                    help="storage.remote_log_flush_seconds (s3 only; 0 = one object per journal / ledger entry)")
     a = ap.parse_args()
 
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="evolforge-bench-prefect-"))
@@ -86,10 +89,13 @@ def main() -> None:
         out = str(work / "out") if a.storage == "local" else start_s3(stack)
         params = EvolveParams(
             seeds=str(seeds), out=out, rounds=1, base_url=f"http://127.0.0.1:{port}/v1",
-            overrides={"evol_instruct": {"batch_size": a.batch_size, "concurrency": a.concurrency},
+            overrides={"evol_instruct": {"batch_size": a.batch_size, "concurrency": a.concurrency,
+                                         "dedup_each_round": not a.no_dedup},
                        "gateway": {"concurrency": a.gateway_concurrency}},
         )
         params.overrides["runner"] = {"max_workers": a.workers}
+        if a.flush_seconds is not None:
+            params.overrides["storage"] = {"remote_log_flush_seconds": a.flush_seconds}
         t0 = time.time()
         summary = evolve_flow(params)
         wall = time.time() - t0
@@ -97,7 +103,8 @@ def main() -> None:
         first, last, busy = busy_share(ledger)
         round_wall = last - first
         result = {
-            "storage": a.storage, "n": a.n, "batch_size": a.batch_size, "batches": -(-a.n // a.batch_size),
+            "storage": a.storage, "dedup": not a.no_dedup, "n": a.n,
+            "remote_log_flush_seconds": a.flush_seconds if a.flush_seconds is not None else "default", "batch_size": a.batch_size, "batches": -(-a.n // a.batch_size),
             "calls": ledger.height, "flow_wall_s": round(wall, 2), "round_wall_s": round(round_wall, 2),
             "items_per_s_round": round(a.n / round_wall, 1), "items_per_s_flow": round(a.n / wall, 1),
             "calls_per_s": round(ledger.height / round_wall, 1),
@@ -112,7 +119,9 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     res_dir = ROOT / "bench" / "results"
     res_dir.mkdir(parents=True, exist_ok=True)
-    name = "orchestration.json" if a.storage == "local" else f"orchestration_{a.storage}.json"
+    name = "orchestration.json" if a.storage == "local" and not a.no_dedup else \
+        f"orchestration_{a.storage}{'_nodedup' if a.no_dedup else ''}" \
+        f"{'' if a.flush_seconds is None else f'_flush{a.flush_seconds:g}'}.json"
     (res_dir / name).write_text(json.dumps(result, indent=2))
 
 

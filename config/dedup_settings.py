@@ -101,11 +101,19 @@ class DedupSettings(BaseModel):
     )
     ann_cluster_size: int = Field(
         200, ge=8, description="Target members per k-means cluster (clusters = n / this), SemDeDup style: cosine is compared "
-        "only inside clusters, never as an n x n matrix."
+        "only inside clusters, never as an n x n matrix. The clusters are grouped under ~sqrt(clusters) coarse cells "
+        "(two-level k-means: each cell's clusters are fitted on its own members, and searched only from nearby vectors)."
     )
-    ann_probes: int = Field(4, ge=1, le=64, description="Each vector is compared with the members of its `ann_probes` nearest clusters.")
-    ann_kmeans_iters: int = Field(8, ge=1, le=100, description="Lloyd iterations of the k-means fit.")
-    ann_kmeans_sample: int = Field(50_000, ge=1000, description="Vectors sampled to fit the k-means centroids.")
+    ann_probes: int = Field(
+        4, ge=1, le=64, description="Each vector is compared with the members of at least its `ann_probes` nearest clusters, "
+        "plus those (up to 8x as many) whose centroid cosine is within 0.08 of the nearest one: more clusters lie within the "
+        "search radius in dense regions and at larger n (recall vs exact search >= 0.99 at 1M vectors; 0.93 with 4 alone)."
+    )
+    ann_kmeans_iters: int = Field(8, ge=1, le=100, description="Lloyd iterations of each k-means fit.")
+    ann_kmeans_sample: int = Field(
+        50_000, ge=1000, description="Vectors sampled to fit the coarse k-means centroids (each fine level is fitted on up to "
+        "64 members per cluster of its own cell)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "DedupSettings":

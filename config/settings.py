@@ -153,6 +153,21 @@ class InputSettings(_Section):
     max_chars: int = Field(20_000, ge=1, description="Longer instructions are rejected (to the rejects file).")
 
 
+class StorageSettings(_Section):
+    """Checkpoints on object stores (output folders given as s3://, gs://, az:// ... URLs; see storage/fs.py).
+
+    Connection options and credentials are not set here: they come from the environment
+    (AWS_* variables, FSSPEC_S3='{"endpoint_url": ...}', ...), so they never reach run.json or Prefect.
+    """
+
+    remote_log_flush_seconds: float = Field(
+        1.0, ge=0, le=60, description="Object stores cannot append: a batch's call journal and the cost ledger are "
+        "written as one object per flush. Entries are flushed at most this many seconds after they are made (and "
+        "always when a batch ends or fails); a hard kill loses at most that window, whose calls are sent again on "
+        "resume. 0 writes one object per call (no loss, one PUT per call). Local folders ignore this: they append "
+        "and are durable line by line.")
+
+
 class RunnerSettings(_Section):
     """Which Prefect task runner executes batch tasks."""
 
@@ -377,6 +392,7 @@ class Settings(_Section):
     embedded: EmbeddedModelSettings = Field(default_factory=EmbeddedModelSettings)
     input: InputSettings = Field(default_factory=InputSettings)
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
     pricing: PricingSettings = Field(default_factory=PricingSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
     dedup: DedupSettings = Field(default_factory=DedupSettings)

@@ -19,9 +19,13 @@ How the guarantees of a local folder carry over:
   temporary key and moved into place (an object store publishes an object only
   when its upload completes), so a reader never sees half a checkpoint;
 - append-only logs (call journal, cost ledger): a local log is one O_APPEND
-  file; object stores cannot append, so a remote log is a prefix `NAME.d/`
-  holding one small object per entry, written when the entry is (a finished
-  call is durable before the next one starts, as locally).
+  file, durable line by line; object stores cannot append, so a remote log is
+  a prefix `NAME.d/` of small objects, each holding the entries of one flush.
+  Entries are flushed at most `flush_seconds` after they are written (a timer)
+  and always on close (a batch that ends or fails); `flush_seconds=0` writes one
+  object per entry. A hard kill of a remote run loses at most that window of
+  journal entries, whose calls are sent again on resume
+  (`storage.remote_log_flush_seconds`, 1 s by default).
 
 Nothing outside `storage/` calls this module's helpers on output paths except
 through the storage modules.
@@ -253,14 +257,17 @@ def parquet_writer(path: AnyPath, schema: pa.Schema, **kw) -> Iterator[pq.Parque
 
 # ---------------------------------------------------------------- append-only logs
 class AppendLog:
-    """An append-only log of lines (jsonl), durable line by line.
+    """An append-only log of lines (jsonl).
 
-    Local: one file opened O_APPEND; each entry is one `write`, so a kill leaves
-    at most a torn last line. Remote: `PATH.d/` holds one object per entry
-    (object stores cannot append); each object is published whole.
+    Local: one file opened O_APPEND; each entry is one `write`, durable at once,
+    and a kill leaves at most a torn last line. Remote: `PATH.d/` holds objects
+    of one or more entries each (object stores cannot append), each published
+    whole; entries are flushed within `flush_seconds` and on close.
     """
 
-    def __init__(self, path: AnyPath):
+    def __init__(self, path: AnyPath, flush_seconds: float = 1.0):
+        import threading
+
         self.path = path
         self.remote = is_remote(path)
         self._fd = -1
@@ -269,19 +276,52 @@ class AppendLog:
             self._fs = path.fs
             self._prefix = f"{int.from_bytes(os.urandom(4), 'big'):08x}"
             self._seq = itertools.count(1)
+            self.flush_seconds = flush_seconds
+            self._buffer: list[bytes] = []
+            self._lock = threading.Lock()
+            self._timer: threading.Timer | None = None
+            self.objects_written = 0
         else:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, line: bytes) -> None:
-        """Append one entry (thread-safe: an O_APPEND write, or an object with a unique name)."""
-        if self.remote:
-            self._fs.pipe_file(f"{self._dir}/{self._prefix}-{next(self._seq):09d}.jsonl", line)
-        else:
+        """Append one entry (thread-safe)."""
+        if not self.remote:
             os.write(self._fd, line)
+            return
+        if self.flush_seconds <= 0:
+            self._put([line])
+            return
+        import threading
+
+        with self._lock:
+            self._buffer.append(line)
+            if self._timer is None:
+                self._timer = threading.Timer(self.flush_seconds, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def flush(self) -> None:
+        if not self.remote:
+            return
+        with self._lock:
+            entries, self._buffer = self._buffer, []
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+        if entries:
+            self._put(entries)
+
+    def _put(self, entries: list[bytes]) -> None:
+        data = b"".join(e if e.endswith(b"\n") else e + b"\n" for e in entries)
+        self._fs.pipe_file(f"{self._dir}/{self._prefix}-{next(self._seq):09d}.jsonl", data)
+        self.objects_written += 1
 
     def close(self) -> None:
-        if self._fd >= 0:
+        if self.remote:
+            self.flush()
+        elif self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 

@@ -18,7 +18,8 @@ from .fs import AnyPath, AppendLog, read_log_lines
 
 
 class CallJournal:
-    def __init__(self, path: AnyPath):
+    def __init__(self, path: AnyPath, flush_seconds: float = 1.0):
+        """`flush_seconds`: how late entries may reach a remote store (see storage/fs.py AppendLog)."""
         self.path = path
         self._lock = threading.Lock()
         self._entries: dict[str, dict] = {}
@@ -29,7 +30,7 @@ class CallJournal:
                 self._entries[entry["key"]] = entry["value"]
             except (ValueError, KeyError, TypeError):
                 self.torn_lines += 1
-        self._log = AppendLog(path)
+        self._log = AppendLog(path, flush_seconds)
         if self.torn_lines:
             # make sure the next entry starts on its own line after a torn tail
             self._log.write(b"\n")

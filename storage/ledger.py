@@ -51,11 +51,11 @@ LEDGER_SCHEMA: dict[str, pl.DataType] = {
 class LedgerWriter:
     """Thread-safe appender; one per process and ledger folder."""
 
-    def __init__(self, ledger_dir: AnyPath, run_id: str):
+    def __init__(self, ledger_dir: AnyPath, run_id: str, flush_seconds: float = 1.0):
         self.dir = location(ledger_dir)
         self.run_id = run_id
         self.path = self.dir / f"{_safe(run_id)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.jsonl"
-        self._log = AppendLog(self.path)
+        self._log = AppendLog(self.path, flush_seconds)
         self._lock = threading.Lock()
         self.rows_written = 0
 
@@ -67,6 +67,10 @@ class LedgerWriter:
         self._log.write(line)
         with self._lock:
             self.rows_written += 1
+
+    def flush(self) -> None:
+        """Push buffered rows to a remote ledger now (a no-op for a local one, which is written row by row)."""
+        self._log.flush()
 
     def close(self) -> None:
         with self._lock:

@@ -16,6 +16,7 @@ model and a down endpoint stop the run.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
@@ -62,9 +63,22 @@ def gateway_for(settings: Settings, base_url: str, run_id: str, out_dir: str | P
         if gw is None:
             embedded = {settings.embedded.alias} if settings.uses_embedded_model else set()
             gw = Gateway(settings, base_url=base_url, run_id=run_id,
-                         ledger=LedgerWriter(layout.ledger_dir, run_id), embedded_models=embedded)
+                         ledger=LedgerWriter(layout.ledger_dir, run_id, settings.storage.remote_log_flush_seconds),
+                         embedded_models=embedded)
             _GATEWAYS[key] = gw
         return gw
+
+
+@contextlib.contextmanager
+def batch_journal(gw: Gateway, path, settings: Settings):
+    """A batch's call journal; when the batch ends or fails, its journal and the ledger rows reach the store
+    (on a remote output folder they are otherwise flushed within storage.remote_log_flush_seconds)."""
+    try:
+        with CallJournal(path, settings.storage.remote_log_flush_seconds) as journal:
+            yield journal
+    finally:
+        if gw.ledger is not None:
+            gw.ledger.flush()
 
 
 def close_gateways(run_id: str) -> None:
@@ -117,7 +131,7 @@ def run_evolve_batch(
             log.warning("corrupt checkpoint %s (%s): moved to %s, redoing the batch", part, e, moved.name)
     rows = parts.read_row_group(layout.round_input(round_no), batch_index).to_pylist()
     gw = gateway_for(settings, base_url, run_id, out_dir)
-    with CallJournal(layout.journal(round_no, batch_index)) as journal:
+    with batch_journal(gw, layout.journal(round_no, batch_index), settings) as journal:
         replay_before = gw.stats.replayed
         workers = max(1, min(settings.evol_instruct.concurrency, len(rows)))
         with ThreadPoolExecutor(workers, thread_name_prefix=f"r{round_no}b{batch_index}") as pool:

@@ -23,7 +23,7 @@ from ..storage import reward_sets as store
 from ..storage.fs import exists
 from ..storage.journal import CallJournal
 from . import irm_data, prm_data
-from .evolve_batch import BATCH_TASK_OPTIONS, gateway_for
+from .evolve_batch import BATCH_TASK_OPTIONS, batch_journal, gateway_for
 from .gateway import EndpointDown, GatewayError
 
 log = logging.getLogger("evolforge.reward_data")
@@ -62,7 +62,7 @@ def run_reward_batch(kind: str, out_dir: str | Path, batch: int, settings: Setti
     rows = store.read_batch(layout, batch)
     gw = gateway_for(settings, base_url, run_id, out_dir)
     replayed_before = gw.stats.replayed
-    with CallJournal(layout.journal(kind, batch)) as journal:
+    with batch_journal(gw, layout.journal(kind, batch), settings) as journal:
         workers = max(1, min(settings.reward.concurrency, len(rows)))
         with ThreadPoolExecutor(workers, thread_name_prefix=f"{kind}{batch}") as pool:
             futures = [pool.submit(_safely, kind, r, gw, settings, journal) for r in rows]

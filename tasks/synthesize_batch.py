@@ -11,9 +11,8 @@ import pyarrow as pa
 from ..config.settings import Settings
 from ..storage import parts
 from ..storage.fs import exists
-from ..storage.journal import CallJournal
 from ..storage.synthesis_sets import TASK_SCHEMA, SynthLayout
-from .evolve_batch import BATCH_TASK_OPTIONS, gateway_for
+from .evolve_batch import BATCH_TASK_OPTIONS, batch_journal, gateway_for
 from .synthesis import synthesize_task
 
 
@@ -36,7 +35,7 @@ def run_synthesize_batch(out_dir: str | Path, batch: int, settings: Settings, ba
     gw = gateway_for(settings, base_url, run_id, out_dir)
     seen: list[set[str]] = []
     lock = threading.Lock()
-    with CallJournal(lay.synth_journal(batch)) as journal:
+    with batch_journal(gw, lay.synth_journal(batch), settings) as journal:
         workers = max(1, min(settings.synthesis.concurrency, len(seeds)))
         with ThreadPoolExecutor(workers, thread_name_prefix=f"synth{batch}") as pool:
             futures = [pool.submit(synthesize_task, s, task_kind(s, settings.synthesis.kinds), gw, settings, journal,

@@ -14,7 +14,7 @@ from evolforge.tasks.reporting import CostTally
 @pytest.mark.parametrize("remote", [False, True])
 def test_tail_reads_each_row_once_and_waits_for_a_torn_line(tmp_path, remote):
     out = "memory://ledger-tail-test/run" if remote else str(tmp_path)
-    w = LedgerWriter(f"{out}/ledger", "run")
+    w = LedgerWriter(f"{out}/ledger", "run", flush_seconds=0)
     tail = LedgerTail(out)
     w.record(task_id="a", cost_usd=0.5, outcome="ok")
     w.record(task_id="b", cost_usd=None, outcome="ok")
@@ -29,7 +29,7 @@ def test_tail_reads_each_row_once_and_waits_for_a_torn_line(tmp_path, remote):
         assert tail.new_rows()["task_id"].to_list() == ["c"]
     else:
         assert tail.new_rows()["task_id"].to_list() == ["a"]
-    w2 = LedgerWriter(f"{out}/ledger", "run")  # another process's file appears later
+    w2 = LedgerWriter(f"{out}/ledger", "run", flush_seconds=0)  # another process's file appears later
     w2.record(task_id="d", cost_usd=2.0, outcome="ok")
     assert tail.new_rows()["task_id"].to_list() == ["d"]
     assert read_ledger(out).height == (5 if not remote else 4)

@@ -101,11 +101,19 @@ def test_storage_primitives_on_remote_filesystems(root, request):
     j.put("k2", {"v": 2})
     j.close()
     assert len(CallJournal(log)) == 2 and CallJournal(log).get("k2") == {"v": 2}
-    w1, w2 = LedgerWriter(base / "ledger", "run"), LedgerWriter(base / "ledger", "run")
+    w1, w2 = LedgerWriter(base / "ledger", "run"), LedgerWriter(base / "ledger", "run", flush_seconds=0)
     for w in (w1, w2, w1):
         w.record(stage="evolve", task_id="t", outcome="ok")
-    assert read_ledger(base).height == 3
+    assert read_ledger(base).height == 1  # w2 writes row by row; w1 buffers its rows for up to a second
+    w1.flush()
+    assert read_ledger(base).height == 3 and w1._log.objects_written == 1  # w1's two rows: one object
     assert len(store.list_logs(base / "ledger")) == 2
+    w3 = LedgerWriter(base / "ledger", "run", flush_seconds=0.2)
+    w3.record(stage="evolve", task_id="t", outcome="ok")
+    deadline = time.time() + 10
+    while read_ledger(base).height < 4:  # the flush timer publishes it without a close
+        assert time.time() < deadline, "buffered ledger row never flushed"
+        time.sleep(0.05)
     # rename and text
     store.write_text_atomic(base / "x.json", '{"a": 1}')
     store.replace(base / "x.json", base / "y.json")
