@@ -55,6 +55,34 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+class RssSampler:
+    """Resident set size sampled every 10 ms on a thread (/proc/self/statm), for peak RSS per pipeline stage."""
+
+    def __init__(self, every: float = 0.01):
+        import threading
+
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        page = os.sysconf("SC_PAGE_SIZE") / 2**20
+
+        def run():
+            while not self._stop.is_set():
+                with open("/proc/self/statm") as fh:
+                    self.samples.append((time.perf_counter(), int(fh.read().split()[1]) * page))
+                self._stop.wait(every)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peak(self, t0: float, t1: float) -> float:
+        inside = [r for t, r in self.samples if t0 <= t <= t1]
+        return max(inside) if inside else float("nan")
+
+
 def codes(pairs: np.ndarray, n: int) -> np.ndarray:
     return np.unique(np.sort(pairs, axis=1)[:, 0].astype(np.int64) * n + np.sort(pairs, axis=1)[:, 1])
 
@@ -245,11 +273,25 @@ def main(argv=None) -> dict:
         _encoder("static", s)
         _encoder("full", s).encode(["warm up"])
         rss0 = rss_mb()
+        sampler = RssSampler()
         t = time.perf_counter()
+        c0 = time.process_time()
         r = dedup(texts, None, s)
-        dt = time.perf_counter() - t
-        print(json.dumps({"records": a.n, "seconds": dt, "records_per_s": a.n / dt, "kept": len(r.kept_ids),
-                          "stats": r.stats, "rss_before_mb": rss0, "peak_rss_mb": rss_mb()}, default=float))
+        t1 = time.perf_counter()
+        dt, cpu = t1 - t, time.process_time() - c0
+        sampler.stop()
+        # stages run one after the other and end with the call: their windows follow from the stage seconds, counted
+        # back from the end (the first stage's window also takes the call's set-up before it)
+        by_stage, t_end = {}, t1
+        stages = list(r.stats["seconds"].items())
+        for i, (stage, sec) in enumerate(reversed(stages)):
+            by_stage[stage] = sampler.peak(t if i == len(stages) - 1 else t_end - sec, t_end)
+            t_end -= sec
+        by_stage = dict(reversed(list(by_stage.items())))
+        print(json.dumps({"records": a.n, "seconds": dt, "records_per_s": a.n / dt, "cpu_seconds": cpu, "kept": len(r.kept_ids),
+                          "dropped_by_method": {m: sum(1 for d in r.dropped if d["method"] == m) for m in ("exact", "minhash", "embedding")},
+                          "stats": r.stats, "rss_before_mb": rss0, "peak_rss_mb": rss_mb(), "peak_rss_mb_by_stage": by_stage},
+                         default=float))
         return {}
     rng = np.random.default_rng(a.seed)
     pipe = None
@@ -304,7 +346,10 @@ def print_table(o: dict) -> None:
                  ("  full model: checked / confirmed / unconfirmed", f"{e['confirm_checked']} / {e['confirmed']} / {e['unconfirmed_uncertain']}")]
     if "pipeline" in o:
         p = o["pipeline"]
-        rows.append(("dedup() end to end records/s", f"{p['records_per_s']:,.0f} (kept {p['kept']:,})"))
+        rows.append(("dedup() end to end records/s", f"{p['records_per_s']:,.0f} (kept {p['kept']:,}; "
+                     f"CPU {p.get('cpu_seconds', float('nan')):.1f} s)"))
+        if "peak_rss_mb_by_stage" in p:
+            rows.append(("  peak RSS MB by stage", " / ".join(f"{k} {v:,.0f}" for k, v in p["peak_rss_mb_by_stage"].items())))
         rows.append(("  dedup() process peak RSS MB (models loaded)", f"{p['peak_rss_mb']:,.0f} (before dedup: {p['rss_before_mb']:,.0f})"))
     rows.append(("benchmark process peak RSS MB (incl. ground truth)", f"{rss_mb():,.0f}"))
     w = max(len(k) for k, _ in rows)

@@ -137,6 +137,53 @@ def test_lsh_recall_at_threshold_matches_s_curve():
     assert np.mean([p in cand for p in sel]) >= 0.97
 
 
+def test_band_by_band_candidates_match_one_shot_lsh():
+    """verified_pairs streams the candidates band by band: together exactly lsh_codes, pathological buckets included."""
+    rng = np.random.default_rng(0)
+    for trial in range(6):
+        n, nb = 3000, 5
+        keys = rng.integers(0, 400, (n, nb)).astype(np.uint64)
+        keys[rng.choice(n, 1500, replace=False), 1] = 7         # buckets > 1000 records: chain + star
+        keys[rng.choice(n, 1200, replace=False), 3] = 9
+        is_new = None if trial % 2 == 0 else rng.random(n) < 0.5
+        parts = list(mh.candidates_by_band(keys, is_new))
+        got = np.sort(np.concatenate(parts))
+        assert len(np.unique(got)) == len(got)
+        assert np.array_equal(got, mh.lsh_codes(keys, is_new))
+    # buckets whose records are all old give no candidates at all
+    keys = np.full((4, 3), 5, np.uint64)
+    keys[3] = 99
+    is_new = np.array([False, False, False, True])
+    assert [len(c) for c in mh.candidates_by_band(keys, is_new)] == [0, 0, 0] and len(mh.lsh_codes(keys, is_new)) == 0
+    # and the verified pairs are the same as verifying the one-shot candidate list
+    s = DedupSettings(chunk_records=50)
+    c = make_corpus(600, seed=8, mix={"0.05": 0.2, "exact": 0.05})
+    sk = mh.sketch_many(normalize_many(c.texts, s), s)
+    pairs, sims, ncand = mh.verified_pairs(sk, s)
+    cand = mh.lsh_pairs(sk.band_keys)
+    j = mh.jaccard(sk.offsets, sk.values, cand)
+    assert ncand == len(cand) and np.array_equal(pairs, cand[j >= s.jaccard_threshold])
+    assert np.array_equal(sims, j[j >= s.jaccard_threshold])
+
+
+def test_sketch_many_prefix_and_compact_match_plain_arrays():
+    s = DedupSettings(chunk_records=7, threads=2)
+    c = make_corpus(100, seed=9)
+    norms = normalize_many(c.texts, s)
+    one = mh.sketch(norms, s)
+    many = mh.sketch_many(norms, s)
+    for name in ("offsets", "values", "signatures", "band_keys"):
+        assert np.array_equal(getattr(one, name), getattr(many, name))
+    both = mh.sketch_many(norms[60:], s, prefix=mh.sketch_many(norms[:60], s))
+    for name in ("offsets", "values", "signatures", "band_keys"):
+        assert np.array_equal(getattr(one, name), getattr(both, name))
+    rows = np.array([0, 3, 4, 10, 57, 58, 99])
+    want = one.take(rows)
+    many.compact(rows)
+    for name in ("offsets", "values", "signatures", "band_keys"):
+        assert np.array_equal(getattr(want, name), getattr(many, name))
+
+
 def test_word_shingles_and_short_texts():
     s = DedupSettings(shingle_kind="word", shingle_size=3, embedding=False)
     sk = mh.sketch(["a b", "a b", "a b c d e f", ""], s)
@@ -236,6 +283,15 @@ def test_ann_kmeans_recall_vs_exact():
     assert (sims >= 0.9).all() and len(exact) >= 1400
     ex = set(map(tuple, exact.tolist()))
     assert len(ex & set(map(tuple, ann.tolist()))) / len(ex) >= 0.99
+    # two levels: ~n / ann_cluster_size fine clusters in ~sqrt(k) coarse cells
+    C1, Cf, fine_start, near = emb.two_level_kmeans(E, len(E) // 50, s)
+    assert len(C1) == 9 and abs(len(Cf) - 90) <= 9 and fine_start[-1] == len(Cf) and near.shape == (len(E), 4)
+    # incremental: only pairs touching a new vector
+    is_new = np.arange(len(E)) >= 2000
+    ann_new, _ = emb.neighbor_pairs(E, 0.9, s, is_new)
+    assert is_new[ann_new].any(axis=1).all()
+    ex_new = {p for p in ex if is_new[p[0]] or is_new[p[1]]}
+    assert len(ex_new & set(map(tuple, ann_new.tolist()))) / len(ex_new) >= 0.99
 
 
 # --- persistent index and files --------------------------------------------------------

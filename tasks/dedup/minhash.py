@@ -12,6 +12,12 @@ Pipeline per chunk of normalized texts (no Python loop per shingle):
   3. band keys: `bands` x `rows` slices of the signature hashed to 64 bits.
 Candidates are records sharing a band key (found by sorting, not dicts); each
 candidate pair is verified by the exact Jaccard of its shingle sets.
+
+Memory (per record: ~1 KB signature + 256 B band keys + 8 B per shingle): chunks
+are sketched straight into preallocated arrays (the shingle buffer is sized by an
+upper bound and shrunk in place), and candidates are generated, filtered and
+verified band by band, so the full candidate list (~19M pairs at 1M records) and
+the (n * bands) key sort never exist.
 """
 
 from __future__ import annotations
@@ -71,6 +77,29 @@ class Sketches:
                         np.concatenate([p.values for p in parts]),
                         np.concatenate([p.signatures for p in parts]),
                         np.concatenate([p.band_keys for p in parts]))
+
+    def compact(self, rows: np.ndarray, block: int = 1 << 14) -> None:
+        """Keep only `rows` (strictly ascending), in place: rows move front to back, block by block (a row never
+        moves later, so nothing is overwritten before it is read), then the arrays are shrunk: no second copy."""
+        rows = np.asarray(rows, dtype=np.int64)
+        m = len(rows)
+        lens = self.offsets[rows + 1] - self.offsets[rows]
+        new_off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        for s in range(0, m, block):
+            r = rows[s: s + block]
+            _, v = _gather(self.offsets, self.values, r)
+            self.values[new_off[s]: new_off[s] + len(v)] = v
+            self.signatures[s: s + len(r)] = self.signatures[r]
+            self.band_keys[s: s + len(r)] = self.band_keys[r]
+        self.offsets = new_off
+        for name, length in (("values", int(new_off[-1])), ("signatures", m), ("band_keys", m)):
+            a = getattr(self, name)
+            setattr(self, name, None)  # `a` is now the only reference: ndarray.resize may shrink it in place
+            try:
+                a.resize((length,) + a.shape[1:])  # refcheck: refuses (ValueError) if views or other references exist
+            except ValueError:
+                a = a[:length].copy()
+            setattr(self, name, a)
 
     def take(self, idx: np.ndarray) -> "Sketches":
         idx = np.asarray(idx, dtype=np.int64)
@@ -182,18 +211,16 @@ def sketch(norms: Sequence[str], settings: DedupSettings, perms=None) -> Sketche
     return Sketches(offsets, values, sig, band_keys(sig, settings))
 
 
-def lsh_pairs(keys: np.ndarray, is_new: np.ndarray | None = None) -> np.ndarray:
-    """Unique candidate pairs (i < j, int64 (m, 2)) of records sharing any band key; with is_new, only pairs touching a new record."""
-    n, b = keys.shape
-    if n < 2:
-        return np.zeros((0, 2), np.int64)
-    flat = keys.ravel()
-    order = np.argsort(flat, kind="stable")
-    sk = flat[order]
+def _band_codes(col: np.ndarray, n: int, is_new: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Candidate pairs of one band (`col`: that band's n keys) as sorted unique codes i * n + j (i < j), and, of them,
+    the codes from buckets larger than _MAX_BUCKET (linked as chain + star, not all pairs) and those buckets' records."""
+    order = np.argsort(col, kind="stable")  # stable: a bucket lists its records in ascending order
+    sk = col[order]
     brk = np.flatnonzero(sk[1:] != sk[:-1]) + 1
+    del sk
     starts = np.concatenate([[0], brk])
-    lens = np.diff(np.concatenate([starts, [len(sk)]]))
-    out = []
+    lens = np.diff(np.concatenate([starts, [n]]))
+    out, big, big_rows = [], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for L in np.unique(lens[lens >= 2]):
         st = starts[lens == L]
         if L <= _MAX_BUCKET:
@@ -201,19 +228,65 @@ def lsh_pairs(keys: np.ndarray, is_new: np.ndarray | None = None) -> np.ndarray:
         else:  # pathological bucket: chain + star keeps it linear
             iu = np.concatenate([np.zeros(L - 1, np.int64), np.arange(1, L - 1)])
             ju = np.concatenate([np.arange(1, L), np.arange(2, L)])
-        out.append(np.stack([order[(st[:, None] + iu).ravel()], order[(st[:, None] + ju).ravel()]], axis=1) // b)
-    if not out:
-        return np.zeros((0, 2), np.int64)
-    p = np.concatenate(out)
-    p = np.sort(p, axis=1)
-    p = p[p[:, 0] != p[:, 1]]
-    if is_new is not None:
-        p = p[is_new[p[:, 0]] | is_new[p[:, 1]]]
-    if len(p) == 0:  # every bucket pair was a self-pair or involved no new record
-        return np.zeros((0, 2), np.int64)
-    code = np.sort(p[:, 0].astype(np.int64) * n + p[:, 1])  # sort-based unique (numpy's hash unique is slower here)
-    code = code[np.concatenate([[True], code[1:] != code[:-1]])]
-    return np.stack([code // n, code % n], axis=1)
+            big_rows.append(order[(st[:, None] + np.arange(L)).ravel()])
+        a, b = order[(st[:, None] + iu).ravel()], order[(st[:, None] + ju).ravel()]
+        if is_new is not None:
+            keep = is_new[a] | is_new[b]
+            a, b = a[keep], b[keep]
+        out.append(np.minimum(a, b) * n + np.maximum(a, b))
+        if L > _MAX_BUCKET:
+            big.append(out[-1])
+    big_codes = np.sort(np.concatenate(big))
+    code = np.concatenate(out) if out else np.zeros(0, np.int64)
+    if len(code) == 0:  # no bucket of 2+, or none touching a new record
+        return code, big_codes, np.concatenate(big_rows)
+    code.sort()
+    return code[np.concatenate([[True], code[1:] != code[:-1]])], big_codes, np.concatenate(big_rows)
+
+
+def _new_in_band(keys: np.ndarray, j: int, code: np.ndarray, big_member: np.ndarray | None,
+                 big_codes: np.ndarray, block: int = 1 << 16) -> np.ndarray:
+    """The codes of band j that no earlier band generated: pairs sharing no earlier band key, except keys of
+    pathological buckets, which generated only their chain + star pairs (`big_codes`)."""
+    if j == 0 or len(code) == 0:
+        return code
+    n = len(keys)
+    seen = np.zeros(len(code), bool)
+    for s in range(0, len(code), block):
+        c = code[s: s + block]
+        a, b = c // n, c % n
+        eq = keys[a, :j] == keys[b, :j]
+        if big_member is not None:
+            eq &= ~big_member[a, :j]
+        seen[s: s + len(c)] = eq.any(axis=1)
+    if len(big_codes):
+        pos = np.minimum(np.searchsorted(big_codes, code), len(big_codes) - 1)
+        seen |= big_codes[pos] == code
+    return code[~seen]
+
+
+def lsh_codes(keys: np.ndarray, is_new: np.ndarray | None = None) -> np.ndarray:
+    """Sorted unique codes i * n + j (int64, i < j) of the candidate pairs: records sharing any band key.
+
+    Band by band (a band's keys are hashed with its index, so buckets never span bands): the memory is
+    O(n) per band plus 8 bytes per candidate, never the (n * bands) sort or the (candidates, 2) array."""
+    n, b = keys.shape
+    if n < 2:
+        return np.zeros(0, np.int64)
+    parts = [_band_codes(np.ascontiguousarray(keys[:, j]), n, is_new)[0] for j in range(b)]
+    code = np.concatenate(parts)
+    del parts
+    if len(code) == 0:
+        return code
+    code.sort()  # sort-based unique (numpy's hash unique is slower here)
+    return code[np.concatenate([[True], code[1:] != code[:-1]])]
+
+
+def lsh_pairs(keys: np.ndarray, is_new: np.ndarray | None = None) -> np.ndarray:
+    """Unique candidate pairs (i < j, int64 (m, 2)) of records sharing any band key; with is_new, only pairs touching a new record."""
+    n = len(keys)
+    code = lsh_codes(keys, is_new)
+    return np.stack([code // n, code % n], axis=1) if len(code) else np.zeros((0, 2), np.int64)
 
 
 def _gather(offsets: np.ndarray, values: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -223,7 +296,7 @@ def _gather(offsets: np.ndarray, values: np.ndarray, idx: np.ndarray) -> tuple[n
     return out_off, values[pos]
 
 
-def jaccard(offsets: np.ndarray, values: np.ndarray, pairs: np.ndarray, batch: int = 1 << 16) -> np.ndarray:
+def jaccard(offsets: np.ndarray, values: np.ndarray, pairs: np.ndarray, batch: int = 1 << 13) -> np.ndarray:
     """Exact Jaccard of the shingle sets of each pair (float64, len(pairs))."""
     out = np.zeros(len(pairs))
     sizes = np.diff(offsets)
@@ -248,36 +321,125 @@ def signature_margin(settings: DedupSettings) -> float:
     return 4.0 * float(np.sqrt(t * (1 - t) / settings.num_perm)) + 1e-9
 
 
-def verified_pairs(sk: Sketches, settings: DedupSettings, is_new: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int]:
-    """(pairs (m, 2), their Jaccard, number of LSH candidates) with Jaccard >= threshold."""
+def _verify(sk: Sketches, code: np.ndarray, settings: DedupSettings, chunk: int = 1 << 18) -> tuple[np.ndarray, np.ndarray]:
+    """The candidate pairs (codes i * n + j) with exact Jaccard >= threshold, and their Jaccard, in code order."""
     t = settings.jaccard_threshold
-    cand = lsh_pairs(sk.band_keys, is_new)
+    n = len(sk)
     sizes = np.diff(sk.offsets)
-    cand_f = cand
-    if len(cand):  # size filter (exact): J >= t needs min/max >= t
-        a, b = sizes[cand[:, 0]], sizes[cand[:, 1]]
-        cand_f = cand[np.minimum(a, b) >= t * np.maximum(a, b) - 1e-9]
-    if len(cand_f):  # signature filter: the MinHash estimate of a pair at J = t falls below t - 4 sigma with p ~ 3e-5
-        est = np.empty(len(cand_f))
-        for s in range(0, len(cand_f), 1 << 16):
-            c = cand_f[s: s + (1 << 16)]
-            est[s: s + len(c)] = (sk.signatures[c[:, 0]] == sk.signatures[c[:, 1]]).mean(axis=1)
-        cand_f = cand_f[est >= t - signature_margin(settings)]
-    sim = jaccard(sk.offsets, sk.values, cand_f)
-    keep = sim >= settings.jaccard_threshold
-    return cand_f[keep], sim[keep], len(cand)
+    margin = signature_margin(settings)
+    out_p, out_s = [np.zeros((0, 2), np.int64)], [np.zeros(0)]
+    for s0 in range(0, len(code), chunk):
+        c = code[s0: s0 + chunk]
+        cand = np.stack([c // n, c % n], axis=1)
+        a, b = sizes[cand[:, 0]], sizes[cand[:, 1]]  # size filter (exact): J >= t needs min/max >= t
+        cand = cand[np.minimum(a, b) >= t * np.maximum(a, b) - 1e-9]
+        if len(cand):  # signature filter: the MinHash estimate of a pair at J = t falls below t - 4 sigma with p ~ 3e-5
+            est = np.empty(len(cand))
+            for s in range(0, len(cand), 1 << 15):
+                q = cand[s: s + (1 << 15)]
+                est[s: s + len(q)] = (sk.signatures[q[:, 0]] == sk.signatures[q[:, 1]]).mean(axis=1)
+            cand = cand[est >= t - margin]
+        sim = jaccard(sk.offsets, sk.values, cand)
+        keep = sim >= t
+        out_p.append(cand[keep])
+        out_s.append(sim[keep])
+    return np.concatenate(out_p), np.concatenate(out_s)
 
 
-def sketch_many(norms: Sequence[str], settings: DedupSettings) -> Sketches:
-    """Sketch all texts in chunks of `chunk_records`, on `threads` threads."""
+def candidates_by_band(keys: np.ndarray, is_new: np.ndarray | None = None):
+    """Yield, band by band, the sorted codes i * n + j of the candidate pairs that no earlier band produced: together
+    exactly lsh_codes(keys, is_new), but never all of them at once (O(n) memory per band)."""
+    n, nb = keys.shape
+    if n < 2:
+        return
+    big_member = None                       # (n, bands) bool: record in a pathological bucket of that band
+    big_codes = np.zeros(0, np.int64)       # chain + star pairs of the pathological buckets seen so far
+    for j in range(nb):
+        code, big, big_rows = _band_codes(np.ascontiguousarray(keys[:, j]), n, is_new)
+        yield _new_in_band(keys, j, code, big_member, big_codes)
+        if len(big_rows):
+            if big_member is None:
+                big_member = np.zeros((n, nb), bool)
+            big_member[big_rows, j] = True
+            big_codes = np.union1d(big_codes, big)
+
+
+def verified_pairs(sk: Sketches, settings: DedupSettings, is_new: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """(pairs (m, 2) in (i, j) order, their Jaccard, number of LSH candidates) with Jaccard >= threshold.
+
+    Band by band: each band's new candidates are filtered and verified at once, so neither the set of all
+    candidate pairs (~19M at 1M records) nor the (n * bands) key sort is ever held."""
+    n = len(sk)
+    ncand = 0
+    out_p, out_s = [np.zeros((0, 2), np.int64)], [np.zeros(0)]
+    for code in candidates_by_band(sk.band_keys, is_new):
+        ncand += len(code)
+        p, s = _verify(sk, code, settings)
+        out_p.append(p)
+        out_s.append(s)
+    pairs, sims = np.concatenate(out_p), np.concatenate(out_s)
+    order = np.argsort(pairs[:, 0] * n + pairs[:, 1], kind="stable")  # the order of the one-shot candidate list
+    return pairs[order], sims[order], ncand
+
+
+def _shingle_bound(norms: Sequence[str]) -> int:
+    """An upper bound of the number of shingles of `norms` (one per character at most, in either shingle kind)."""
+    return int(sum(map(len, norms)))
+
+
+def sketch_many(norms: Sequence[str], settings: DedupSettings, prefix: Sketches | None = None) -> Sketches:
+    """Sketch all texts in chunks of `chunk_records`, on `threads` threads, straight into preallocated arrays.
+
+    With `prefix` (e.g. the indexed history), its rows come first: the result is the concatenation without a
+    second copy of the new rows. The shingle buffer is sized by an upper bound (untouched pages cost no memory)
+    and shrunk in place at the end."""
     perms = permutations(settings)
     c = settings.chunk_records
-    chunks = [norms[i: i + c] for i in range(0, len(norms), c)]
-    if settings.threads > 1 and len(chunks) > 1:
-        from concurrent.futures import ThreadPoolExecutor
+    n = len(norms)
+    H = 0 if prefix is None else len(prefix)
+    total = H + n
+    sig = np.empty((total, settings.num_perm), np.uint32)
+    bkeys = np.empty((total, settings.bands), U64)
+    offsets = np.zeros(total + 1, np.int64)
+    values = np.empty(_shingle_bound(norms) + (0 if prefix is None else len(prefix.values)), U64)
+    pos = 0
+    if H:
+        sig[:H], bkeys[:H], offsets[: H + 1] = prefix.signatures, prefix.band_keys, prefix.offsets
+        pos = int(prefix.offsets[-1])
+        values[:pos] = prefix.values[:pos]
 
-        with ThreadPoolExecutor(settings.threads) as ex:
-            parts = list(ex.map(lambda ch: sketch(ch, settings, perms), chunks))
-    else:
-        parts = [sketch(ch, settings, perms) for ch in chunks]
-    return Sketches.concat(parts, settings)
+    def work(i: int) -> tuple[int, np.ndarray, np.ndarray]:
+        off, val = shingle_sets(norms[i: i + c], settings)
+        rows = slice(H + i, H + i + len(off) - 1)
+        sig[rows] = signatures(off, val, settings, perms)
+        bkeys[rows] = band_keys(sig[rows], settings)
+        return i, off, val
+
+    def results():
+        starts = range(0, n, c)
+        if settings.threads > 1 and len(starts) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            window = 2 * settings.threads  # bounded look-ahead: finished chunks wait for their turn in a short queue
+            with ThreadPoolExecutor(settings.threads) as ex:
+                futs = [ex.submit(work, i) for i in starts[:window]]
+                for k in range(len(starts)):
+                    yield futs[k].result()
+                    futs[k] = None
+                    if k + window < len(starts):
+                        futs.append(ex.submit(work, starts[k + window]))
+        else:
+            for i in starts:
+                yield work(i)
+
+    for i, off, val in results():  # in record order
+        if pos + len(val) > len(values):  # cannot happen with the bound above; kept as a guard
+            values = np.concatenate([values, np.empty(max(len(values), len(val)), U64)])
+        values[pos: pos + len(val)] = val
+        offsets[H + i + 1: H + i + len(off)] = off[1:] + pos
+        pos += len(val)
+    try:
+        values.resize(pos)  # in place: the untouched tail of the buffer is given back
+    except ValueError:  # not the only reference (cannot happen here)
+        values = values[:pos].copy()
+    return Sketches(offsets, values, sig, bkeys)

@@ -151,32 +151,47 @@ def dedup(texts: Sequence[str] | Sequence[Mapping], ids: Sequence[str] | None = 
     stats["seconds"]["exact"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    sk_rows = np.full(n, -1)
-    sk_new = mh.empty_sketches(s)
+    sk_rows = np.full(n, -1)   # row of each live record in `allsk` (history rows first)
+    allsk = None
     if s.minhash:
         live = np.flatnonzero(alive)
-        sk_new = mh.sketch_many([norms[i] for i in live], s)
-        sk_rows[live] = np.arange(len(live))
-        allsk = mh.Sketches.concat([hist.sketches, sk_new], s)
+        # history rows are copied in first (no concatenation of history + new afterwards)
+        allsk = mh.sketch_many([norms[i] for i in live], s, prefix=hist.sketches if H else None)
+        hist.sketches = mh.empty_sketches(s)
+        sk_rows[live] = H + np.arange(len(live))
         is_new = np.arange(H + len(live)) >= H
         p, sim, ncand = mh.verified_pairs(allsk, s, is_new)
         g = _groups(H, H + len(live), p, sim, None if sc is None else sc[live])
         rep_sim = mh.jaccard(allsk.offsets, allsk.values, np.stack([g[0], g[1]], 1)) if len(g[0]) else np.zeros(0)
         record("minhash", live, *g, rep_sim, ["jaccard"] * len(g[0]))
         stats.update(minhash_candidates=ncand, minhash_verified_pairs=len(p))
+        del p, sim, g, rep_sim, is_new
+        if index is None:  # the sketches are only needed again to append the kept records to an index
+            allsk = None
+        else:  # keep only the records still alive (a superset of the kept ones), compacted in place
+            rows = sk_rows[alive]
+            allsk.compact(rows)
+            sk_rows[alive] = np.arange(len(rows))
+    del norms
     stats["seconds"]["minhash"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    st_rows = np.full(n, -1)
-    E_new = np.zeros((0, dim), np.float32)
+    st_rows = np.full(n, -1)   # row of each live record in `E` (history rows first)
+    E = None
     full_new: dict[int, np.ndarray] = {}
     if s.embedding:
         live = np.flatnonzero(alive)
-        E_new = static.encode([texts[i] for i in live])
-        st_rows[live] = np.arange(len(live))
-        E = np.concatenate([hist.static, E_new]) if H else E_new
+        if H:  # history rows first; the new vectors are copied once, then freed
+            E = np.empty((H + len(live), dim), np.float32)
+            E[:H] = hist.static
+            hist.static = None
+            E[H:] = static.encode([texts[i] for i in live])
+        else:
+            E = static.encode([texts[i] for i in live])
+        st_rows[live] = H + np.arange(len(live))
         is_new = np.arange(H + len(live)) >= H
         p, sim = emb.neighbor_pairs(E, s.static_candidate_cosine, s, is_new if H else None)
+        del is_new
         sure = sim >= s.static_accept_cosine
         unc = np.flatnonzero(~sure)
         detail = np.array(["static"] * len(p), dtype=object)
@@ -190,28 +205,43 @@ def dedup(texts: Sequence[str] | Sequence[Mapping], ids: Sequence[str] | None = 
         p, fsim, detail = p[keep_edge], fsim[keep_edge], detail[keep_edge]
         g = _groups(H, H + len(live), p, fsim, None if sc is None else sc[live])
         rep_sim = np.einsum("ij,ij->i", E[g[0]], E[g[1]]) if len(g[0]) else np.zeros(0)
-        edge_detail = {(int(a), int(b)): d for (a, b), d in zip(p.tolist(), detail)}
-        dt = [edge_detail.get((min(d, m), max(d, m)), "static") for d, m in zip(g[0].tolist(), g[2].tolist())]
+        dt = _edge_detail(p, detail, g[0], g[2], H + len(live))
         record("embedding", live, *g, rep_sim, dt)
         full_new = full_vecs
         stats.update(embedding_candidates=len(sim), embedding_static_accepted=int(sure.sum()), embedding_uncertain=len(unc),
                      embedding_confirm_checked=0 if ok is None else len(ok[0]),
                      embedding_confirmed=0 if ok is None else int((ok[1] >= s.cosine_threshold).sum()))
+        del p, sim, fsim, detail, g, rep_sim, dt
+        if index is None:
+            E = None
     stats["seconds"]["embedding"] = time.perf_counter() - t0
 
     kept = np.flatnonzero(alive)
     stats["kept"] = len(kept)
     if index is not None:
         t0 = time.perf_counter()
-        sk = sk_new.take(sk_rows[kept]) if s.minhash else _blank_sketches(len(kept), s)
-        st = E_new[st_rows[kept]] if s.embedding else np.zeros((len(kept), 0), np.float32)
+        sk = allsk.take(sk_rows[kept]) if s.minhash else _blank_sketches(len(kept), s)
+        st = E[st_rows[kept]] if s.embedding else np.zeros((len(kept), 0), np.float32)
         # full-model vectors computed for this call, keyed by their row in the index after this append
-        row_of_live = {H + int(st_rows[k]): H + i for i, k in enumerate(kept)} if s.embedding else {}
+        row_of_live = {int(st_rows[k]): H + i for i, k in enumerate(kept)} if s.embedding else {}
         full_rows = {node if node < H else row_of_live[node]: v for node, v in full_new.items()
                      if node < H or node in row_of_live}
         index.append([ids[i] for i in kept], [texts[i] for i in kept], keys[kept], sk, st, full_rows)
         stats["seconds"]["index_save"] = time.perf_counter() - t0
     return DedupResult([ids[i] for i in kept], dropped, stats)
+
+
+def _edge_detail(pairs: np.ndarray, detail: np.ndarray, a: np.ndarray, b: np.ndarray, n: int) -> list[str]:
+    """detail of the edge {a[k], b[k]} among `pairs` (i < j), "static" when it is not one."""
+    if len(a) == 0:
+        return []
+    code = pairs[:, 0] * n + pairs[:, 1]
+    order = np.argsort(code, kind="stable")
+    code = code[order]
+    q = np.minimum(a, b) * n + np.maximum(a, b)
+    pos = np.minimum(np.searchsorted(code, q), max(len(code) - 1, 0))
+    hit = code[pos] == q if len(code) else np.zeros(len(q), bool)
+    return [str(detail[order[i]]) if h else "static" for i, h in zip(pos.tolist(), hit.tolist())]
 
 
 def _blank_sketches(n: int, s: DedupSettings) -> mh.Sketches:
