@@ -196,6 +196,14 @@ def write_text_atomic(path: AnyPath, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
+def write_json_atomic(path: AnyPath, data) -> AnyPath:
+    """JSON (indented, anything else as str) written atomically; returns the path."""
+    import json
+
+    write_text_atomic(path, json.dumps(data, indent=2, default=str))
+    return path
+
+
 def read_bytes(path: AnyPath) -> bytes:
     if is_remote(path):
         fs, p = _fs_path(path)
@@ -205,11 +213,6 @@ def read_bytes(path: AnyPath) -> bytes:
 
 def read_text(path: AnyPath) -> str:
     return read_bytes(path).decode("utf-8")
-
-
-def open_input(path: AnyPath, mode: str = "rb", **kw) -> IO:
-    """Open a file for reading (local or remote)."""
-    return path.open(mode, **kw)
 
 
 # ---------------------------------------------------------------- parquet
@@ -324,14 +327,6 @@ class AppendLog:
         elif self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-def log_exists(path: AnyPath) -> bool:
-    if is_remote(path):
-        fs, p = _fs_path(path)
-        fs.invalidate_cache()
-        return bool(fs.glob(f"{p}.d/*.jsonl"))
-    return Path(path).exists()
 
 
 def read_log_lines(paths: Iterable[AnyPath]) -> Iterator[bytes]:

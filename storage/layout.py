@@ -26,9 +26,9 @@ from pathlib import Path
 from .fs import AnyPath, ensure_dir, is_remote, location
 
 
-@dataclass(frozen=True)
-class RunLayout:
-    """OUT may be a local folder or an fsspec URL (s3://bucket/run, see storage/fs.py)."""
+@dataclass(frozen=True, init=False)
+class OutputFolder:
+    """An output folder: a local folder or an fsspec URL (s3://bucket/run, see storage/fs.py)."""
 
     root: AnyPath
 
@@ -38,6 +38,11 @@ class RunLayout:
     @property
     def remote(self) -> bool:
         return is_remote(self.root)
+
+
+@dataclass(frozen=True, init=False)
+class RunLayout(OutputFolder):
+    """The files of an evolve run (see the module docstring)."""
 
     # run-level files
     @property

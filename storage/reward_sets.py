@@ -32,7 +32,8 @@ import polars as pl
 import pyarrow as pa
 
 from .fs import AnyPath, ensure_dir, exists, is_remote, location, parquet_file, read_parquet, read_text, \
-    write_text_atomic
+    write_json_atomic  # noqa: F401 - part of this module's API
+from .layout import OutputFolder
 from .parts import num_row_groups, read_part, read_row_group, write_table_atomic
 
 INPUT_SCHEMA = pa.schema([("id", pa.string()), ("instruction", pa.string()), ("answer", pa.string()),
@@ -62,18 +63,9 @@ PRM_COLUMNS = ["prompt", "completions", "labels", "raw_scores", "scores", "id", 
 PRM_SCHEMA = pa.schema([STEP_ROW_SCHEMA.field(c) for c in PRM_COLUMNS])
 
 
-@dataclass(frozen=True)
-class RewardLayout:
-    """OUT may be a local folder or an fsspec URL for the data; trained models need a local folder."""
-
-    root: AnyPath
-
-    def __init__(self, root: str | Path):
-        object.__setattr__(self, "root", location(root))
-
-    @property
-    def remote(self) -> bool:
-        return is_remote(self.root)
+@dataclass(frozen=True, init=False)
+class RewardLayout(OutputFolder):
+    """A reward-data / reward-model folder (local or URL); models are trained locally and published to it."""
 
     input = property(lambda self: self.root / "reward_input.parquet")
     irm_groups = property(lambda self: self.root / "irm_groups.parquet")
@@ -210,11 +202,6 @@ def read_prm_steps(path: str | Path) -> pl.DataFrame:
 
 def read_groups(layout: RewardLayout) -> pl.DataFrame:
     return pl.from_arrow(read_parquet(layout.irm_groups))
-
-
-def write_json_atomic(path: AnyPath, obj: dict) -> AnyPath:
-    write_text_atomic(path, json.dumps(obj, indent=2, default=str))
-    return path
 
 
 def read_json(path: AnyPath) -> dict | None:

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from .datasets import POOL_SCHEMA
 from .fs import AnyPath, exists, list_files, parquet_writer, read_parquet, read_text, replace, scan_parquet, unlink, \
-    write_text_atomic
+    write_json_atomic, write_text_atomic  # noqa: F401 - write_json_atomic: part of this module's API
 from .layout import RunLayout
 from .parts import num_row_groups, read_part, read_row_group, write_table_atomic
 
@@ -159,10 +159,6 @@ def write_final_datasets(layout: RunLayout, rounds: list[int], batch_size: int) 
 def compact_ledger(layout: RunLayout, ledger: pl.DataFrame) -> AnyPath:
     write_table_atomic(ledger.to_arrow(), layout.ledger_parquet)
     return layout.ledger_parquet
-
-
-def write_json_atomic(path: AnyPath, data: dict) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, default=str))
 
 
 def reopen_failed_batches(layout: RunLayout, stamp: str) -> dict:

@@ -91,17 +91,42 @@ def close_gateways(run_id: str) -> None:
                 gw.ledger.close()
 
 
-def _is_fatal(err: BaseException) -> bool:
+def is_fatal(err: BaseException) -> bool:
+    """The endpoint is down or refuses the request for good (auth, unknown model): retrying cannot help."""
     if isinstance(err, EndpointDown):
         return True
     return isinstance(err, GatewayError) and err.fatal
+
+
+def run_records(fn: Callable, rows: list, workers: int, name: str,
+                progress: Callable[[int, int], None] | None = None, progress_step: int = 1) -> list:
+    """`fn(row)` for every row with `workers` in flight; results in row order.
+
+    Every row finishes (and journals its calls) before a failure is raised; the
+    error raised is the first fatal one, else the first one.
+    """
+    results: list = []
+    first_error: BaseException | None = None
+    with ThreadPoolExecutor(max(1, min(workers, len(rows))), thread_name_prefix=name) as pool:
+        futures = [pool.submit(fn, r) for r in rows]
+        for i, fut in enumerate(futures, 1):
+            try:
+                results.append(fut.result())
+                if progress and (i % progress_step == 0 or i == len(rows)):
+                    progress(i, len(rows))
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                if first_error is None or (is_fatal(e) and not is_fatal(first_error)):
+                    first_error = e
+    if first_error is not None:
+        raise first_error
+    return results
 
 
 def _evolve_safely(row: dict, round_no: int, gw: Gateway, settings: Settings, journal: CallJournal) -> Evolution:
     try:
         return evolve_record(row, round_no, gw, settings.evol_instruct, journal)
     except GatewayError as e:
-        if _is_fatal(e) or e.retryable:
+        if is_fatal(e) or e.retryable:
             raise
         # the endpoint rejected this record's request (400/422): keep it, visibly, as an error
         from .evolution import choose_operation, evolution_id
@@ -133,22 +158,9 @@ def run_evolve_batch(
     gw = gateway_for(settings, base_url, run_id, out_dir)
     with batch_journal(gw, layout.journal(round_no, batch_index), settings) as journal:
         replay_before = gw.stats.replayed
-        workers = max(1, min(settings.evol_instruct.concurrency, len(rows)))
-        with ThreadPoolExecutor(workers, thread_name_prefix=f"r{round_no}b{batch_index}") as pool:
-            futures = [pool.submit(_evolve_safely, r, round_no, gw, settings, journal) for r in rows]
-            results: list[Evolution] = []
-            first_error: BaseException | None = None
-            step = max(1, len(rows) // 10)
-            for i, fut in enumerate(futures, 1):  # every record finishes (and is journaled) before a failure is raised
-                try:
-                    results.append(fut.result())
-                    if progress and (i % step == 0 or i == len(rows)):
-                        progress(i, len(rows))
-                except BaseException as e:  # noqa: BLE001 - re-raised below
-                    if first_error is None or (_is_fatal(e) and not _is_fatal(first_error)):
-                        first_error = e
-        if first_error is not None:
-            raise first_error
+        results: list[Evolution] = run_records(
+            lambda r: _evolve_safely(r, round_no, gw, settings, journal), rows, settings.evol_instruct.concurrency,
+            f"r{round_no}b{batch_index}", progress, progress_step=max(1, len(rows) // 10))
     table = pa.Table.from_pylist([r.to_row() for r in results], schema=LINEAGE_SCHEMA)
     parts.write_table_atomic(table, part)
     stats = _batch_stats(part, table, skipped=False)
@@ -184,7 +196,7 @@ def retry_transient(task, task_run, state) -> bool:
     except BaseException as e:  # noqa: BLE001
         if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:
             return False
-        return not _is_fatal(e)
+        return not is_fatal(e)
     return True
 
 

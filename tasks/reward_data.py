@@ -13,7 +13,6 @@ stop the run. `assemble` turns the parts into the trainer-ready sets and the dat
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -23,8 +22,8 @@ from ..storage import reward_sets as store
 from ..storage.fs import exists
 from ..storage.journal import CallJournal
 from . import irm_data, prm_data
-from .evolve_batch import BATCH_TASK_OPTIONS, batch_journal, gateway_for
-from .gateway import EndpointDown, GatewayError
+from .evolve_batch import BATCH_TASK_OPTIONS, batch_journal, gateway_for, is_fatal, run_records
+from .gateway import GatewayError
 
 log = logging.getLogger("evolforge.reward_data")
 
@@ -34,16 +33,12 @@ KINDS = {
 }
 
 
-def _is_fatal(err: BaseException) -> bool:
-    return isinstance(err, EndpointDown) or (isinstance(err, GatewayError) and err.fatal)
-
-
 def _safely(kind: str, row: dict, gw, settings: Settings, journal: CallJournal) -> dict:
     fn, on_error, _ = KINDS[kind]
     try:
         return fn(row, gw, settings, journal)
     except GatewayError as e:
-        if _is_fatal(e) or e.retryable:
+        if is_fatal(e) or e.retryable:
             raise
         return on_error(row, e)  # the endpoint rejected this record's request: kept, visibly, as an error
 
@@ -63,20 +58,8 @@ def run_reward_batch(kind: str, out_dir: str | Path, batch: int, settings: Setti
     gw = gateway_for(settings, base_url, run_id, out_dir)
     replayed_before = gw.stats.replayed
     with batch_journal(gw, layout.journal(kind, batch), settings) as journal:
-        workers = max(1, min(settings.reward.concurrency, len(rows)))
-        with ThreadPoolExecutor(workers, thread_name_prefix=f"{kind}{batch}") as pool:
-            futures = [pool.submit(_safely, kind, r, gw, settings, journal) for r in rows]
-            results, first_error = [], None
-            for i, fut in enumerate(futures, 1):  # every record finishes (and is journaled) before a failure is raised
-                try:
-                    results.append(fut.result())
-                    if progress:
-                        progress(i, len(rows))
-                except BaseException as e:  # noqa: BLE001 - re-raised below
-                    if first_error is None or (_is_fatal(e) and not _is_fatal(first_error)):
-                        first_error = e
-        if first_error is not None:
-            raise first_error
+        results = run_records(lambda r: _safely(kind, r, gw, settings, journal), rows, settings.reward.concurrency,
+                              f"{kind}{batch}", progress)
     store.write_part(results, schema, part)
     stats = _stats(kind, part, results, skipped=False)
     stats["replayed_calls"] = gw.stats.replayed - replayed_before
