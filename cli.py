@@ -19,15 +19,13 @@ import time
 
 
 def _settings(args, extra: dict | None = None):
-    from evolforge.config.settings import ConfigError, load_settings
+    """Settings from --config, --base-url, --model and `extra`, merged as every flow merges them."""
+    from evolforge.config.settings import ConfigError
+    from evolforge.flows._params import EndpointParams
 
-    overrides: dict = dict(extra or {})
-    if getattr(args, "base_url", None):
-        overrides.setdefault("gateway", {})["base_url"] = args.base_url
-    if getattr(args, "model", None):
-        overrides.setdefault("models", {})["default"] = args.model
     try:
-        return load_settings(getattr(args, "config", None), overrides)
+        return EndpointParams(config=getattr(args, "config", None), base_url=getattr(args, "base_url", None) or None,
+                              model=getattr(args, "model", None), overrides=extra or {}).settings()
     except ConfigError as e:
         print(f"evolforge: {e}", file=sys.stderr)
         sys.exit(2)
@@ -42,7 +40,6 @@ def _run_with(args, overrides: dict) -> int:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from evolforge.flows.evolve import EvolveParams, evolve_flow
-
     from evolforge.storage.fs import location
 
     params = EvolveParams(seeds=str(location(args.seeds)), out=str(location(args.out)),
@@ -140,7 +137,7 @@ def cmd_deploy(args) -> int:
 
 def cmd_serve_model(args) -> int:
     settings = _settings(args)
-    from evolforge.tasks.embedded_model import EmbeddedModelError, server_command
+    from evolforge.tasks.core.embedded_model import EmbeddedModelError, server_command
 
     cfg = settings.embedded
     port = args.port or cfg.port or 8080
@@ -156,7 +153,7 @@ def cmd_serve_model(args) -> int:
 
 
 def preflight(settings, base_url: str, embedded: bool) -> list[dict]:
-    from evolforge.tasks.gateway import Gateway, GatewayError
+    from evolforge.tasks.core.gateway import Gateway, GatewayError
 
     gw = Gateway(settings.model_copy(update={"gateway": settings.gateway.model_copy(update={"max_retries": 0})}),
                  base_url=base_url, run_id="preflight",
@@ -181,10 +178,10 @@ def preflight(settings, base_url: str, embedded: bool) -> list[dict]:
 
 def cmd_preflight(args) -> int:
     settings = _settings(args)
-    from evolforge.tasks.embedded_model import embedded_server
-    from evolforge.tasks.gateway import mask_secret, read_api_key
-
     import contextlib
+
+    from evolforge.tasks.core.embedded_model import embedded_server
+    from evolforge.tasks.core.gateway import mask_secret, read_api_key
 
     ctx = embedded_server(settings.embedded) if settings.uses_embedded_model else contextlib.nullcontext(
         settings.gateway.base_url)

@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_dedup.py --n 100000 --repeat 3   # the figures
     .venv/bin/python bench/bench_dedup.py --n 1000000 --no-truth   # hand run
 
-Measures, on n records of bench/near_dup_corpus.py:
+Measures, on n records of testing/near_dup_corpus.py:
   MinHash+LSH   records/s end to end (normalize, shingle, sketch, LSH, verify,
                 group) on all n records (exact duplicates included). Ground
                 truth = exact Jaccard >= threshold on the same shingle sets,
@@ -39,16 +39,13 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-from near_dup_corpus import make_corpus  # noqa: E402
-
-from evolforge.config.dedup_settings import DedupSettings  # noqa: E402
+from evolforge.config.sections.dedup import DedupSettings  # noqa: E402
 from evolforge.tasks.dedup import embedding as emb  # noqa: E402
 from evolforge.tasks.dedup import minhash as mh  # noqa: E402
 from evolforge.tasks.dedup.normalize import normalize_many  # noqa: E402
 from evolforge.tasks.dedup.pipeline import _encoder, _groups, components, dedup  # noqa: E402
-
+from evolforge.testing.near_dup_corpus import make_corpus  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -178,8 +175,8 @@ def bench_embedding(c, s: DedupSettings, rng, ann_sample: int) -> dict:
     t1 = time.perf_counter()
     p, sim = emb.neighbor_pairs(E, s.static_candidate_cosine, s)
     t2 = time.perf_counter()
-    from evolforge.tasks.dedup.pipeline import _confirm
     from evolforge.tasks.dedup.index import empty_data
+    from evolforge.tasks.dedup.pipeline import _confirm
 
     sure = sim >= s.static_accept_cosine
     unc = np.flatnonzero(~sure)

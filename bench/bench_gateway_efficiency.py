@@ -41,9 +41,9 @@ def main() -> None:
     from evolforge.config.settings import SAMPLE_SEEDS, load_settings
     from evolforge.flows.evolve import EvolveParams, evolve_flow
     from evolforge.storage.ledger import read_ledger
-    from evolforge.tasks.embedded_model import embedded_server
-    from evolforge.tasks.evolution import choose_operation
-    from evolforge.tasks.prompts import evolve_messages
+    from evolforge.tasks.core.embedded_model import embedded_server
+    from evolforge.tasks.evolve.evolution import choose_operation
+    from evolforge.tasks.evolve.prompts import evolve_messages
 
     seeds = [json.loads(l) for l in open(SAMPLE_SEEDS)][: a.n]
     evo = {"answer": False, "equal_check": False, "temperature": 0.0, "max_new_tokens": a.max_tokens,

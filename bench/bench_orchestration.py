@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_orchestration.py [--n 10000] [--batch-size 256]
 
-The instant OpenAI-compatible server (bench/instant_server.py) runs in its own
+The instant OpenAI-compatible server (testing/instant_server.py) runs in its own
 process and answers at once, so the wall time is the pipeline's own cost:
 Prefect tasks, the OpenAI SDK, journal and ledger writes, parquet parts.
 Reports items/s for the round and the share of wall time during which no model
@@ -72,7 +72,7 @@ def main() -> None:
             fh.write(json.dumps({"id": f"b{i:06d}", "instruction": f"Explain step by step how to compute {i} times {i % 97 + 3}."}) + "\n")
     port = free_port()
     stack: list = []
-    server = subprocess.Popen([sys.executable, str(ROOT / "bench" / "instant_server.py"), "--port", str(port)],
+    server = subprocess.Popen([sys.executable, str(ROOT / "testing" / "instant_server.py"), "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(1.0)

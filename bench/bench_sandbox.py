@@ -27,8 +27,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from evolforge.config.sandbox_settings import SandboxSettings
-from evolforge.tasks.sandbox import PYTEST_ARGS, SOLUTION_FILE, TEST_FILE, check_sandbox_available, run_many
+from evolforge.config.sections.sandbox import SandboxSettings
+from evolforge.tasks.sandbox.run import PYTEST_ARGS, SOLUTION_FILE, TEST_FILE, check_sandbox_available, run_many
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sandbox.json"
 TARGET_RATIO = 1.5

@@ -1,5 +1,5 @@
 """Typed settings and the default config files (default.toml, sample_seeds.jsonl)."""
 
-from .settings import DEFAULT_CONFIG, SAMPLE_SEEDS, ConfigError, Settings, load_settings
+from evolforge.config.settings import DEFAULT_CONFIG, SAMPLE_SEEDS, ConfigError, Settings, load_settings
 
 __all__ = ["DEFAULT_CONFIG", "SAMPLE_SEEDS", "ConfigError", "Settings", "load_settings"]

@@ -7,22 +7,20 @@
 
 With `index` set, records are also checked against (and then added to) a
 persistent index, so a dataset can be deduplicated incrementally over time.
-The same methods run inside every evolution round (see tasks/dedup_round.py).
+The same methods run inside every evolution round (see tasks/evolve/dedup_round.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from evolforge.config.settings import load_settings
+from evolforge.flows._params import StageParams
 from evolforge.tasks.dedup.pipeline import dedup_file
 
 
-class DedupParams(BaseModel):
+class DedupParams(StageParams):
     """Parameters of the dedup flow."""
 
     input: str = Field(..., description="A jsonl, parquet or csv file.")
@@ -30,14 +28,12 @@ class DedupParams(BaseModel):
     id_field: str | None = Field(None, description="Column with record ids (default: row numbers).")
     out: str = Field(..., description="Output folder for kept / dropped / summary.json.")
     index: str | None = Field(None, description="Persistent index folder to check against and extend (optional).")
-    config: str | None = Field(None, description="TOML config file ([dedup] section).")
-    overrides: dict[str, Any] = Field(default_factory=dict, description='e.g. {"dedup": {"jaccard_threshold": 0.7}}')
 
 
 @task(name="dedup-file")
 def dedup_file_task(params_json: str) -> dict:
     p = DedupParams.model_validate_json(params_json)
-    settings = load_settings(p.config, p.overrides)
+    settings = p.settings()
     return dedup_file(p.input, p.text_field, p.out, settings.dedup, id_field=p.id_field, index_dir=p.index)
 
 

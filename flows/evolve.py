@@ -13,98 +13,78 @@ re-runs only the batches that failed (Prefect result cache).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any
 
 import polars as pl
-from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
-from prefect.futures import as_completed
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from evolforge.config.settings import SAMPLE_SEEDS, Settings, load_settings
+from evolforge.config.settings import SAMPLE_SEEDS, Settings
+from evolforge.flows._fanout import BATCH_TASK_OPTIONS, run_batches
+from evolforge.flows._params import EndpointParams, endpoint_label, model_endpoint
+from evolforge.flows._runners import build_task_runner
 from evolforge.storage import rounds as round_store
 from evolforge.storage.datasets import import_seeds
-from evolforge.storage.fs import exists, read_parquet
+from evolforge.storage.fs import exists, location, read_parquet
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import LedgerTail, read_ledger
-from evolforge.tasks.dedup_round import dedup_round_task, index_seeds_task
-from evolforge.tasks.embedded_model import embedded_server
-from evolforge.tasks.evolve_batch import close_gateways, evolve_batch_task, gateway_for
-from evolforge.tasks.gateway import EndpointDown
-from evolforge.tasks.reporting import CostTally, cost_summary, markdown_summary, round_rows
-from evolforge.tasks.runners import build_task_runner
+from evolforge.tasks.core.batch import close_gateways, gateway_for, settings_from_json
+from evolforge.tasks.core.reporting import CostTally, cost_summary, markdown_summary, round_rows
+from evolforge.tasks.evolve.batch import run_evolve_batch
+from evolforge.tasks.evolve.dedup_round import dedup_round, index_seeds
 
 
-class EvolveParams(BaseModel):
+class EvolveParams(EndpointParams):
     """Parameters of the evolve flow (the form the Prefect UI shows)."""
 
     seeds: str = Field(str(SAMPLE_SEEDS), description="Seed instructions: a jsonl, parquet or csv file.")
     out: str = Field("runs/evolve", description="Output folder or fsspec URL (s3://bucket/run); running again over it "
                      "resumes the run.")
     rounds: int | None = Field(None, ge=1, le=64, description="Evolution rounds (default: evol_instruct.rounds).")
-    config: str | None = Field(None, description="TOML config file (default: config/default.toml).")
-    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; empty uses the embedded model.")
-    model: str | None = Field(None, description="Model for every stage without its own model in the config.")
-    overrides: dict[str, Any] = Field(default_factory=dict, description='Nested config overrides, e.g. {"evol_instruct": {"batch_size": 64}}.')
     dedup_index: str | None = Field(None, description="Persistent dedup index folder (default: OUT/dedup_index; "
                                     "the nightly flow shares one per dataset so every night is checked against all earlier ones).")
 
-
-def resolve_settings(p: EvolveParams) -> Settings:
-    overrides: dict[str, Any] = dict(p.overrides)
-    if p.rounds is not None:
-        overrides.setdefault("evol_instruct", {})["rounds"] = p.rounds
-    if p.base_url is not None:
-        overrides.setdefault("gateway", {})["base_url"] = p.base_url
-    if p.model:
-        overrides.setdefault("models", {})["default"] = p.model
-    return load_settings(p.config, overrides)
+    def stage_overrides(self) -> dict[str, Any]:
+        return {"evol_instruct": {"rounds": self.rounds}} if self.rounds is not None else {}
 
 
-@contextlib.contextmanager
-def model_endpoint(settings: Settings, layout: RunLayout):
-    """The configured endpoint, or the embedded model for the length of the run."""
-    if settings.uses_embedded_model:
-        with embedded_server(settings.embedded, layout.logs_dir) as url:
-            yield url
-    else:
-        yield settings.gateway.base_url
+# ----------------------------------------------------------------- batch tasks (thin wrappers)
 
+@task(name="evolve-batch", **BATCH_TASK_OPTIONS)
+def evolve_batch_task(out_dir: str, round_no: int, batch_index: int, settings_json: str, base_url: str, run_id: str) -> dict:
+    logger = get_run_logger()
+
+    def progress(done: int, total: int) -> None:
+        logger.info("round %d batch %d: %d/%d records evolved", round_no, batch_index, done, total)
+
+    return run_evolve_batch(out_dir, round_no, batch_index, settings_from_json(settings_json), base_url, run_id,
+                            progress)
+
+
+@task(name="dedup-seeds")
+def index_seeds_task(out_dir: str, settings_json: str, index_dir: str) -> dict:
+    return index_seeds(RunLayout(out_dir), settings_from_json(settings_json), location(index_dir))
+
+
+@task(name="dedup-round")
+def dedup_round_task(out_dir: str, round_no: int, settings_json: str, index_dir: str) -> dict:
+    return dedup_round(RunLayout(out_dir), round_no, settings_from_json(settings_json), location(index_dir))
+
+
+# ----------------------------------------------------------------- the flow
 
 def _run_round(layout: RunLayout, r: int, settings: Settings, base_url: str, run_id: str, runner, logger,
                index_dir: str | None) -> dict:
     n_batches = round_store.batch_count(layout, r)
     settings_json = settings.model_dump_json()
-    progress = create_progress_artifact(progress=0.0, key=f"evolve-round-{r}-progress",
-                                        description=f"Round {r}: batches done of {n_batches}")
-    futures = [
-        runner.submit(evolve_batch_task.with_options(task_run_name=f"evolve-round-{r}-batch-{b:05d}"),
-                      parameters=dict(out_dir=str(layout.root), round_no=r, batch_index=b,
-                                      settings_json=settings_json, base_url=base_url, run_id=run_id))
-        for b in range(n_batches)
-    ]
-    failed: list[tuple[int, BaseException]] = []
-    done = 0
-    index = {id(f): b for b, f in enumerate(futures)}
-    for fut in as_completed(futures):
-        b = index[id(fut)]
-        try:
-            fut.result()
-        except BaseException as e:  # noqa: BLE001 - collected, reported once below
-            failed.append((b, e))
-        done += 1
-        update_progress_artifact(progress, progress=100.0 * done / n_batches)
-    if failed:
-        fatal = next((e for _, e in failed if isinstance(e, EndpointDown)), failed[0][1])
-        batches = ", ".join(str(b) for b, _ in sorted(failed, key=lambda x: x[0])[:20])
-        raise RuntimeError(
-            f"round {r}: {len(failed)} of {n_batches} batches failed (batches {batches}). "
-            f"First error: {fatal}. Finished batches are checkpointed in {layout.round_dir(r)}; "
-            "run again over the same --out, or retry this flow run, to redo only the failed batches."
-        ) from None
+    run_batches(runner, evolve_batch_task,
+                [(f"evolve-round-{r}-batch-{b:05d}",
+                  dict(out_dir=str(layout.root), round_no=r, batch_index=b, settings_json=settings_json,
+                       base_url=base_url, run_id=run_id)) for b in range(n_batches)],
+                what=f"round {r}", checkpoints=layout.round_dir(r), progress_key=f"evolve-round-{r}-progress")
     if index_dir:
         removed = dedup_round_task.with_options(task_run_name=f"dedup-round-{r}")(
             str(layout.root), r, settings_json, index_dir)
@@ -119,7 +99,7 @@ def _run_round(layout: RunLayout, r: int, settings: Settings, base_url: str, run
 @flow(name="evolve", log_prints=True)
 def evolve_flow(params: EvolveParams = EvolveParams()) -> dict:
     logger = get_run_logger()
-    settings = resolve_settings(params)
+    settings = params.settings()
     cfg = settings.evol_instruct
     layout = RunLayout(params.out).ensure()
     run_id = flow_run.id or f"local-{int(time.time())}"
@@ -174,7 +154,7 @@ def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, 
     summary = {
         "run_id": run_id,
         "out_dir": str(layout.root),
-        "endpoint": base_url if not settings.uses_embedded_model else f"embedded {settings.embedded.alias}",
+        "endpoint": endpoint_label(settings, base_url),
         "seeds": params.seeds,
         "rounds": [{k: t[k] for k in ("round", "attempts", "accepted", "eliminated", "errors", "survival",
                                       "by_rule", "by_operation", "calls", "prompt_tokens", "completion_tokens", "cost_usd")}

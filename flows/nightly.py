@@ -14,34 +14,30 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any
 from zoneinfo import ZoneInfo
 
 from prefect import flow, get_run_logger
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from evolforge.config.settings import SAMPLE_SEEDS, load_settings
+from evolforge.config.settings import SAMPLE_SEEDS, deep_merge
+from evolforge.flows._params import EndpointParams
 from evolforge.flows.evolve import EvolveParams, evolve_flow
 from evolforge.storage.nights import NightIndex
 
 
-class NightlyParams(BaseModel):
+class NightlyParams(EndpointParams):
     """Parameters of the nightly flow (defaults continue the same dataset)."""
 
     dataset: str | None = Field(None, description="Dataset folder to continue (default: schedule.dataset).")
     seeds: str = Field(str(SAMPLE_SEEDS), description="Seeds of the first night only; later nights continue the pool.")
     rounds_per_night: int | None = Field(None, ge=1, le=16, description="Default: schedule.rounds_per_night.")
     night: str | None = Field(None, description="Night label YYYY-MM-DD (default: today in schedule.timezone).")
-    config: str | None = Field(None, description="TOML config file (default: config/default.toml).")
-    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; empty uses the embedded model.")
-    model: str | None = Field(None, description="Model for every stage without its own model in the config.")
-    overrides: dict[str, Any] = Field(default_factory=dict, description="Nested config overrides.")
 
 
 @flow(name="nightly", log_prints=True)
 def nightly_flow(params: NightlyParams = NightlyParams()) -> dict:
     logger = get_run_logger()
-    settings = load_settings(params.config, params.overrides)
+    settings = params.settings()
     sched = settings.schedule
     index = NightIndex(params.dataset or sched.dataset)
     night = params.night or dt.datetime.now(ZoneInfo(sched.timezone)).date().isoformat()
@@ -51,14 +47,14 @@ def nightly_flow(params: NightlyParams = NightlyParams()) -> dict:
     seeds = str(index.final_pool(previous)) if previous else params.seeds
     logger.info("night %s: evolving %s (%s)", night, seeds, f"survivors of {previous}" if previous else "first night")
 
-    overrides = dict(params.overrides)
+    overrides = params.overrides
     if previous:  # a pool written by evolforge: its own column names, whatever the first seeds used
-        overrides["input"] = {**overrides.get("input", {}), "instruction_field": "instruction", "id_field": "id",
-                              "domain_field": "domain"}
+        overrides = deep_merge(overrides, {"input": {"instruction_field": "instruction", "id_field": "id",
+                                                "domain_field": "domain"}})
     summary = evolve_flow(EvolveParams(
         seeds=seeds, out=str(index.night_dir(night)), rounds=params.rounds_per_night or sched.rounds_per_night,
         config=params.config, base_url=params.base_url, model=params.model, overrides=overrides,
-        dedup_index=str(index.root / "dedup_index"),  # one index per dataset: every night checked against all earlier
+        dedup_index=str(index.dedup_index),  # one index per dataset: every night checked against all earlier
     ))
     entry = index.record(night, seeds=seeds, previous=previous, summary=summary)
     logger.info("night %s done: %d rounds so far, %d records tonight", night, entry["total_rounds"],

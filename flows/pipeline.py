@@ -15,18 +15,19 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow, get_run_logger
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from evolforge.config.settings import SAMPLE_SEEDS
+from evolforge.flows._params import EndpointParams
 from evolforge.flows.evolve import EvolveParams, evolve_flow
 from evolforge.flows.ppo import PPOParams, ppo_flow
 from evolforge.flows.reward_data import RewardDataParams, reward_data_flow
 from evolforge.flows.synthesize import SynthesizeParams, synthesize_flow
 from evolforge.flows.train_reward import TrainRewardParams, train_reward_flow
-from evolforge.storage.fs import location
+from evolforge.storage.layout import PipelineLayout
 
 
-class PipelineParams(BaseModel):
+class PipelineParams(EndpointParams):
     """Parameters of the full pipeline (the stage switches are the UI's checkboxes)."""
 
     seeds: str = Field(str(SAMPLE_SEEDS), description="Seed instructions: a jsonl, parquet or csv file.")
@@ -35,38 +36,34 @@ class PipelineParams(BaseModel):
     synthesize: bool = Field(True, description="Synthesize verified tasks from the evolved instructions.")
     reward: bool = Field(True, description="Make reward-model data and train the IRM and PRM.")
     ppo: bool = Field(False, description="Run the PPO stage (verl config / Ray job and the local GRPO smoke run).")
-    config: str | None = Field(None, description="TOML config file (default: config/default.toml).")
-    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; empty uses the embedded model.")
-    model: str | None = Field(None, description="Model for every stage without its own model in the config.")
-    overrides: dict[str, Any] = Field(default_factory=dict, description="Nested config overrides for every stage.")
 
 
 @flow(name="pipeline", log_prints=True)
 def pipeline_flow(params: PipelineParams = PipelineParams()) -> dict:
     logger = get_run_logger()
-    root = location(params.out)  # a local folder or an fsspec URL (the PPO stage needs a local one)
+    lay = PipelineLayout(params.out)  # a local folder or an fsspec URL (the PPO stage needs a local one)
     common = dict(config=params.config, overrides=params.overrides)
     endpoint = dict(base_url=params.base_url, model=params.model)
     done: dict[str, Any] = {}
 
-    evolve = evolve_flow(EvolveParams(seeds=params.seeds, out=str(root / "evolve"), rounds=params.rounds,
+    evolve = evolve_flow(EvolveParams(seeds=params.seeds, out=str(lay.evolve), rounds=params.rounds,
                                       **endpoint, **common))
     done["evolve"] = evolve["counts"]
     evolved = evolve["datasets"]["evolved"]
 
     if params.synthesize:
-        synth = synthesize_flow(SynthesizeParams(seeds=evolved, out=str(root / "synthesize"), **endpoint, **common))
+        synth = synthesize_flow(SynthesizeParams(seeds=evolved, out=str(lay.synthesize), **endpoint, **common))
         done["synthesize"] = {k: synth[k] for k in ("proposed", "kept", "yield")}
 
     if params.reward or params.ppo:
-        data = reward_data_flow(RewardDataParams(evolve_out=str(root / "evolve"), out=str(root / "reward"),
+        data = reward_data_flow(RewardDataParams(evolve_out=str(lay.evolve), out=str(lay.reward),
                                                  **endpoint, **common))
         done["reward_data"] = {k: v for k, v in data.items() if k in ("irm_pairs", "prm_rows", "health")}
-        trained = train_reward_flow(TrainRewardParams(data=str(root / "reward"), **common))
+        trained = train_reward_flow(TrainRewardParams(data=str(lay.reward), **common))
         done["train_reward"] = {k: v for k, v in trained.items() if k in ("irm", "prm", "metrics")}
 
     if params.ppo:
-        done["ppo"] = ppo_flow(PPOParams(evolved=evolved, reward_dir=str(root / "reward"), out=str(root / "ppo"),
+        done["ppo"] = ppo_flow(PPOParams(evolved=evolved, reward_dir=str(lay.reward), out=str(lay.ppo),
                                          **common))
     logger.info("pipeline done: %s", ", ".join(done))
     return done

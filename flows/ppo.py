@@ -18,20 +18,23 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from evolforge.config.settings import PPOSettings, load_settings
+from evolforge.config.settings import PPOSettings
+from evolforge.flows._params import StageParams
 from evolforge.storage import ppo as store
-from evolforge.storage.fs import local_copy, location
+from evolforge.storage.fs import local_copy, location, write_text_atomic
 from evolforge.storage.layout import RunLayout
-from evolforge.tasks import ppo_local, ppo_verl
-from evolforge.tasks.ppo_data import build_prompt_rows
-from evolforge.tasks.ppo_preflight import preflight
-from evolforge.tasks.ppo_reward import load_reward
-from evolforge.tasks.reward_scoring import META_FILE
+from evolforge.storage.reward_sets import META_FILE
+from evolforge.tasks.core.reporting import markdown_table
+from evolforge.tasks.ppo import local as ppo_local
+from evolforge.tasks.ppo import verl as ppo_verl
+from evolforge.tasks.ppo.data import build_prompt_rows
+from evolforge.tasks.ppo.preflight import preflight
+from evolforge.tasks.ppo.reward import load_reward
 
 
-class PPOParams(BaseModel):
+class PPOParams(StageParams):
     """Parameters of the PPO flow (the form the Prefect UI shows)."""
 
     evolved: str = Field(description="An evolve run's dataset/evolved.parquet, or the evolve run's output folder.")
@@ -42,18 +45,18 @@ class PPOParams(BaseModel):
     ignore_reward_health: bool = Field(False, description="Run even though the reward stage's health checks failed.")
     ray_address: str | None = Field(None, description="Ray dashboard address to submit the verl job to (default: ppo.ray_address; empty: print the command).")
     local_steps: int | None = Field(None, ge=0, description="GRPO steps of the local smoke run (default: ppo.local_steps; 0 skips it).")
-    config: str | None = Field(None, description="TOML config file (default: config/default.toml).")
-    overrides: dict[str, Any] = Field(default_factory=dict, description='Nested config overrides, e.g. {"ppo": {"kl_coef": 0.1}}.')
+
+    def stage_overrides(self) -> dict[str, Any]:
+        ppo: dict[str, Any] = {}
+        if self.ray_address is not None:
+            ppo["ray_address"] = self.ray_address
+        if self.local_steps is not None:
+            ppo["local_steps"] = self.local_steps
+        return {"ppo": ppo} if ppo else {}
 
 
 def resolve(p: PPOParams) -> tuple[PPOSettings, Any, Path, Path]:
-    overrides: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in p.overrides.items()}
-    ppo = overrides.setdefault("ppo", {})
-    if p.ray_address is not None:
-        ppo["ray_address"] = p.ray_address
-    if p.local_steps is not None:
-        ppo["local_steps"] = p.local_steps
-    cfg = load_settings(p.config, overrides).ppo
+    cfg = p.settings().ppo
     evolved = location(p.evolved)
     if evolved.is_dir():
         evolved = RunLayout(evolved).evolved
@@ -117,8 +120,8 @@ def _verl_job(cfg: PPOSettings, lay: store.PPOLayout, policy: str, irm: Path, pr
     store.write_yaml(lay.verl_config, ppo_verl.nested(overrides),
                      header="# verl PPO configuration written by evolforge (keys of verl.trainer.main_ppo)\n")
     store.write_lines(lay.verl_overrides, ppo_verl.hydra_args(overrides))
-    store.write_text_atomic(lay.submit_script, "#!/bin/sh\n# RAY_ADDRESS: the cluster's dashboard, e.g. "
-                            "http://head:8265\nset -e\n" + line + "\n", mode=0o755)
+    write_text_atomic(lay.submit_script, "#!/bin/sh\n# RAY_ADDRESS: the cluster's dashboard, e.g. "
+                            "http://head:8265\nset -e\n" + line + "\n", permissions=0o755)
     job = {"address": cfg.ray_address, "submission_id": None, "command": line, "config": str(lay.verl_config)}
     if cfg.ray_address:
         job.update(ppo_verl.submit(cmd))
@@ -137,10 +140,12 @@ def _markdown(summary: dict) -> str:
     local = summary.get("local")
     if local:
         c = local["comparison"]
-        lines += ["", "## Local GRPO smoke run (SmolLM2-135M, CPU: a plumbing check, not training)", "",
-                  "| step | reward | kl | loss | seconds |", "|---|---|---|---|---|"]
-        lines += [f"| {s['step']} | {s.get('reward', float('nan')):.4f} | {s.get('kl', float('nan')):.5f} | "
-                  f"{s.get('loss', float('nan')):.6f} | {s.get('step_seconds', float('nan')):.1f} |" for s in local["steps"]]
+        lines += ["", "## Local GRPO smoke run (SmolLM2-135M, CPU: a plumbing check, not training)", ""]
+        nan = float("nan")
+        lines += markdown_table(["step", "reward", "kl", "loss", "seconds"],
+                                [[s["step"], f"{s.get('reward', nan):.4f}", f"{s.get('kl', nan):.5f}",
+                                  f"{s.get('loss', nan):.6f}", f"{s.get('step_seconds', nan):.1f}"]
+                                 for s in local["steps"]])
         lines += ["", f"Mean reward on {c['n_prompts']} {c['eval_split']} prompts: SFT {c['sft_mean_reward']:.4f}, "
                   f"trained {c['trained_mean_reward']:.4f} (delta {c['delta']:+.4f}; RLEIF's bar is +0.03: "
                   f"{'met' if c['beats_sft_by_3_points'] else 'not met'})."]

@@ -15,27 +15,26 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.futures import as_completed
 from prefect.runtime import flow_run
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from evolforge.config.settings import Settings, load_settings
-from evolforge.flows.evolve import model_endpoint
+from evolforge.config.settings import Settings
+from evolforge.flows._fanout import BATCH_TASK_OPTIONS, run_batches
+from evolforge.flows._params import EndpointParams, endpoint_label, model_endpoint
+from evolforge.flows._runners import build_task_runner
 from evolforge.storage import reward_sets as store
-from evolforge.storage.fs import exists
+from evolforge.storage.fs import exists, write_json_atomic
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import read_ledger
-from evolforge.tasks.evolve_batch import close_gateways, gateway_for
-from evolforge.tasks.gateway import EndpointDown
-from evolforge.tasks.reporting import cost_summary
-from evolforge.tasks.reward_data import assemble, reward_batch_task
-from evolforge.tasks.reward_health import check_health, health_markdown
-from evolforge.tasks.runners import build_task_runner
+from evolforge.tasks.core.batch import close_gateways, gateway_for, settings_from_json
+from evolforge.tasks.core.reporting import cost_summary
+from evolforge.tasks.reward.batch import assemble, run_reward_batch
+from evolforge.tasks.reward.health import check_health, health_markdown
 
 
-class RewardDataParams(BaseModel):
+class RewardDataParams(EndpointParams):
     """Parameters of the reward-data flow (the form the Prefect UI shows)."""
 
     evolve_out: str = Field(..., description="Output folder of a finished evolve run (its dataset/evolved.parquet is read).")
@@ -43,58 +42,40 @@ class RewardDataParams(BaseModel):
     method: Literal["judge", "decorl", "math_shepherd"] | None = Field(None, description="PRM step-label method (default: reward.step_label_method).")
     max_instructions: int | None = Field(None, ge=1, description="Use at most this many instructions (default: reward.max_instructions).")
     kinds: list[Literal["irm", "prm"]] = Field(["irm", "prm"], description="Which data to make: IRM pairs, PRM step labels, or both.")
-    config: str | None = Field(None, description="TOML config file (default: config/default.toml).")
-    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; empty uses the embedded model.")
-    model: str | None = Field(None, description="Model for every stage without its own model in the config.")
-    overrides: dict[str, Any] = Field(default_factory=dict, description='Nested config overrides, e.g. {"reward": {"variants_per_model": 3}}.')
+
+    def stage_overrides(self) -> dict[str, Any]:
+        reward: dict[str, Any] = {}
+        if self.method:
+            reward["step_label_method"] = self.method
+        if self.max_instructions:
+            reward["max_instructions"] = self.max_instructions
+        return {"reward": reward} if reward else {}
 
 
-def resolve_settings(p: RewardDataParams) -> Settings:
-    overrides: dict[str, Any] = dict(p.overrides)
-    reward = dict(overrides.get("reward", {}))
-    if p.method:
-        reward["step_label_method"] = p.method
-    if p.max_instructions:
-        reward["max_instructions"] = p.max_instructions
-    overrides["reward"] = reward
-    if p.base_url is not None:
-        overrides.setdefault("gateway", {})["base_url"] = p.base_url
-    if p.model:
-        overrides.setdefault("models", {})["default"] = p.model
-    return load_settings(p.config, overrides)
+@task(name="reward-batch", **BATCH_TASK_OPTIONS)
+def reward_batch_task(kind: str, out_dir: str, batch: int, settings_json: str, base_url: str, run_id: str) -> dict:
+    logger = get_run_logger()
+
+    def progress(done: int, total: int) -> None:
+        logger.info("%s batch %d: %d/%d records labelled", kind, batch, done, total)
+
+    return run_reward_batch(kind, out_dir, batch, settings_from_json(settings_json), base_url, run_id, progress)
 
 
 def _run_batches(layout: store.RewardLayout, kinds: list[str], settings: Settings, base_url: str, run_id: str,
                  runner) -> list[dict]:
-    n = store.batch_count(layout)
     settings_json = settings.model_dump_json()
-    futures = {
-        runner.submit(reward_batch_task.with_options(task_run_name=f"{kind}-batch-{b:05d}"),
-                      parameters=dict(kind=kind, out_dir=str(layout.root), batch=b, settings_json=settings_json,
-                                      base_url=base_url, run_id=run_id)): (kind, b)
-        for kind in kinds for b in range(n)
-    }
-    index = {id(f): kb for f, kb in futures.items()}
-    stats, failed = [], []
-    for fut in as_completed(list(futures)):
-        try:
-            stats.append(fut.result())
-        except BaseException as e:  # noqa: BLE001 - collected, reported once below
-            failed.append((index[id(fut)], e))
-    if failed:
-        first = next((e for _, e in failed if isinstance(e, EndpointDown)), failed[0][1])
-        names = ", ".join(f"{k}-{b}" for (k, b), _ in sorted(failed, key=lambda x: x[0])[:20])
-        raise RuntimeError(
-            f"{len(failed)} of {len(futures)} reward-data batches failed ({names}). First error: {first}. "
-            f"Finished batches are checkpointed in {layout.root}; run again over the same out to redo only these."
-        ) from None
-    return stats
+    return run_batches(runner, reward_batch_task,
+                       [(f"{kind}-batch-{b:05d}", dict(kind=kind, out_dir=str(layout.root), batch=b,
+                                                       settings_json=settings_json, base_url=base_url, run_id=run_id))
+                        for kind in kinds for b in range(store.batch_count(layout))],
+                       what="reward-data", checkpoints=layout.root, progress_key="reward-data-progress")
 
 
 @flow(name="reward-data", log_prints=True)
 def reward_data_flow(params: RewardDataParams) -> dict:
     logger = get_run_logger()
-    settings = resolve_settings(params)
+    settings = params.settings()
     cfg = settings.reward
     layout = store.RewardLayout(params.out).ensure()
     run_layout = RunLayout(params.out).ensure()  # ledger and logs live where every flow keeps them
@@ -119,7 +100,7 @@ def reward_data_flow(params: RewardDataParams) -> dict:
     done = tuple(k for k in ("irm", "prm") if k in params.kinds or store.parts_complete(layout, k))
     sets = assemble(layout.root, settings, done)  # kinds made by an earlier run over the folder count too
     health = check_health(sets["irm_scores"], sets["prm_scores"], cfg, stage="data")
-    store.write_json_atomic(layout.health, {"data": health, "model": None})
+    write_json_atomic(layout.health, {"data": health, "model": None})
     create_markdown_artifact(key="reward-data-health", markdown=health_markdown(health),
                              description="Reward data health: IRM and PRM score distributions against RLEIF thresholds")
     if not health["passed"]:
@@ -128,7 +109,7 @@ def reward_data_flow(params: RewardDataParams) -> dict:
     ledger = read_ledger(layout.root)
     summary = {
         "run_id": run_id, "out_dir": str(layout.root), "evolve_out": params.evolve_out,
-        "endpoint": base_url if not settings.uses_embedded_model else f"embedded {settings.embedded.alias}",
+        "endpoint": endpoint_label(settings, base_url),
         "irm_pairs": (sets.get("irm") or {}).get("pairs"), "prm_rows": (sets.get("prm") or {}).get("labelled"),
         "irm": sets.get("irm"), "prm": sets.get("prm"),
         "health": {"passed": health["passed"], "policy": cfg.health_policy, "problems": health["problems"]},
@@ -140,7 +121,7 @@ def reward_data_flow(params: RewardDataParams) -> dict:
                      "prm_steps": str(layout.prm_steps), "prm_rejected": str(layout.prm_rejected),
                      "health": str(layout.health)},
     }
-    store.write_json_atomic(layout.summary, summary)
+    write_json_atomic(layout.summary, summary)
     create_table_artifact(key="reward-data-counts", table=_count_rows(summary),
                           description="Reward data: groups ranked, pairs, answers labelled, failures by reason")
     logger.info("done: %s IRM pairs, %s labelled PRM answers; health %s; summary %s",

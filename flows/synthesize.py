@@ -11,38 +11,37 @@ summary.json, and Prefect table + markdown artifacts.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import polars as pl
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.futures import as_completed
 from prefect.runtime import flow_run
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from evolforge.config.settings import load_settings
-from evolforge.flows.evolve import model_endpoint
+from evolforge.flows._fanout import BATCH_TASK_OPTIONS, run_batches
+from evolforge.flows._params import EndpointParams, model_endpoint
+from evolforge.flows._runners import build_task_runner
 from evolforge.storage.datasets import import_seeds
-from evolforge.storage.ledger import read_ledger
 from evolforge.storage.fs import exists
+from evolforge.storage.ledger import read_ledger
 from evolforge.storage.parts import num_row_groups, write_table_atomic
 from evolforge.storage.rounds import write_json_atomic
 from evolforge.storage.synthesis_sets import SynthLayout, write_csv_atomic
-from evolforge.tasks.evolve_batch import close_gateways, gateway_for
-from evolforge.tasks.runners import build_task_runner
-from evolforge.tasks.sandbox import check_sandbox_available
-from evolforge.tasks.synthesize_batch import synthesize_batch_task
+from evolforge.tasks.core.batch import close_gateways, gateway_for, settings_from_json
+from evolforge.tasks.sandbox.run import check_sandbox_available
+from evolforge.tasks.synthesis.batch import run_synthesize_batch
 
 
-class SynthesizeParams(BaseModel):
-    """Parameters of the synthesis flow."""
+class SynthesizeParams(EndpointParams):
+    """Parameters of the synthesis flow ([synthesis] and [sandbox] sections of the config)."""
 
     seeds: str = Field(..., description="Instructions to draw tasks from: an evolve run's dataset/evolved.parquet or any file.")
     out: str = Field("runs/synthesize", description="Output folder; running again over it resumes.")
-    config: str | None = Field(None, description="TOML config file ([synthesis] and [sandbox] sections).")
-    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; empty uses the embedded model.")
-    model: str | None = Field(None, description="Model for every stage without its own model in the config.")
-    overrides: dict[str, Any] = Field(default_factory=dict, description="Nested config overrides.")
+
+
+@task(name="synthesize-batch", **BATCH_TASK_OPTIONS)
+def synthesize_batch_task(out_dir: str, batch: int, settings_json: str, base_url: str, run_id: str) -> dict:
+    return run_synthesize_batch(out_dir, batch, settings_from_json(settings_json), base_url, run_id)
 
 
 def cost_per_task(ledger: pl.DataFrame, tasks: pl.DataFrame) -> pl.DataFrame:
@@ -66,7 +65,7 @@ def cost_per_task(ledger: pl.DataFrame, tasks: pl.DataFrame) -> pl.DataFrame:
 
 def summarize(table: pl.DataFrame, costs: pl.DataFrame) -> dict:
     kept = costs.filter(pl.col("status") == "kept")
-    reasons = table.filter(pl.col("status") == "rejected").group_by("reject_reason").len().sort("len", descending=True)
+    reasons = table.filter(pl.col("status") != "kept").group_by("reject_reason").len().sort("len", descending=True)
     n = table.height
     return {
         "proposed": n, "kept": kept.height, "yield": round(kept.height / n, 4) if n else 0.0,
@@ -89,12 +88,7 @@ def _f(v, div: float = 1.0):
 @flow(name="synthesize", log_prints=True)
 def synthesize_flow(params: SynthesizeParams) -> dict:
     logger = get_run_logger()
-    overrides = dict(params.overrides)
-    if params.base_url is not None:
-        overrides.setdefault("gateway", {})["base_url"] = params.base_url
-    if params.model:
-        overrides.setdefault("models", {})["default"] = params.model
-    settings = load_settings(params.config, overrides)
+    settings = params.settings()
     check_sandbox_available(settings.sandbox)  # refuse before spending anything
     lay = SynthLayout(params.out).ensure()
     run_id = flow_run.id or f"local-{int(time.time())}"
@@ -106,24 +100,16 @@ def synthesize_flow(params: SynthesizeParams) -> dict:
     try:
         with model_endpoint(settings, lay) as base_url, build_task_runner(settings.runner) as runner:
             gateway_for(settings, base_url, run_id, lay.root).check_reachable()
-            futures = [runner.submit(synthesize_batch_task.with_options(task_run_name=f"synthesize-batch-{b:05d}"),
-                                     parameters=dict(out_dir=str(lay.root), batch=b, settings_json=settings_json,
-                                                     base_url=base_url, run_id=run_id))
-                       for b in range(num_row_groups(lay.input))]
-            failed = []
-            for fut in as_completed(futures):
-                try:
-                    fut.result()
-                except Exception as e:  # noqa: BLE001 - reported once below
-                    failed.append(e)
-            if failed:
-                raise RuntimeError(f"{len(failed)} synthesis batches failed (first: {failed[0]}); finished batches "
-                                   f"are checkpointed in {lay.root}: run again to redo only the failed ones") from None
+            run_batches(runner, synthesize_batch_task,
+                        [(f"synthesize-batch-{b:05d}", dict(out_dir=str(lay.root), batch=b, settings_json=settings_json,
+                                                           base_url=base_url, run_id=run_id))
+                         for b in range(num_row_groups(lay.input))],
+                        what="synthesis", checkpoints=lay.root, progress_key="synthesis-progress")
     finally:
         close_gateways(run_id)
     table = pl.from_arrow(lay.all_parts())
     write_table_atomic(table.filter(pl.col("status") == "kept").to_arrow(), lay.tasks)
-    write_table_atomic(table.filter(pl.col("status") == "rejected").to_arrow(), lay.rejected)
+    write_table_atomic(table.filter(pl.col("status") != "kept").to_arrow(), lay.rejected)
     costs = cost_per_task(read_ledger(lay.root), table)
     write_table_atomic(costs.to_arrow(), lay.cost_per_task)
     write_csv_atomic(costs, lay.cost_per_task.with_suffix(".csv"))

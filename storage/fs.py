@@ -143,12 +143,13 @@ def list_files(folder: AnyPath, pattern: str) -> list[AnyPath]:
 
 
 @contextlib.contextmanager
-def atomic_output(path: AnyPath, mode: str = "wb", encoding: str | None = "utf-8") -> Iterator[IO]:
-    """Write `path` all-or-nothing: the file appears complete or not at all.
+def atomic_output(path: AnyPath, mode: str = "wb", encoding: str | None = "utf-8",
+                  permissions: int | None = None) -> Iterator[IO]:
+    """Write `path` all-or-nothing: the file appears complete or not at all. The project's one atomic writer.
 
     An exception inside the block (disk full, read-only folder, a kill) leaves
     no file at `path` and no temporary file behind (a SIGKILL may leave a
-    `.NAME.*.tmp`, which is never read).
+    `.NAME.*.tmp`, which is never read). `permissions` (e.g. 0o755) applies to local files.
     """
     text = "b" not in mode
     if is_remote(path):
@@ -180,6 +181,8 @@ def atomic_output(path: AnyPath, mode: str = "wb", encoding: str | None = "utf-8
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
+        if permissions is not None:
+            os.chmod(tmp, permissions)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -192,8 +195,10 @@ def write_bytes_atomic(path: AnyPath, data: bytes) -> None:
         fh.write(data)
 
 
-def write_text_atomic(path: AnyPath, text: str) -> None:
-    write_bytes_atomic(path, text.encode("utf-8"))
+def write_text_atomic(path: AnyPath, text: str, permissions: int | None = None) -> AnyPath:
+    with atomic_output(path, "wb", permissions=permissions) as fh:
+        fh.write(text.encode("utf-8"))
+    return path
 
 
 def write_json_atomic(path: AnyPath, data) -> AnyPath:
@@ -209,6 +214,31 @@ def read_bytes(path: AnyPath) -> bytes:
         fs, p = _fs_path(path)
         return fs.cat_file(p)
     return Path(path).read_bytes()
+
+
+def read_json(path: AnyPath):
+    """A JSON file's content, or None when the file does not exist."""
+    import json
+
+    return json.loads(read_text(path)) if exists(path) else None
+
+
+@contextlib.contextmanager
+def atomic_dir(dest: Path) -> Iterator[Path]:
+    """Fill a local folder all-or-nothing: yields an empty sibling scratch folder, which replaces `dest`
+    when the block succeeds and is removed when it fails (remote folders: see `publish_dir`)."""
+    import shutil
+
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        yield tmp
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_text(path: AnyPath) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 
-from .fs import AnyPath, AppendLog, read_log_lines
+from evolforge.storage.fs import AnyPath, AppendLog, read_log_lines
 
 
 class CallJournal:

@@ -1,4 +1,6 @@
-"""Where every file of a run lives. Nothing else builds paths inside an output folder.
+"""Where every file lives. Nothing else builds paths inside an output folder.
+
+OutputFolder is the base of every stage's layout (a local folder or an fsspec URL). The evolve run's:
 
     OUT/
       run.json                       settings fingerprint + seeds path of the run
@@ -8,6 +10,8 @@
       rounds/round_01/journal/batch_00000.jsonl   model calls finished inside a batch
       rounds/round_01/dedup.parquet  the round's dedup decisions (id, duplicate_of, method, similarity)
       rounds/round_01/_SUCCESS       written when every batch (and the dedup step) of the round is done
+      rounds/round_01/_DEDUP_PENDING the dedup index manifest saved while a round's dedup step runs
+      rounds/round_01/_SEEDS_INDEXED, _SEEDS_INDEX_PENDING   the seeds' entry into the dedup index
       dedup_index/                   persistent dedup index of everything accepted (see tasks/dedup/index.py)
       ledger/*.jsonl                 cost ledger: one row per model call
       dataset/evolved.parquet        seeds + every accepted evolution (the training pool)
@@ -16,6 +20,10 @@
       cost_ledger.parquet            the ledger compacted at the end of the run
       summary.json                   counts, survival rates, cost totals, dataset paths
       logs/embedded-model.log        the embedded model server's log (when it ran)
+
+Also here: PipelineLayout (one folder per stage of a pipeline run), IndexLayout (a persistent dedup index)
+and DedupOutLayout (the dedup flow's output). The synthesis, reward and PPO stages keep their layouts beside
+their readers and writers (storage/synthesis_sets.py, reward_sets.py, ppo.py).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .fs import AnyPath, ensure_dir, is_remote, location
+from evolforge.storage.fs import AnyPath, ensure_dir, is_remote, location
 
 
 @dataclass(frozen=True, init=False)
@@ -94,7 +102,7 @@ class RunLayout(OutputFolder):
 
     # per round
     def round_dir(self, round_no: int) -> AnyPath:
-        return self.root / "rounds" / f"round_{round_no:02d}"
+        return self.rounds_dir / f"round_{round_no:02d}"
 
     def round_input(self, round_no: int) -> AnyPath:
         return self.round_dir(round_no) / "input.parquet"
@@ -105,12 +113,30 @@ class RunLayout(OutputFolder):
     def round_dedup(self, round_no: int) -> AnyPath:
         return self.round_dir(round_no) / "dedup.parquet"
 
+    def round_dedup_pending(self, round_no: int) -> AnyPath:
+        return self.round_dir(round_no) / "_DEDUP_PENDING"
+
+    @property
+    def seeds_indexed(self) -> AnyPath:
+        return self.round_dir(1) / "_SEEDS_INDEXED"
+
+    @property
+    def seeds_index_pending(self) -> AnyPath:
+        return self.round_dir(1) / "_SEEDS_INDEX_PENDING"
+
+    @property
+    def rounds_dir(self) -> AnyPath:
+        return self.root / "rounds"
+
+    def parts_dir(self, round_no: int) -> AnyPath:
+        return self.round_dir(round_no) / "parts"
+
     @property
     def dedup_index(self) -> AnyPath:
         return self.root / "dedup_index"
 
     def part(self, round_no: int, batch: int) -> AnyPath:
-        return self.round_dir(round_no) / "parts" / f"batch_{batch:05d}.parquet"
+        return self.parts_dir(round_no) / f"batch_{batch:05d}.parquet"
 
     def journal(self, round_no: int, batch: int) -> AnyPath:
         return self.round_dir(round_no) / "journal" / f"batch_{batch:05d}.jsonl"
@@ -120,3 +146,40 @@ class RunLayout(OutputFolder):
             ensure_dir(d)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         return self
+
+
+@dataclass(frozen=True, init=False)
+class PipelineLayout(OutputFolder):
+    """A pipeline run: one output folder per stage under OUT/."""
+
+    def stage(self, name: str) -> AnyPath:
+        return self.root / name
+
+    evolve = property(lambda self: self.stage("evolve"))
+    synthesize = property(lambda self: self.stage("synthesize"))
+    reward = property(lambda self: self.stage("reward"))
+    ppo = property(lambda self: self.stage("ppo"))
+
+
+@dataclass(frozen=True, init=False)
+class IndexLayout(OutputFolder):
+    """A persistent dedup index: manifest.json (the committed state) and its append-only segments."""
+
+    manifest = property(lambda self: self.root / "manifest.json")
+
+    def file(self, name: str) -> AnyPath:
+        """A segment named by the manifest (seg-NNNNNN.npz, full-NNNNNN.npz)."""
+        return self.root / name
+
+
+@dataclass(frozen=True, init=False)
+class DedupOutLayout(OutputFolder):
+    """The dedup flow's output: kept and dropped rows in the input's format, and summary.json."""
+
+    summary = property(lambda self: self.root / "summary.json")
+
+    def kept(self, fmt: str) -> AnyPath:
+        return self.root / f"kept.{fmt}"
+
+    def dropped(self, fmt: str) -> AnyPath:
+        return self.root / f"dropped.{fmt}"

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import polars as pl
 
-from .fs import AnyPath, AppendLog, list_logs, location, read_log_lines
+from evolforge.storage.fs import AnyPath, AppendLog, list_logs, location, read_log_lines
+from evolforge.storage.layout import RunLayout
 
 LEDGER_SCHEMA: dict[str, pl.DataType] = {
     "ts": pl.Float64,
@@ -84,7 +85,7 @@ def _safe(s: str) -> str:
 def read_ledger(out_dir: str | Path) -> pl.DataFrame:
     """Every ledger row of an output folder (all runs), torn last lines skipped."""
     rows: list[dict] = []
-    for raw in read_log_lines(list_logs(location(out_dir) / "ledger")):
+    for raw in read_log_lines(list_logs(RunLayout(out_dir).ledger_dir)):
         try:
             rows.append(json.loads(raw))
         except ValueError:
@@ -102,7 +103,7 @@ class LedgerTail:
     """
 
     def __init__(self, out_dir: str | Path):
-        self.dir = location(out_dir) / "ledger"
+        self.dir = RunLayout(out_dir).ledger_dir
         self._offsets: dict[str, int] = {}
         self._seen: set[str] = set()
 
@@ -116,7 +117,7 @@ class LedgerTail:
         return pl.DataFrame(rows, schema=LEDGER_SCHEMA, strict=False)
 
     def _new_lines(self):
-        from .fs import is_remote
+        from evolforge.storage.fs import is_remote
 
         if is_remote(self.dir):
             fs = self.dir.fs

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .fs import AnyPath, ensure_dir, exists, location, read_text, write_text_atomic
-from .layout import RunLayout
+from evolforge.storage.fs import AnyPath, ensure_dir, exists, location, read_text, write_text_atomic
+from evolforge.storage.layout import RunLayout
 
 
 class NightIndex:
@@ -22,6 +22,11 @@ class NightIndex:
 
     def night_dir(self, night: str) -> AnyPath:
         return self.root / "nights" / night
+
+    @property
+    def dedup_index(self) -> AnyPath:
+        """One dedup index per dataset: every night is checked against all earlier ones."""
+        return self.root / "dedup_index"
 
     def entries(self) -> list[dict]:
         if not exists(self.path):

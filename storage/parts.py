@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from .fs import AnyPath, atomic_output, exists, parquet_file, read_parquet, replace
+from evolforge.storage.fs import AnyPath, atomic_output, exists, parquet_file, read_parquet, replace
 
 ROWS_KEY = b"evolforge.rows"
 

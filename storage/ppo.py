@@ -13,14 +13,13 @@
       local/comparison.json         SFT vs trained mean reward on the held-out prompts
       summary.json                  what the run did, with paths and figures
 
-The reward-model stage's folder holds `health.json` ({"healthy": bool, ...}) next to its model folders.
+The reward-model stage's folder holds `health.json` ({"data": report, "model": report}, see
+storage/reward_sets.py) next to its model folders; `read_health` reads it for the PPO pre-flight.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -28,7 +27,9 @@ from typing import Any, Iterable
 import pyarrow as pa
 import yaml
 
-from .parts import write_table_atomic
+from evolforge.storage.fs import exists, read_text, write_text_atomic
+from evolforge.storage.parts import write_table_atomic
+from evolforge.storage.reward_sets import RewardLayout
 
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 LINEAGE = pa.struct([("id", pa.string()), ("parent_id", pa.string()), ("seed_id", pa.string()),
@@ -50,7 +51,7 @@ class PPOLayout:
     root: Path
 
     def __init__(self, root: str | Path):
-        from .fs import is_url
+        from evolforge.storage.fs import is_url
 
         if is_url(root):
             raise ValueError(f"the PPO output folder must be a local (or shared, mounted) folder, not {root}: "
@@ -91,24 +92,8 @@ def read_prompt_rows(path: Path, limit: int | None = None) -> list[dict]:
     return table.slice(0, limit).to_pylist() if limit is not None else table.to_pylist()
 
 
-def write_text_atomic(path: Path, text: str, mode: int | None = None) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    if mode is not None:
-        os.chmod(tmp, mode)
-    os.replace(tmp, path)
-    return path
-
-
 def write_json(path: Path, data: Any) -> Path:
     return write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def write_yaml(path: Path, data: Any, header: str = "") -> Path:
@@ -129,9 +114,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def read_health(reward_dir: str | Path) -> dict | None:
     """The reward stage's health.json (local folder or URL), or None when it is missing."""
-    from .fs import exists, location, read_text
-
-    path = location(reward_dir) / "health.json"
+    path = RewardLayout(reward_dir).health
     if not exists(path):
         return None
     try:
@@ -142,7 +125,7 @@ def read_health(reward_dir: str | Path) -> dict | None:
 
 def read_evolved(path: Path) -> list[dict]:
     """An evolve run's dataset/evolved.parquet (or any parquet with id, seed_id, instruction) as rows."""
-    from .fs import exists, location, read_parquet
+    from evolforge.storage.fs import exists, location, read_parquet
 
     path = location(path)
     if not exists(path):

@@ -24,17 +24,18 @@ Trainer formats (field by field):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
 
-from .fs import AnyPath, ensure_dir, exists, is_remote, location, parquet_file, read_parquet, read_text, \
-    write_json_atomic  # noqa: F401 - part of this module's API
-from .layout import OutputFolder
-from .parts import num_row_groups, read_part, read_row_group, write_table_atomic
+from evolforge.storage.fs import AnyPath, ensure_dir, exists, location, parquet_file, read_parquet
+from evolforge.storage.layout import OutputFolder
+from evolforge.storage.parts import num_row_groups, read_part, read_row_group, write_table_atomic
+
+# A trained reward model's completion marker: written last (atomically), so a folder with it is complete.
+META_FILE = "reward_meta.json"
 
 INPUT_SCHEMA = pa.schema([("id", pa.string()), ("instruction", pa.string()), ("answer", pa.string()),
                           ("domain", pa.string()), ("reference_answer", pa.string())])
@@ -88,29 +89,21 @@ class RewardLayout(OutputFolder):
 
     def training_dir(self, kind: str) -> Path:
         """Where a model is trained: its folder when local; a local scratch folder published to it when remote."""
-        from .fs import scratch_dir
+        from evolforge.storage.fs import scratch_dir
 
         return scratch_dir("train", self.model_dir(kind)) if self.remote else self.model_dir(kind)
 
     def model_ready(self, kind: str) -> bool:
-        from evolforge.tasks.reward_scoring import META_FILE
-
         return exists(self.model_dir(kind) / META_FILE)
 
     def local_model(self, kind: str) -> Path:
         """A trained model as a local folder (downloaded and cached when the folder is remote)."""
-        from evolforge.tasks.reward_scoring import META_FILE
-
-        from .fs import local_copy
-
+        from evolforge.storage.fs import local_copy
         return local_copy(self.model_dir(kind), marker=META_FILE)
 
     def publish_model(self, kind: str) -> None:
         """Upload a model trained in `training_dir` to its remote folder (meta file last); no-op when local."""
-        from evolforge.tasks.reward_scoring import META_FILE
-
-        from .fs import publish_dir
-
+        from evolforge.storage.fs import publish_dir
         if self.remote:
             publish_dir(self.training_dir(kind), self.model_dir(kind), last=META_FILE)
 
@@ -121,7 +114,7 @@ class RewardLayout(OutputFolder):
 
 def evolve_dataset(evolve_out: str | Path) -> AnyPath:
     """The training pool of an evolve run (seeds + accepted evolutions)."""
-    from .layout import RunLayout
+    from evolforge.storage.layout import RunLayout
 
     path = RunLayout(evolve_out).evolved
     if not exists(path):
@@ -166,12 +159,6 @@ def parts_complete(layout: RewardLayout, kind: str) -> bool:
     return exists(layout.input) and all(exists(layout.part(kind, b)) for b in range(batch_count(layout)))
 
 
-def write_part(rows: list[dict], schema: pa.Schema, path: AnyPath) -> pa.Table:
-    table = pa.Table.from_pylist(rows, schema=schema)
-    write_table_atomic(table, path)
-    return table
-
-
 def concat_parts(layout: RewardLayout, kind: str, schema: pa.Schema) -> pa.Table:
     tables = [read_part(layout.part(kind, b)).select(schema.names).cast(schema) for b in range(batch_count(layout))]
     return pa.concat_tables(tables) if tables else schema.empty_table()
@@ -202,11 +189,6 @@ def read_prm_steps(path: str | Path) -> pl.DataFrame:
 
 def read_groups(layout: RewardLayout) -> pl.DataFrame:
     return pl.from_arrow(read_parquet(layout.irm_groups))
-
-
-def read_json(path: AnyPath) -> dict | None:
-    path = location(path)
-    return json.loads(read_text(path)) if exists(path) else None
 
 
 def parquet_rows(path: AnyPath) -> int:

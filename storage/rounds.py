@@ -14,11 +14,23 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .datasets import POOL_SCHEMA
-from .fs import AnyPath, exists, list_files, parquet_writer, read_parquet, read_text, replace, scan_parquet, unlink, \
-    write_json_atomic, write_text_atomic  # noqa: F401 - write_json_atomic: part of this module's API
-from .layout import RunLayout
-from .parts import num_row_groups, read_part, read_row_group, write_table_atomic
+from evolforge.storage.datasets import POOL_SCHEMA
+from evolforge.storage.fs import (
+    AnyPath,
+    exists,
+    list_files,
+    parquet_writer,
+    read_parquet,
+    read_text,
+    replace,
+    scan_parquet,
+    unlink,
+    write_json_atomic,  # noqa: F401 - write_json_atomic: part of this module's API
+    write_text_atomic,
+)
+from evolforge.storage.layout import RunLayout
+from evolforge.storage.parts import num_row_groups, read_part, read_row_group, write_table_atomic
+from evolforge.storage.schemas import LINEAGE_SCHEMA
 
 
 def read_row_groups_all(path: AnyPath) -> pa.Table:
@@ -37,7 +49,7 @@ def round_is_complete(layout: RunLayout, round_no: int) -> bool:
         n = json.loads(read_text(marker))["batches"]
     except (ValueError, KeyError):
         return False
-    present = {p.name for p in list_files(layout.round_dir(round_no) / "parts", "batch_*.parquet")}
+    present = {p.name for p in list_files(layout.parts_dir(round_no), "batch_*.parquet")}
     return all(layout.part(round_no, i).name in present for i in range(n))
 
 
@@ -79,7 +91,7 @@ def build_next_pool(layout: RunLayout, round_no: int, dest: AnyPath, batch_size:
 
 
 def round_parts(layout: RunLayout, round_no: int) -> list[AnyPath]:
-    return list_files(layout.round_dir(round_no) / "parts", "batch_*.parquet")
+    return list_files(layout.parts_dir(round_no), "batch_*.parquet")
 
 
 def round_lineage(layout: RunLayout, round_no: int) -> pl.LazyFrame:
@@ -119,7 +131,6 @@ def round_table(layout: RunLayout, round_no: int) -> dict:
 
 def write_final_datasets(layout: RunLayout, rounds: list[int], batch_size: int) -> dict:
     """evolved.parquet (seeds + accepted), lineage.parquet (every attempt), final_pool.parquet."""
-    from evolforge.tasks.evolve_batch import LINEAGE_SCHEMA  # schema of the parts
 
     first_input = layout.round_input(rounds[0]) if rounds else None
     counts = {"lineage": 0, "evolved": 0}
@@ -171,7 +182,7 @@ def reopen_failed_batches(layout: RunLayout, stamp: str) -> dict:
     whole (`round_NN.superseded-STAMP`), as are the final datasets.
     Returns what was reopened.
     """
-    rounds_root = layout.root / "rounds"
+    rounds_root = layout.rounds_dir
     reopened: dict = {"batches": [], "superseded_rounds": []}
     first_round = None
     for rdir in list_files(rounds_root, "round_[0-9][0-9]"):

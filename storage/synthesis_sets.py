@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from .fs import AnyPath, list_files, read_parquet, write_bytes_atomic
-from .layout import RunLayout
+from evolforge.storage.fs import AnyPath, list_files, read_parquet, write_bytes_atomic
+from evolforge.storage.layout import RunLayout
 
 TASK_SCHEMA = pa.schema([
     ("task_id", pa.string()), ("seed_id", pa.string()), ("kind", pa.string()), ("status", pa.string()),

@@ -1,25 +1,16 @@
-"""The work: plain, testable functions over typed records, with thin Prefect task wrappers.
+"""The work: plain, Prefect-free functions over typed records, one sub-package per stage.
 
-Gateway and cost
-- gateway:          the one door to every model (retries, concurrency, ledger, JSON mode).
-- pricing:          USD per call from genai-prices, with config overrides.
-- json_parse:       tolerant recovery of JSON from model output.
-- embedded_model:   the local llama.cpp server (SmolLM2-135M) for the out-of-the-box run.
-- runners:          the Prefect task runner from config (threads, Dask, Ray).
-- reporting:        summary.json content, cost tables and the markdown artifacts.
+- core/       the shared machinery: gateway (the one door to every model), pricing, json_parse,
+              embedded_model (the local llama.cpp server), batch (the one batch runtime), reporting.
+- text/       the one step splitter and the one answer extractor, used by reward, ppo and synthesis.
+- evolve/     Evol-Instruct: prompts, evolution, elimination, one batch, the dedup step of a round.
+- dedup/      exact, MinHash + LSH and embedding dedup, with a persistent index.
+- synthesis/  verified tasks: propose -> sandboxed tests -> repair -> solver check, one batch.
+- sandbox/    the bubblewrap sandbox that runs generated code, and its limits.
+- reward/     RLEIF reward models: IRM pairs, PRM step labels, health checks, training, scoring.
+- ppo/        PPO data, the r = rI * rA reward, verl config and job, the local GRPO run.
 
-Evol-Instruct
-- prompts, evolution, elimination, evolve_batch:  operations, rewriting, the four rules, one batch.
-- dedup/ (normalize, minhash, embedding, index, pipeline), dedup_round:  dedup in every round and on its own.
-
-Verified task synthesis
-- sandbox, sandbox_limits:  bubblewrap sandbox for generated code.
-- synthesis, synthesis_prompts, synthesis_checks, synthesize_batch:  propose -> test -> repair -> solver check.
-
-Reward models (RLEIF)
-- irm_data, prm_data, reward_data, reward_prompts:  IRM rankings -> pairs; PRM step labels.
-- reward_health, reward_training, reward_scoring:   health checks, training, scoring API.
-
-PPO
-- ppo_data, ppo_reward, ppo_scorers, ppo_answers, ppo_verl, ppo_verl_schema, ppo_local, ppo_preflight.
+The Prefect tasks that wrap these functions live beside their flows in flows/; nothing here imports
+flows/, and storage/ is the only place that knows paths and file formats.
+A new stage is one sub-package here, one flow file, one storage module and one config section.
 """

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -17,9 +15,8 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 for _k in ("EVOLFORGE_API_KEY", "OPENAI_API_KEY"):
     os.environ.pop(_k, None)
 
-sys.path.insert(0, str(Path(__file__).parent))
 
-from scripted_server import ScriptedServer  # noqa: E402
+from evolforge.testing.scripted_server import ScriptedServer  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -45,10 +42,10 @@ def prefect_harness():
         yield
 
 
-def make_settings(base_url: str = "", **sections):
-    from evolforge.config.settings import load_settings
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """A real Prefect server (its own home and port) for the deployment tests: (env, api)."""
+    from evolforge.testing.prefect_server import prefect_server as start
 
-    overrides = {k: v for k, v in sections.items()}
-    if base_url:
-        overrides.setdefault("gateway", {})["base_url"] = base_url
-    return load_settings(None, overrides, environ={})
+    with start(tmp_path_factory.mktemp("prefect-home")) as env_api:
+        yield env_api

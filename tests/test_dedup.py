@@ -7,24 +7,19 @@ tests that load all-MiniLM-L6-v2 (and build the static table on first use) are s
 from __future__ import annotations
 
 import json
-import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from evolforge.config.dedup_settings import DedupSettings
-from evolforge.tasks.dedup import components, dedup, dedup_file
+from evolforge.config.sections.dedup import DedupSettings
+from evolforge.tasks.dedup import components, dedup, dedup_file, pipeline
 from evolforge.tasks.dedup import embedding as emb
 from evolforge.tasks.dedup import minhash as mh
-from evolforge.tasks.dedup import pipeline
 from evolforge.tasks.dedup.index import DedupIndex, IndexMismatch
 from evolforge.tasks.dedup.normalize import exact_groups, exact_keys, normalize_many, normalize_text
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from near_dup_corpus import make_corpus, word_edits  # noqa: E402
+from evolforge.testing.near_dup_corpus import make_corpus, word_edits  # noqa: E402
 
 NO_EMB = dict(embedding=False)
 BASE = ("Write a Python function that takes a list of customer records and returns the median purchase amount, "

@@ -11,11 +11,11 @@ import time
 
 import polars as pl
 import pytest
-from scripted_server import ScriptedServer
 
 from evolforge.flows.dedup import DedupParams, dedup_flow
 from evolforge.flows.evolve import EvolveParams, evolve_flow
 from evolforge.storage.layout import RunLayout
+from evolforge.testing.scripted_server import ScriptedServer
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 SAME = "Write a short poem about the sea at night."

@@ -8,64 +8,14 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import polars as pl
-import pytest
-from scripted_server import ScriptedServer
 
-TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
-    home = tmp_path_factory.mktemp("prefect-home")
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "INFO"}
-    log = open(home / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, (home / "server.log").read_text()[-3000:]
-        time.sleep(1)
-    else:
-        pytest.fail("Prefect server did not start")
-    yield env, api
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
-
-
-def _state(api: str, run_id: str) -> str:
-    return httpx.get(f"{api}/flow_runs/{run_id}", timeout=10).json()["state_type"]
-
-
-def _wait(api: str, run_id: str, timeout: float = 300) -> str:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        st = _state(api, run_id)
-        if st in TERMINAL:
-            return st
-        time.sleep(1)
-    raise AssertionError(f"flow run {run_id} still {st} after {timeout}s")
+from evolforge.testing.prefect_server import wait_for_run as _wait
+from evolforge.testing.scripted_server import ScriptedServer
 
 
 def test_deploy_worker_run_retry_artifacts(prefect_server, tmp_path):

@@ -24,10 +24,12 @@ from pathlib import Path
 import httpx
 import polars as pl
 import pytest
-from scripted_server import ScriptedServer, reply_for
-from test_deployment_server import TERMINAL, _state, _wait, prefect_server  # noqa: F401 - prefect_server is a fixture
 
 from evolforge.storage.layout import RunLayout
+from evolforge.testing.prefect_server import TERMINAL
+from evolforge.testing.prefect_server import run_state as _state
+from evolforge.testing.prefect_server import wait_for_run as _wait
+from evolforge.testing.scripted_server import ScriptedServer, reply_for
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from evolforge.config.settings import load_settings
 from evolforge.flows.evolve import EvolveParams, evolve_flow
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import read_ledger
-from evolforge.tasks.embedded_model import embedded_server
+from evolforge.tasks.core.embedded_model import embedded_server
 
 pytest.importorskip("llama_cpp.server")
 pytestmark = pytest.mark.embedded

@@ -7,13 +7,13 @@ from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import make_settings
 
 from evolforge.storage.datasets import SeedFileError, import_seeds
-from evolforge.tasks import elimination as rules
-from evolforge.tasks import prompts
-from evolforge.tasks.evolution import choose_operation, clean_evolved, evolve_record
-from evolforge.tasks.gateway import Gateway
+from evolforge.tasks.core.gateway import Gateway
+from evolforge.tasks.evolve import elimination as rules
+from evolforge.tasks.evolve import prompts
+from evolforge.tasks.evolve.evolution import choose_operation, clean_evolved, evolve_record
+from evolforge.testing.settings import make_settings
 
 
 def test_operation_choice_follows_ratios_and_is_reproducible():

@@ -5,12 +5,12 @@ from __future__ import annotations
 import socket
 
 import pytest
-from conftest import make_settings
 
 from evolforge.storage.journal import CallJournal
 from evolforge.storage.ledger import LedgerWriter, read_ledger, totals
-from evolforge.tasks.gateway import EndpointDown, Gateway, GatewayError, mask_secret
-from evolforge.tasks.json_parse import JSONParseFailure, extract_json
+from evolforge.tasks.core.gateway import EndpointDown, Gateway, GatewayError, mask_secret
+from evolforge.tasks.core.json_parse import JSONParseFailure, extract_json
+from evolforge.testing.settings import make_settings
 
 MSG = [{"role": "user", "content": "Say hi"}]
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import inspect
 import json
-import re
 import os
+import re
 import stat
 
 import pytest
 from pydantic import ValidationError
 
 from evolforge.config.settings import ConfigError, load_settings
-from evolforge.tasks import ppo_reward, ppo_verl
-from evolforge.tasks.ppo_preflight import RewardStageUnhealthy, preflight
+from evolforge.tasks.ppo import reward as ppo_reward
+from evolforge.tasks.ppo import verl as ppo_verl
+from evolforge.tasks.ppo.preflight import RewardStageUnhealthy, preflight
 
 
 def overrides(**ppo):
@@ -50,8 +51,8 @@ def test_schema_rejects_bad_configs():
         ppo_verl.validate_config({**overrides(), "data.train_batch_size": 68})
     with pytest.raises(ValidationError, match="micro_batch"):
         ppo_verl.validate_config(overrides(ppo_micro_batch_size_per_gpu=2))  # 8 / 8 GPUs = 1 per GPU
-    pkg = ppo_verl.validate_config(overrides(reward_function_path="pkg://evolforge.tasks.ppo_reward"))
-    assert pkg.reward.custom_reward_function.path == "pkg://evolforge.tasks.ppo_reward"
+    pkg = ppo_verl.validate_config(overrides(reward_function_path="pkg://evolforge.tasks.ppo.reward"))
+    assert pkg.reward.custom_reward_function.path == "pkg://evolforge.tasks.ppo.reward"
     with pytest.raises(ValidationError, match="not importable"):
         ppo_verl.validate_config(overrides(reward_function_path="pkg://evolforge.tasks.no_such_module"))
     with pytest.raises(ValidationError, match="defines no function"):

@@ -6,10 +6,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from evolforge.storage.ppo import PPOLayout, read_evolved, write_prompt_parquet
-from evolforge.tasks.ppo_data import build_prompt_rows, ground_truth_of, split_lineages
-
-from ppo_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
-from ppo_helpers import minilm_dir, write_evolved
+from evolforge.tasks.ppo.data import build_prompt_rows, ground_truth_of, split_lineages
+from evolforge.testing.ppo_models import (
+    minilm_dir,
+    one_torch_thread,  # noqa: F401 (autouse fixture)
+    write_evolved,
+)
 
 VERL_FIELDS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]
 

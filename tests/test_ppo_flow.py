@@ -12,9 +12,11 @@ import yaml
 
 from evolforge.flows.ppo import PPOParams, ppo_flow
 from evolforge.storage.ppo import PPOLayout, read_jsonl
-
-from ppo_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
-from ppo_helpers import shared_reward_models, write_evolved
+from evolforge.testing.ppo_models import (
+    one_torch_thread,  # noqa: F401 (autouse fixture)
+    shared_reward_models,
+    write_evolved,
+)
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -9,12 +9,15 @@ import sys
 
 import pytest
 
-from evolforge.tasks import ppo_reward
-from evolforge.tasks.ppo_answers import answer_correct, extract_answer, split_steps
-from evolforge.tasks.ppo_reward import PPOReward, aggregate, combine
-
-from ppo_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
-from ppo_helpers import IRM_PROMPT, ForwardCounter, shared_reward_models
+from evolforge.tasks.ppo import reward as ppo_reward
+from evolforge.tasks.ppo.answers import answer_correct, extract_answer, split_steps
+from evolforge.tasks.ppo.reward import PPOReward, aggregate, combine
+from evolforge.testing.ppo_models import (
+    IRM_PROMPT,
+    ForwardCounter,
+    one_torch_thread,  # noqa: F401 (autouse fixture)
+    shared_reward_models,
+)
 
 
 class FakeIRM:
@@ -181,15 +184,15 @@ def test_async_verl_reward_coalesces_concurrent_calls(models):
 
 
 def test_verl_loads_the_file_by_path_without_evolforge(models, monkeypatch):
-    """verl's load_extern_object imports tasks/ppo_reward.py from its path; evolforge may be absent there."""
-    for name in ("evolforge.tasks.ppo_answers", "evolforge.tasks.ppo_scorers"):
+    """verl's load_extern_object imports tasks/ppo/reward.py from its path; evolforge may be absent there."""
+    for name in ("evolforge.tasks.ppo.answers", "evolforge.tasks.ppo.scorers"):
         monkeypatch.setitem(sys.modules, name, None)  # import of these now raises ImportError
     monkeypatch.setenv("EVOLFORGE_PPO_IRM_DIR", models[0])
     monkeypatch.setenv("EVOLFORGE_PPO_PRM_DIR", models[1])
     spec = importlib.util.spec_from_file_location("custom_module", ppo_reward.__file__)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.split_steps.__module__ == "ppo_answers"  # the sibling-file fallback was used
+    assert module.split_steps.__module__ == "answers"  # the sibling-file fallback was used
     params = list(inspect.signature(module.compute_score).parameters)
     assert params[:4] == ["data_source", "solution_str", "ground_truth", "extra_info"]
     value = module.compute_score("evolforge/math", "Step 1: 2 + 2 = 4\nThe answer is: 4", "4", {"question": "What is 2 + 2?"})
@@ -199,9 +202,9 @@ def test_verl_loads_the_file_by_path_without_evolforge(models, monkeypatch):
 
 
 def test_scores_match_the_reward_stage_encoding(models):
-    """The same numbers as the reward stage's own scoring API (tasks/reward_scoring.py), when it is present:
+    """The same numbers as the reward stage's own scoring API (tasks/reward/scoring.py), when it is present:
     the IRM reads reward_meta.json's prompt + the instruction, the PRM a separator token after each step."""
-    scoring = pytest.importorskip("evolforge.tasks.reward_scoring")
+    scoring = pytest.importorskip("evolforge.tasks.reward.scoring")
     r = ppo_reward.load_reward(*models, aggregation="min")
     assert r.irm.prompt == IRM_PROMPT
     qs, responses, _ = _samples(6)

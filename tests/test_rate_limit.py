@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import make_settings
 
-from evolforge.tasks.gateway import Gateway, GatewayError
+from evolforge.tasks.core.gateway import Gateway, GatewayError
+from evolforge.testing.settings import make_settings
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 MSG = [{"role": "user", "content": "hi"}]

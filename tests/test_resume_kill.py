@@ -11,10 +11,10 @@ import time
 
 import polars as pl
 import pytest
-from scripted_server import ScriptedServer
 
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import read_ledger
+from evolforge.testing.scripted_server import ScriptedServer
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -17,7 +17,7 @@ from evolforge.flows.reward_data import RewardDataParams, reward_data_flow
 from evolforge.flows.train_reward import TrainRewardParams, train_reward_flow
 from evolforge.storage.ledger import read_ledger
 from evolforge.storage.reward_sets import RewardLayout
-from evolforge.tasks.reward_scoring import score_instructions, score_steps
+from evolforge.tasks.reward.scoring import score_instructions, score_steps
 
 pytest.importorskip("llama_cpp.server")
 pytestmark = [pytest.mark.embedded, pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]

@@ -11,36 +11,11 @@ from evolforge.flows.reward_data import RewardDataParams, reward_data_flow
 from evolforge.flows.train_reward import TrainRewardParams, train_reward_flow
 from evolforge.storage.ledger import read_ledger
 from evolforge.storage.reward_sets import RewardLayout
-from evolforge.tasks.reward_health import RewardHealthError
-from evolforge.tasks.reward_scoring import score_instructions, score_steps
+from evolforge.tasks.reward.health import RewardHealthError
+from evolforge.tasks.reward.scoring import score_instructions, score_steps
+from evolforge.testing.evolved_runs import TINY_TRAINING, evolve_folder
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-
-ANSWERS = [
-    "Step 1: Add {i} and 2.\nStep 2: This is wrong: subtract 9.\nStep 3: So the sum is {j}.\nThe answer is: {j}",
-    "Step 1: Read the numbers {i} and 2.\nStep 2: Add them to get {j}.\nThe answer is: {j}",
-    "The sum is {j}.",  # not in step form: re-asked once, the scripted strict reply is in step form
-]
-TINY_TRAINING = {"irm_max_steps": 2, "prm_max_steps": 2, "max_length": 64, "train_batch_size": 4, "eval_share": 0.34}
-
-
-def evolve_folder(tmp_path, n=6):
-    rows = []
-    for i in range(n):
-        seed = {"id": f"s{i}", "parent_id": None, "seed_id": f"s{i}", "round": 0, "operation": None,
-                "direction": None, "model": None, "status": "seed", "elimination_rule": None,
-                "instruction": f"What is {i} plus 2? Explain number {i}.", "answer": None, "judge_verdict": None,
-                "domain": "math", "generation": 0}
-        evolved = {**seed, "id": f"e{i}", "parent_id": f"s{i}", "round": 1, "operation": "deepening",
-                   "direction": "up", "model": "m", "status": "accepted", "generation": 1,
-                   "instruction": f"What is {i} plus 2, and why? Show the steps for number {i}.",
-                   "answer": ANSWERS[i % 3].format(i=i, j=i + 2), "judge_verdict": "not_equal"}
-        rows += [seed, evolved]
-    folder = tmp_path / "evolve"
-    (folder / "dataset").mkdir(parents=True, exist_ok=True)
-    pl.DataFrame(rows).write_parquet(folder / "dataset" / "evolved.parquet")
-    return folder
-
 
 def data_params(tmp_path, server, **reward):
     return RewardDataParams(evolve_out=str(evolve_folder(tmp_path)), out=str(tmp_path / "reward"),

@@ -11,12 +11,12 @@ import datasets
 import polars as pl
 import pyarrow as pa
 import pytest
-from conftest import make_settings
 from datasets import List, Value
 
 from evolforge.storage import reward_sets as store
-from evolforge.tasks.irm_data import pairs_from_group
-from evolforge.tasks.reward_scoring import default_base_model, prm_features, separator_id
+from evolforge.tasks.reward.irm import pairs_from_group
+from evolforge.tasks.reward.scoring import default_base_model, prm_features, separator_id
+from evolforge.testing.settings import make_settings
 
 SETTINGS = make_settings()
 PROMPT = SETTINGS.reward.irm_prompt

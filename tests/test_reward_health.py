@@ -5,10 +5,16 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import make_settings
 
-from evolforge.tasks.reward_health import (RewardHealthError, check_health, enforce, health_markdown, stats,
-                                           text_histogram)
+from evolforge.tasks.reward.health import (
+    RewardHealthError,
+    check_health,
+    enforce,
+    health_markdown,
+    stats,
+    text_histogram,
+)
+from evolforge.testing.settings import make_settings
 
 CFG = make_settings().reward
 

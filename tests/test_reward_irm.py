@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_settings
 
 from evolforge.storage.journal import CallJournal
 from evolforge.storage.ledger import LedgerWriter, read_ledger
-from evolforge.tasks.gateway import Gateway
-from evolforge.tasks.irm_data import group_scores, pairs_from_group, parse_ranking, rank_group
+from evolforge.tasks.core.gateway import Gateway
+from evolforge.tasks.reward.irm import group_scores, pairs_from_group, parse_ranking, rank_group
+from evolforge.testing.settings import make_settings
 
 LABELS = ["A", "B", "C"]
 ROW = {"id": "s1", "instruction": "Compute 3 plus 4 and explain the result.", "domain": "math"}

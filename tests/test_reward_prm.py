@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_settings
 
-from evolforge.tasks.gateway import Gateway
-from evolforge.tasks.prm_data import (final_answer, label_answer, parse_score, parse_step_labels, same_answer,
-                                      split_steps)
+from evolforge.tasks.core.gateway import Gateway
+from evolforge.tasks.reward.prm import (
+    final_answer,
+    label_answer,
+    parse_score,
+    parse_step_labels,
+    same_answer,
+    split_steps,
+)
+from evolforge.testing.settings import make_settings
 
 GOOD_WRONG_GOOD = "Step 1: Add 40 and 2.\nStep 2: This is wrong: subtract 35.\nStep 3: So 40 + 2 = 42.\nThe answer is: 42"
 

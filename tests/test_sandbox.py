@@ -1,4 +1,4 @@
-"""Security and functional tests of the sandbox (tasks/sandbox.py).
+"""Security and functional tests of the sandbox (tasks/sandbox/run.py).
 
 Each attack runs as untrusted code inside the sandbox; the test checks that the
 attempt failed or was killed, that the result records why, and that the host is
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from evolforge.config.sandbox_settings import SandboxSettings
-from evolforge.tasks.sandbox import SandboxUnavailable, check_sandbox_available, run_many, run_python_tests
+from evolforge.config.sections.sandbox import SandboxSettings
+from evolforge.tasks.sandbox.run import SandboxUnavailable, check_sandbox_available, run_many, run_python_tests
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_BWRAP = os.access("/usr/bin/bwrap", os.X_OK)

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from evolforge.flows.synthesize import SynthesizeParams, synthesize_flow
-from evolforge.tasks import synthesis_checks as chk
+from evolforge.tasks.synthesis import checks as chk
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -1,7 +1,7 @@
 """Deduplication library: exact, MinHash + LSH and embedding near-duplicate removal.
 
     from evolforge.tasks.dedup import dedup, dedup_file
-    from evolforge.config.dedup_settings import DedupSettings
+    from evolforge.config.sections.dedup import DedupSettings
 
     res = dedup(texts, ids, DedupSettings(), index_dir="indexes/my_dataset")
     res.kept_ids, res.dropped   # dropped: id, duplicate_of, method, similarity, matched_id, matched_similarity, detail

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import tempfile
 import threading
 from itertools import chain
 from pathlib import Path
@@ -34,7 +33,8 @@ from typing import Sequence
 
 import numpy as np
 
-from evolforge.config.dedup_settings import DedupSettings
+from evolforge.config.sections.dedup import DedupSettings
+from evolforge.storage.fs import atomic_output
 
 _SIF_A = 1e-3
 _REMOVE_PCS = 16
@@ -105,11 +105,8 @@ def build_static_table(mdir: Path, out: Path, batch: int = 1024) -> Path:
 
 
 def _save_npy(path: Path, arr: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "wb") as fh:
+    with atomic_output(path, "wb") as fh:
         np.save(fh, arr)
-    os.replace(tmp, path)
 
 
 def process_table(table: np.ndarray, dim: int) -> np.ndarray:

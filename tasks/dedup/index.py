@@ -25,8 +25,9 @@ from typing import Sequence
 
 import numpy as np
 
-from evolforge.config.dedup_settings import DedupSettings
+from evolforge.config.sections.dedup import DedupSettings
 from evolforge.storage.fs import atomic_output, ensure_dir, exists, location, read_bytes, read_text
+from evolforge.storage.layout import IndexLayout
 from evolforge.tasks.dedup.minhash import Sketches, empty_sketches
 
 FORMAT = 1
@@ -88,7 +89,8 @@ class DedupIndex:
         self.folder = location(folder)
         self.settings = settings
         self.fp = fingerprint(settings, static_model)
-        self.manifest_path = self.folder / "manifest.json"
+        self.layout = IndexLayout(self.folder)
+        self.manifest_path = self.layout.manifest
 
     def _manifest(self) -> dict:
         if not exists(self.manifest_path):
@@ -108,7 +110,7 @@ class DedupIndex:
             return empty_data(self.settings, dim)
         ids, texts, exact, parts, static = [], [], [], [], []
         for name in m["segments"]:
-            with _load_npz(self.folder / name) as z:
+            with _load_npz(self.layout.file(name)) as z:
                 ids += _unpack(z["ids"], z["ids_off"])
                 texts += _unpack(z["texts"], z["texts_off"])
                 exact.append(z["exact"])
@@ -116,7 +118,7 @@ class DedupIndex:
                 static.append(z["static"].astype(np.float32))
         full: dict[int, np.ndarray] = {}
         for name in m.get("full", []):
-            with _load_npz(self.folder / name) as z:
+            with _load_npz(self.layout.file(name)) as z:
                 full.update(zip(z["rows"].tolist(), z["vecs"].astype(np.float32)))
         st = np.concatenate(static) if static else np.zeros((0, dim), np.float32)
         return IndexData(ids, texts, np.concatenate(exact), Sketches.concat(parts, self.settings), st, full)
@@ -134,7 +136,7 @@ class DedupIndex:
             arrays = dict(ids=i_data, ids_off=i_off, texts=t_data, texts_off=t_off, exact=np.asarray(exact, np.uint64),
                           sh_off=sketches.offsets, sh_val=sketches.values, sig=sketches.signatures, bands=sketches.band_keys,
                           static=np.asarray(static, np.float16))
-            _atomic_write(self.folder / name, lambda fh: np.savez(fh, **arrays))
+            _atomic_write(self.layout.file(name), lambda fh: np.savez(fh, **arrays))
             m["segments"].append(name)
             m["count"] += len(ids)
             n_seg += 1
@@ -142,6 +144,6 @@ class DedupIndex:
             name = f"full-{n_seg:06d}.npz"
             rows = np.array(sorted(full_new), dtype=np.int64)
             vecs = np.stack([full_new[int(r)] for r in rows]).astype(np.float16)
-            _atomic_write(self.folder / name, lambda fh: np.savez(fh, rows=rows, vecs=vecs))
+            _atomic_write(self.layout.file(name), lambda fh: np.savez(fh, rows=rows, vecs=vecs))
             m.setdefault("full", []).append(name)
         _atomic_write(self.manifest_path, lambda fh: fh.write(json.dumps(m, indent=1).encode()))

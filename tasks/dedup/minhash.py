@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 from datasketch import LeanMinHash, MinHash
 
-from evolforge.config.dedup_settings import DedupSettings
+from evolforge.config.sections.dedup import DedupSettings
 
 U64 = np.uint64
 _FP_BITS = 44                       # shingle fingerprint width (collision ~1e-9 per pair of records)

@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from evolforge.config.dedup_settings import DedupSettings
+from evolforge.config.sections.dedup import DedupSettings
 
 _WS = re.compile(r"\s+")
 # \w is Unicode-aware: letters, digits and '_' of every script survive 'strip'.

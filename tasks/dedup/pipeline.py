@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from evolforge.config.dedup_settings import DedupSettings
+from evolforge.config.sections.dedup import DedupSettings
 from evolforge.tasks.dedup import embedding as emb
 from evolforge.tasks.dedup import minhash as mh
 from evolforge.tasks.dedup.index import DedupIndex, empty_data
@@ -286,19 +286,20 @@ def dedup_file(path: str | Path, text_field: str, out_dir: str | Path, settings:
 
     from evolforge.storage.datasets import read_any_table, write_any_table
     from evolforge.storage.fs import ensure_dir, location, write_text_atomic
+    from evolforge.storage.layout import DedupOutLayout
 
     s = settings or DedupSettings()
-    path, out = location(path), location(out_dir)
+    path, lay = location(path), DedupOutLayout(out_dir)
     df, fmt = read_any_table(path)
     if text_field not in df.columns:
         raise ValueError(f"{path}: no column {text_field!r} (columns: {df.columns})")
     ids = [str(x) for x in df[id_field].to_list()] if id_field else [str(i) for i in range(df.height)]
     scores = df[s.score_field].cast(pl.Float64).to_list() if s.keep == "best" else None
     res = dedup(df[text_field].to_list(), ids, s, index_dir=index_dir, scores=scores)
-    ensure_dir(out)
+    ensure_dir(lay.root)
     pos = {k: i for i, k in enumerate(ids)}
     kept_rows = sorted(pos[k] for k in res.kept_ids)
-    write_any_table(df[kept_rows], out / f"kept.{fmt}", fmt)
+    write_any_table(df[kept_rows], lay.kept(fmt), fmt)
     d = res.dropped
     reasons = pl.DataFrame({
         "dedup_duplicate_of": [r["duplicate_of"] for r in d], "dedup_method": [r["method"] for r in d],
@@ -307,8 +308,8 @@ def dedup_file(path: str | Path, text_field: str, out_dir: str | Path, settings:
     }, schema={"dedup_duplicate_of": pl.Utf8, "dedup_method": pl.Utf8, "dedup_similarity": pl.Float64,
                "dedup_matched_id": pl.Utf8, "dedup_matched_similarity": pl.Float64, "dedup_detail": pl.Utf8})
     dropped_df = pl.concat([df[[pos[r["id"]] for r in d]], reasons], how="horizontal")
-    write_any_table(dropped_df, out / f"dropped.{fmt}", fmt)
+    write_any_table(dropped_df, lay.dropped(fmt), fmt)
     summary = {"input": str(path), "text_field": text_field, "kept": len(res.kept_ids), "dropped": len(d),
-               "kept_path": str(out / f"kept.{fmt}"), "dropped_path": str(out / f"dropped.{fmt}"), "stats": res.stats}
-    write_text_atomic(out / "summary.json", json.dumps(summary, indent=1, default=float))
+               "kept_path": str(lay.kept(fmt)), "dropped_path": str(lay.dropped(fmt)), "stats": res.stats}
+    write_text_atomic(lay.summary, json.dumps(summary, indent=1, default=float))
     return summary

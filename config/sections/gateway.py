@@ -1,0 +1,60 @@
+"""The model gateway: the endpoint, retries, concurrency, which model serves which stage, prices."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from evolforge.config.sections._base import Section
+
+
+class GatewaySettings(Section):
+    """The one OpenAI-compatible endpoint every model call goes through."""
+
+    base_url: str = Field(
+        "",
+        description="OpenAI-compatible base URL, e.g. http://gpu-box:8000/v1 (vLLM) or "
+        "https://api.openai.com/v1. Empty: start the embedded model on loopback.",
+    )
+    timeout_seconds: float = Field(120.0, gt=0, description="Per-request timeout (connect + read).")
+    max_retries: int = Field(3, ge=0, le=20, description="Retries after the first attempt on 429, 5xx, timeouts, connection errors and malformed bodies.")
+    backoff_base_seconds: float = Field(1.0, ge=0, description="First backoff delay; doubles per retry, with full jitter.")
+    backoff_max_seconds: float = Field(30.0, ge=0, description="Cap on one backoff delay (a longer Retry-After is honoured up to 4x this).")
+    concurrency: int = Field(8, ge=1, le=1024, description="Most model calls in flight at once in one process.")
+    global_concurrency_limit: str = Field(
+        "",
+        description="Name of a Prefect global concurrency limit (with slot decay) every call also takes a slot of; "
+        "empty disables. Create it with `prefect gcl create NAME --limit N --slot-decay-per-second R`.",
+    )
+    fail_fast_after: int = Field(
+        3, ge=1, description="After this many consecutive calls exhaust their retries on connection errors, "
+        "the endpoint is declared down and the run stops with one clear error.",
+    )
+
+
+class ModelMap(Section):
+    """Model name per stage. Empty means: use `default`."""
+
+    default: str = Field("smollm2-135m-instruct", description="Model for any stage left empty.")
+    evolve: str = Field("", description="Rewrites instructions (Evol-Instruct operations).")
+    judge: str = Field("", description="Equal / Not Equal elimination judge, rankings, step labels.")
+    answer: str = Field("", description="Answers evolved instructions (used by elimination rules 2 and 3).")
+    synthesize: str = Field("", description="Proposes and repairs verifiable tasks.")
+    solver: str = Field("", description="Independent solver for task difficulty.")
+
+    def for_stage(self, stage: str) -> str:
+        name = getattr(self, stage, "") if stage in type(self).model_fields else ""
+        return name or self.default
+
+
+class PriceOverride(Section):
+    input_per_mtok: float = Field(ge=0, description="USD per million prompt tokens.")
+    output_per_mtok: float = Field(ge=0, description="USD per million completion tokens.")
+
+
+class PricingSettings(Section):
+    """Cost of model calls: genai-prices database, overridden per model name here."""
+
+    provider_id: str = Field("", description="genai-prices provider id to match models against (e.g. openai); empty guesses.")
+    overrides: dict[str, PriceOverride] = Field(
+        default_factory=dict, description="Per model name: prices for self-hosted or private models."
+    )

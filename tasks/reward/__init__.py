@@ -1,0 +1,10 @@
+"""RLEIF reward models: data, health checks, training and scoring.
+
+- prompts:   ranking, step-labelling and continuation prompts.
+- irm:       instruction reward data: evolved versions ranked by a judge -> preference pairs.
+- prm:       process reward data: answers split into steps and labelled (judge, decorl, math_shepherd).
+- batch:     one batch of IRM or PRM data on the batch runtime, and the assembly of the sets.
+- health:    the published data and model health checks, with a warn / stop policy.
+- scoring:   the reward models' encoding and scoring API (shared by training and the PPO reward).
+- training:  IRM with TRL's RewardTrainer, PRM as token classification at the step separators.
+"""

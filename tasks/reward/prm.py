@@ -1,0 +1,230 @@
+"""PRM data (RLEIF / DeCoRL / Math-Shepherd): step-by-step answers labelled step by step.
+
+For one answer (`label_answer`, a plain function a test calls with any gateway):
+  1. split it into steps (`split_steps`: 'Step 1: ... Step 2: ...' markers, inline or one per line, in
+     markdown bold or headings; else a numbered list '1. ... 2. ...'). An answer that is not in step form is
+     re-asked once with a stricter prompt (`reward.reask_unstepped`) or rejected with its reason: a PRM fed
+     one step learns to always say 1, so nothing is ever labelled as one step;
+  2. label the steps by `reward.step_label_method`:
+     - judge: one JSON call, {"labels": [true, false, ...]}, one per step;
+     - decorl: the judge scores the whole answer and the answer with step i removed (0-10, JSON);
+       contribution_i = full - ablated_i, label = contribution_i > contribution_threshold;
+     - math_shepherd (math with a known final answer): `rollouts_per_step` completions sampled from each
+       step prefix; a step's score is the share that reaches the known answer, label = share > threshold.
+  3. the row keeps `raw_scores` (1/0, the contribution, or the share) and `scores` mapped to 0..1
+     (judge: 1/0; decorl: (contribution + 10) / 20; math_shepherd: the share).
+Unparseable or invalid judge replies are counted failures (status `label_failed`), never a crash.
+"""
+
+from __future__ import annotations
+
+import re
+
+from evolforge.config.settings import Settings
+from evolforge.storage.journal import CallJournal
+from evolforge.tasks.core.gateway import Gateway
+from evolforge.tasks.reward.prompts import continue_messages, score_messages, step_label_messages, strict_steps_messages
+
+_STEP = re.compile(r"(?:\*\*|__|#+[ \t]*)?\bstep[ \t]*(\d{1,3})[ \t]*(?:\*\*|__)?[ \t]*(?:[:.)\]\u2013\u2014-]|\*\*|$)"
+                   r"[ \t]*(?:\*\*|__)?", re.I | re.M)
+_NUMBERED = re.compile(r"^[ \t]*(\d{1,3})[.)][ \t]+", re.M)
+_FINAL = re.compile(r"the\s+(?:final\s+)?answer\s+is\s*:?\s*(.+)", re.I)
+
+
+def _sequence(matches: list[re.Match]) -> list[re.Match]:
+    """Markers numbered 1, 2, 3, ... in order; references like 'as in step 1.' inside a step are skipped."""
+    out: list[re.Match] = []
+    for m in matches:
+        if int(m.group(1)) == len(out) + 1:
+            out.append(m)
+    return out
+
+
+def split_steps(answer: str | None, min_steps: int = 2) -> tuple[list[str] | None, str | None]:
+    """(step texts without their 'Step N:' markers, None) or (None, reason)."""
+    if not answer or not answer.strip():
+        return None, "empty answer"
+    marks = _sequence(list(_STEP.finditer(answer)))
+    if len(marks) < 2:
+        marks = max(marks, _sequence(list(_NUMBERED.finditer(answer))), key=len)
+    if not marks:
+        return None, "no 'Step 1: ... Step 2: ...' markers"
+    ends = [m.start() for m in marks[1:]] + [len(answer)]
+    steps = [answer[m.end():e].strip().strip("*_#").strip() for m, e in zip(marks, ends)]
+    if any(not s for s in steps):
+        return None, "a step is empty"
+    if len(steps) < min_steps:
+        return None, f"only {len(steps)} step(s)"
+    return steps, None
+
+
+def final_answer(text: str | None) -> str | None:
+    if not text:
+        return None
+    found = _FINAL.findall(text) or re.findall(r"####\s*(.+)", text) or re.findall(r"\\boxed\{([^}]*)\}", text)
+    return found[-1].strip() if found else None
+
+
+def same_answer(a: str | None, b: str | None) -> bool:
+    if a is None or b is None:
+        return False
+    na, nb = _number(a), _number(b)
+    if na is not None and nb is not None:
+        return abs(na - nb) <= 1e-6 * max(1.0, abs(nb))
+    norm = lambda s: re.sub(r"[\s$.,*]+", " ", s.lower()).strip()  # noqa: E731
+    return norm(a) == norm(b)
+
+
+def _number(s: str) -> float | None:
+    m = re.search(r"-?\d[\d,]*(?:\.\d+)?", s)
+    if not m:
+        return None
+    try:
+        return float(m.group(0).replace(",", ""))
+    except ValueError:
+        return None
+
+
+_TRUE = {"true", "correct", "yes", "y", "1", "+", "right", "valid", "good"}
+_FALSE = {"false", "incorrect", "no", "n", "0", "-", "wrong", "invalid", "bad"}
+
+
+def _as_bool(v: object) -> bool | None:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str):
+        s = v.strip().lower().strip(".!")
+        return True if s in _TRUE else False if s in _FALSE else None
+    if isinstance(v, dict):
+        for k in ("correct", "is_correct", "label", "verdict", "valid", "value"):
+            if k in v:
+                return _as_bool(v[k])
+    return None
+
+
+def parse_step_labels(value: object, n: int) -> tuple[list[bool] | None, str | None]:
+    raw = value
+    if isinstance(value, dict):
+        raw = next((value[k] for k in ("labels", "steps", "correct", "judgements", "verdicts", "results")
+                    if k in value), value)
+        if isinstance(raw, dict):  # {"1": true, "Step 2": false}
+            keyed = {int(m.group(0)): v for k, v in raw.items() if (m := re.search(r"\d+", str(k)))}
+            raw = [keyed.get(i) for i in range(1, n + 1)] if keyed else None
+    if not isinstance(raw, list):
+        return None, "no list of labels in the reply"
+    if len(raw) != n:
+        return None, f"{len(raw)} labels for {n} steps"
+    labels = [_as_bool(v) for v in raw]
+    if any(v is None for v in labels):
+        return None, f"labels that are not true/false: {raw!r}"[:300]
+    return labels, None
+
+
+def parse_score(value: object) -> float | None:
+    raw = value.get("score", value.get("rating")) if isinstance(value, dict) else value
+    if isinstance(raw, str):
+        m = re.match(r"\s*(\d+(?:\.\d+)?)", raw)
+        raw = float(m.group(1)) if m else None
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        return None
+    return float(raw) if 0.0 <= raw <= 10.0 else None
+
+
+class LabelFailure(Exception):
+    """The judge's reply could not be used; the answer is a counted failure."""
+
+
+def _judge_labels(problem, steps, gw, settings, task_id, journal):
+    parsed, _ = gw.chat_json("judge", step_label_messages(problem, steps), expect=(dict, list), task_id=task_id,
+                             purpose="prm-labels", temperature=settings.reward.judge_temperature,
+                             max_tokens=settings.reward.judge_max_tokens, journal=journal)
+    if parsed is None:
+        raise LabelFailure("the judge's step labels hold no JSON")
+    labels, reason = parse_step_labels(parsed, len(steps))
+    if labels is None:
+        raise LabelFailure(reason)
+    raw = [1.0 if v else 0.0 for v in labels]
+    return labels, raw, raw, 1
+
+
+def _decorl_labels(problem, steps, gw, settings, task_id, journal):
+    def score(subset: list[str], purpose: str) -> float:
+        parsed, _ = gw.chat_json("judge", score_messages(problem, subset), expect=(dict, int, float, str),
+                                 task_id=task_id, purpose=purpose, temperature=settings.reward.judge_temperature,
+                                 max_tokens=settings.reward.judge_max_tokens, journal=journal)
+        s = parse_score(parsed)
+        if s is None:
+            raise LabelFailure(f"{purpose}: no score from 0 to 10 in the judge's reply")
+        return s
+
+    full = score(steps, "prm-score-full")
+    contributions = [full - score(steps[:i] + steps[i + 1:], f"prm-score-without-{i + 1}") for i in range(len(steps))]
+    labels = [c > settings.reward.contribution_threshold for c in contributions]
+    return labels, contributions, [min(1.0, max(0.0, (c + 10.0) / 20.0)) for c in contributions], len(steps) + 1
+
+
+def _shepherd_labels(problem, steps, gw, settings, task_id, journal, reference):
+    cfg, evo = settings.reward, settings.evol_instruct
+    shares, calls = [], 0
+    for i in range(1, len(steps)):
+        hits = 0
+        for j in range(cfg.rollouts_per_step):
+            res = gw.chat("answer", continue_messages(problem, steps[:i]), task_id=task_id,
+                          purpose=f"prm-rollout-{i}-{j}", temperature=evo.temperature, top_p=evo.top_p,
+                          max_tokens=evo.max_new_tokens, journal=journal)
+            calls += 1
+            hits += same_answer(final_answer(res.text), reference)
+        shares.append(hits / cfg.rollouts_per_step)
+    shares.append(1.0 if same_answer(final_answer(steps[-1]), reference) else 0.0)  # the full answer itself
+    return [s > cfg.shepherd_threshold for s in shares], shares, shares, calls
+
+
+def label_answer(row: dict, gw: Gateway, settings: Settings, journal: CallJournal | None = None) -> dict:
+    cfg, method = settings.reward, settings.reward.step_label_method
+    task_id, problem = f"prm-{row['id']}", row["instruction"]
+    out = {"id": row["id"], "status": "ok", "reason": None, "method": method, "prompt": problem,
+           "completions": None, "labels": None, "raw_scores": None, "scores": None, "reasked": False, "calls": 0}
+
+    def reject(status: str, reason: str) -> dict:
+        return {**out, "status": status, "reason": reason[:300]}
+
+    reference = None
+    if method == "math_shepherd":
+        if (row.get("domain") or "general") != "math":
+            return reject("rejected", "math_shepherd labels math answers only")
+        reference = row.get("reference_answer") or (final_answer(row.get("answer"))
+                                                    if cfg.shepherd_reference == "own_answer" else None)
+        if not reference:
+            return reject("rejected", "no known final answer")
+    if not (row.get("answer") or "").strip():
+        return reject("rejected", "no answer")
+    steps, why = split_steps(row["answer"], cfg.min_steps)
+    if steps is None:
+        if not cfg.reask_unstepped:
+            return reject("rejected", f"not in step form: {why}")
+        res = gw.chat("answer", strict_steps_messages(problem), task_id=task_id, purpose="prm-reask",
+                      temperature=0.0, max_tokens=settings.evol_instruct.max_new_tokens, journal=journal)
+        out["reasked"], out["calls"] = True, 1
+        steps, why = split_steps(res.text, cfg.min_steps)
+        if steps is None:
+            return reject("rejected", f"not in step form after one re-ask: {why}")
+    if len(steps) > cfg.max_steps:
+        return reject("rejected", f"{len(steps)} steps (max_steps {cfg.max_steps})")
+    out["completions"] = steps
+    try:
+        if method == "judge":
+            labels, raw, scores, calls = _judge_labels(problem, steps, gw, settings, task_id, journal)
+        elif method == "decorl":
+            labels, raw, scores, calls = _decorl_labels(problem, steps, gw, settings, task_id, journal)
+        else:
+            labels, raw, scores, calls = _shepherd_labels(problem, steps, gw, settings, task_id, journal, reference)
+    except LabelFailure as e:
+        return reject("label_failed", str(e))
+    return {**out, "labels": labels, "raw_scores": raw, "scores": scores, "calls": out["calls"] + calls}
+
+
+def error_row(row: dict, err: Exception) -> dict:
+    return {"id": row["id"], "status": "error", "reason": str(err)[:500], "method": None, "prompt": row["instruction"],
+            "completions": None, "labels": None, "raw_scores": None, "scores": None, "reasked": False, "calls": 0}

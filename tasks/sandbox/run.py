@@ -1,0 +1,341 @@
+"""Run untrusted generated Python (a solution file plus a test file) in a sandbox.
+
+    result = run_python_tests(solution_code, test_code, SandboxSettings())
+    results = run_many([(solution_code, test_code), ...], settings)
+
+Inside, the solution is `solution.py` and the tests `test_solution.py`, side by
+side in the working dir `/sandbox` (the tests `from solution import ...`).
+
+How the tests run (decided from the test file's text):
+- pytest style (a top-level `def test_...`, a `class Test...` or an import of
+  pytest): `python -m pytest -q -p no:cacheprovider --tb=short test_solution.py`
+  with PYTEST_DISABLE_PLUGIN_AUTOLOAD=1. It passes when pytest exits 0 AND its
+  summary line reports at least one passed test and none failed, so a solution
+  that exits the interpreter early with status 0 does not pass by accident.
+- otherwise an assert-based script: `python test_solution.py`; exit status 0 passes.
+
+Isolation (mode "bwrap", see tasks/sandbox/limits.py): no network (own network
+namespace), own PID namespace (everything dies with the run), read-only view of
+/usr, the interpreter prefix and its site-packages only (not /root, /home, /work),
+private tmpfs working dir and /tmp, cleared environment (the gateway's API key is
+never passed, not even to bwrap), a dedicated unprivileged uid when started as
+root, no capabilities, and rlimits on CPU seconds, address space, processes, file
+size and open files. The parent enforces a wall-clock timeout and an output cap
+by killing the whole process group, and returns only once the sandbox's PID
+namespace is empty (it watches the namespace's init, whose pid bwrap reports on
+--info-fd), so no process of the run survives it. Mode "rlimits-only" keeps only
+the rlimits, the new session, the clean environment, the temp dir and the kills
+(plus a best-effort kill of leftovers that left the session, found by an
+environment marker); it is not a security boundary and must be chosen explicitly.
+
+Limits are per process (RLIMIT_*): a run may use up to max_processes x memory_mb
+of address space and each process its own cpu_seconds; the wall timeout bounds
+the run as a whole. There is no seccomp filter, so the code may still create user
+namespaces (without gaining access to anything outside its view).
+
+`killed_reason` is one of: None, "wall_timeout", "output_cap" (set by the parent,
+reliable), "cpu_limit" (SIGXCPU, or a SIGKILL after cpu_seconds), "memory",
+"process_limit", "file_size" (read from the run's own output, so informative
+only: untrusted code could print them), or "signal:N".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import select
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterable
+
+from evolforge.config.sections.sandbox import SandboxSettings
+from evolforge.tasks.sandbox.limits import (
+    WORKDIR,
+    SandboxUnavailable,
+    bwrap_argv,
+    drop_argv,
+    interpreter_layout,
+    limits_argv,
+    tool,
+)
+
+__all__ = ["SandboxResult", "SandboxUnavailable", "check_sandbox_available", "run_many", "run_python_tests"]
+
+SOLUTION_FILE = "solution.py"
+TEST_FILE = "test_solution.py"
+PYTEST_ARGS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", TEST_FILE]
+_PYTEST_STYLE = re.compile(r"^(?:async\s+)?def\s+test\w*\s*\(|^class\s+Test\w*|^\s*(?:import|from)\s+pytest\b", re.M)
+_SUMMARY = re.compile(r"(\d+) (passed|failed|errors?)\b")
+_GRACE_S = 0.25  # after the main process exits, how long to keep draining pipes held by leftovers
+_NS_EXIT_WAIT_S = 10.0  # bound on waiting for the kernel to tear the sandbox's PID namespace down
+_UID_SPAN = 65_536
+_uids_lock = threading.Lock()
+_uids_in_use: set[int] = set()
+_probed: dict[tuple, None] = {}
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SandboxResult:
+    passed: bool
+    exit_code: int | None  # the run's exit status; 128+N when signal N ended it inside bwrap, -N when killed outside
+    timed_out: bool
+    killed_reason: str | None
+    stdout: str  # truncated to max_output_bytes (stdout and stderr together)
+    stderr: str
+    duration_s: float  # wall seconds from start to reap: the sandbox seconds charged to the task
+    runner: str = "pytest"  # "pytest" or "script"
+    tests_passed: int | None = None  # from pytest's summary line (None for scripts)
+    tests_failed: int | None = None  # failed + errors
+
+
+def uses_pytest(test_code: str) -> bool:
+    return bool(_PYTEST_STYLE.search(test_code))
+
+
+def _inner_env() -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "HOME": WORKDIR, "USER": "sandbox", "LANG": "C.UTF-8", "TMPDIR": "/tmp",
+            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+def check_sandbox_available(settings: SandboxSettings) -> None:
+    """Raise SandboxUnavailable (naming the fix) unless the configured mode can run here."""
+    if settings.mode == "bwrap":
+        path = settings.bwrap_path
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise SandboxUnavailable(
+                f"bubblewrap not found at {path!r}: refusing to run untrusted code without a sandbox. "
+                "Install it with `apt-get install -y bubblewrap` (or set sandbox.bwrap_path), or set "
+                'sandbox.mode = "rlimits-only" to accept running it WITHOUT isolation (not a security boundary).'
+            )
+    tool("prlimit")
+    if settings.mode == "bwrap":
+        tool("setpriv")
+    interpreter_layout(settings.python)
+    for extra in settings.extra_ro_binds:
+        if not os.path.exists(extra):
+            raise SandboxUnavailable(f"sandbox.extra_ro_binds: {extra!r} does not exist")
+    key = (settings.mode, settings.bwrap_path, settings.python, os.geteuid())
+    if settings.mode == "rlimits-only" and key not in _probed:
+        log.warning("sandbox mode rlimits-only: untrusted code runs WITHOUT isolation (the calling user's files, "
+                    "network and processes are reachable); use mode bwrap for generated code")
+        _probed[key] = None
+    if settings.mode == "bwrap" and key not in _probed:  # one real start per configuration
+        probe = settings.model_copy(update={"wall_timeout_seconds": 30.0})
+        r = _run(probe, {}, ["-c", "print('ok')"], "script")
+        if r.exit_code != 0 or r.stdout.strip() != "ok":
+            raise SandboxUnavailable(f"bubblewrap sandbox failed to start (exit {r.exit_code}): {r.stderr.strip()[-800:]}")
+        _probed[key] = None
+
+
+def run_python_tests(solution_code: str, test_code: str, settings: SandboxSettings) -> SandboxResult:
+    """Run `test_code` against `solution_code` in the sandbox; never raises for anything the code does."""
+    check_sandbox_available(settings)
+    runner = "pytest" if uses_pytest(test_code) else "script"
+    args = PYTEST_ARGS if runner == "pytest" else [TEST_FILE]
+    return _run(settings, {SOLUTION_FILE: solution_code, TEST_FILE: test_code}, args, runner)
+
+
+def run_many(jobs: Iterable[tuple[str, str]], settings: SandboxSettings) -> list[SandboxResult]:
+    """Run (solution_code, test_code) pairs, at most settings.max_parallel at once; results in input order."""
+    jobs = list(jobs)
+    check_sandbox_available(settings)
+    with ThreadPoolExecutor(max_workers=settings.max_parallel, thread_name_prefix="sandbox") as pool:
+        return list(pool.map(lambda job: run_python_tests(job[0], job[1], settings), jobs))
+
+
+def _take_uid(base: int) -> int:
+    with _uids_lock:
+        start = secrets.randbelow(_UID_SPAN)  # random start: unlikely to collide with other processes
+        for i in range(_UID_SPAN):
+            uid = base + (start + i) % _UID_SPAN
+            if uid not in _uids_in_use:
+                _uids_in_use.add(uid)
+                return uid
+    raise RuntimeError("no free sandbox uid")
+
+
+def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runner: str) -> SandboxResult:
+    hostdir = tempfile.mkdtemp(prefix="evolforge-sbx-")
+    uid = None
+    try:
+        paths = {}
+        for name, code in files.items():
+            paths[name] = os.path.join(hostdir, name)
+            with open(paths[name], "w", encoding="utf-8") as f:
+                f.write(code)
+            os.chmod(paths[name], 0o644)
+        env = _inner_env()
+        marker, info = "", None
+        if settings.mode == "bwrap":
+            privileged = os.geteuid() == 0
+            uid = _take_uid(settings.uid_base) if privileged else None
+            opts, python = bwrap_argv(settings, paths, env, privileged)
+            inner = limits_argv(settings) + drop_argv(uid) + [python] + args
+            info = os.pipe()  # bwrap reports the host pid of the sandbox's init (PID 1) here
+            argv, cwd = opts + ["--info-fd", str(info[1]), "--"] + inner, "/"
+            popen_env = {"PATH": "/usr/bin:/bin"}  # bwrap itself never sees the host environment
+        else:
+            marker = secrets.token_hex(8)
+            env.update(HOME=hostdir, TMPDIR=hostdir, EVOLFORGE_SANDBOX_RUN=marker)
+            argv, cwd, popen_env = limits_argv(settings) + [settings.python] + args, hostdir, env
+        return _execute(settings, argv, cwd, popen_env, marker, runner, info)
+    finally:
+        if uid is not None:
+            with _uids_lock:
+                _uids_in_use.discard(uid)
+        shutil.rmtree(hostdir, ignore_errors=True)
+
+
+def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, marker: str, runner: str,
+             info: tuple[int, int] | None) -> SandboxResult:
+    started = time.monotonic()
+    state: dict = {"info_fd": info[0] if info else None, "info": b"", "ns_pidfd": None}
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+                                pass_fds=info[1:] if info else ())
+    except BaseException:
+        if info:
+            os.close(info[0])
+        raise
+    finally:
+        if info:
+            os.close(info[1])  # the write end now lives in bwrap only
+    out, err, reason = bytearray(), bytearray(), None
+    try:
+        out, err, reason = _pump(proc, settings, started, state)
+    finally:
+        if state["info_fd"] is not None and state["ns_pidfd"] is None:  # killed before bwrap's report was read
+            os.set_blocking(state["info_fd"], False)
+            try:
+                _watch_sandbox_init(state, os.read(state["info_fd"], 4096))
+            except BlockingIOError:
+                pass
+        _kill_group(proc.pid)  # the leader is not reaped yet, so its pid (= pgid) cannot have been reused
+        proc.wait()
+        if state["ns_pidfd"] is not None:  # the sandbox's init exits only once every process in it is gone
+            select.select([state["ns_pidfd"]], [], [], _NS_EXIT_WAIT_S)
+            os.close(state["ns_pidfd"])
+        if state["info_fd"] is not None:
+            os.close(state["info_fd"])
+        proc.stdout.close()
+        proc.stderr.close()
+        duration = time.monotonic() - started
+        if marker:
+            _kill_marked(marker)
+    stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    reason = reason or _classify(proc.returncode, duration, settings, stdout + stderr)
+    counts = _pytest_counts(stdout) if runner == "pytest" else (None, None)
+    passed = proc.returncode == 0 and reason is None
+    if runner == "pytest":
+        passed = passed and counts[0] is not None and counts[0] > 0 and counts[1] == 0
+    return SandboxResult(passed=passed, exit_code=proc.returncode, timed_out=reason == "wall_timeout",
+                         killed_reason=reason, stdout=stdout, stderr=stderr, duration_s=round(duration, 4),
+                         runner=runner, tests_passed=counts[0], tests_failed=counts[1])
+
+
+def _pump(proc: subprocess.Popen, settings: SandboxSettings, started: float, state: dict):
+    """Read both pipes incrementally until the run ends, times out or prints too much."""
+    bufs = {"out": bytearray(), "err": bytearray()}
+    total, cap, reason, exited_at = 0, settings.max_output_bytes, None, None
+    deadline = started + settings.wall_timeout_seconds
+    pidfd = os.pidfd_open(proc.pid)
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ, "out")
+        sel.register(proc.stderr, selectors.EVENT_READ, "err")
+        sel.register(pidfd, selectors.EVENT_READ, "exit")
+        if state["info_fd"] is not None:
+            sel.register(state["info_fd"], selectors.EVENT_READ, "info")
+        try:
+            while True:
+                now = time.monotonic()
+                if exited_at is not None and (not sel.get_map() or now - exited_at > _GRACE_S):
+                    break
+                if now >= deadline:
+                    reason = "wall_timeout"
+                    break
+                for key, _ in sel.select(timeout=min(deadline - now, _GRACE_S)):
+                    if key.data == "exit":
+                        exited_at = time.monotonic()
+                        sel.unregister(pidfd)
+                        continue
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        continue
+                    if key.data == "info":
+                        _watch_sandbox_init(state, chunk)
+                        continue
+                    keep = max(0, cap - total)
+                    bufs[key.data] += chunk[:keep]
+                    total += len(chunk)
+                    if total > cap:
+                        reason = "output_cap"
+                if reason:
+                    break
+        finally:
+            os.close(pidfd)
+    return bufs["out"], bufs["err"], reason
+
+
+def _watch_sandbox_init(state: dict, chunk: bytes) -> None:
+    state["info"] += chunk
+    found = re.search(rb'"child-pid":\s*(\d+)', state["info"])
+    if found and state["ns_pidfd"] is None:
+        try:  # opened while the sandbox runs: the pid cannot have been reused yet
+            state["ns_pidfd"] = os.pidfd_open(int(found.group(1)))
+        except ProcessLookupError:
+            pass
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_marked(marker: str) -> None:
+    """rlimits-only: best effort, kill leftovers that left the process group but kept the run's env marker."""
+    needle = f"EVOLFORGE_SANDBOX_RUN={marker}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read():
+                    os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _classify(code: int, wall: float, s: SandboxSettings, output: str) -> str | None:
+    if code == 0:
+        return None
+    sig = code - 128 if code > 128 else -code if code < 0 else 0
+    # SIGKILL we did not send after at least cpu_seconds of wall time: the hard CPU limit (SIGXCPU ignored)
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and wall >= s.cpu_seconds):
+        return "cpu_limit"
+    if "MemoryError" in output or "[Errno 12] Cannot allocate memory" in output:
+        return "memory"
+    if "[Errno 11] Resource temporarily unavailable" in output:
+        return "process_limit"
+    if "[Errno 27] File too large" in output or sig == signal.SIGXFSZ:
+        return "file_size"
+    return f"signal:{sig}" if sig else None
+
+
+def _pytest_counts(stdout: str) -> tuple[int | None, int | None]:
+    for line in reversed(stdout.splitlines()):
+        if re.search(r"\bin [\d.]+s\b", line) and _SUMMARY.search(line):
+            counts = {kind.rstrip("s") if kind.startswith("error") else kind: int(n) for n, kind in _SUMMARY.findall(line)}
+            return counts.get("passed", 0), counts.get("failed", 0) + counts.get("error", 0)
+    return None, None

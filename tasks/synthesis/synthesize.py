@@ -1,0 +1,205 @@
+"""Verified task synthesis: propose -> test in the sandbox -> repair with the failing output -> ... -> solver check.
+
+`synthesize_task` is a plain function over one seed record. Code tasks: the
+proposal (statement, reference solution, pytest tests, entry point) is pruned
+when it nearly duplicates an earlier proposal of the batch, its tests are run
+against a do-nothing stub (tests that pass without a solution check nothing:
+rejected as trivial), then the reference is tested and repaired up to
+`max_repairs` times within the per-task budget (USD and seconds); an
+independent solver model then attempts it `solver_attempts` times without the
+reference, and its pass rate gives the difficulty. Math tasks: the proposal's
+final answer (a number or an arithmetic expression, evaluated safely) must agree
+with the majority of `solver_attempts` independent solutions. Every model call
+is charged to the task id (stages synthesize, repair, solver) and every
+sandbox second is added to the task's record. Untrusted code runs only through
+tasks/sandbox/run.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from evolforge.config.settings import Settings
+from evolforge.storage.journal import CallJournal
+from evolforge.tasks.core.gateway import Gateway
+from evolforge.tasks.sandbox.run import run_python_tests
+from evolforge.tasks.synthesis import checks as chk
+from evolforge.tasks.synthesis import prompts as P
+
+_SANDBOX_SLOTS: dict[int, threading.BoundedSemaphore] = {}
+_SLOTS_LOCK = threading.Lock()
+
+
+@dataclass
+class SynthTask:
+    task_id: str
+    seed_id: str
+    kind: str  # code | math
+    status: str = "rejected"  # kept | rejected
+    reject_reason: str | None = None
+    statement: str = ""
+    entry_point: str | None = None
+    solution: str | None = None
+    tests: str | None = None
+    answer: str | None = None
+    difficulty: str | None = None
+    pass_rate: float | None = None
+    solver_passes: int = 0
+    solver_attempts: int = 0
+    repairs: int = 0
+    sandbox_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    attempts: list[dict] = field(default_factory=list)  # every test run: phase, passed, failure, what changed
+
+    def to_row(self) -> dict:
+        row = asdict(self)
+        row["attempts"] = json.dumps(self.attempts, ensure_ascii=False)
+        return row
+
+
+class Budget(Exception):
+    pass
+
+
+def _sandbox(settings: Settings, solution: str, tests: str, task: SynthTask, phase: str):
+    with _SLOTS_LOCK:
+        sem = _SANDBOX_SLOTS.setdefault(settings.sandbox.max_parallel,
+                                        threading.BoundedSemaphore(settings.sandbox.max_parallel))
+    with sem:
+        res = run_python_tests(solution, tests, settings.sandbox)
+    task.sandbox_seconds += res.duration_s
+    failure = None if res.passed else (res.killed_reason or "") + "\n" + (res.stdout + res.stderr)[-1500:]
+    task.attempts.append({"phase": phase, "passed": res.passed, "sandbox_s": round(res.duration_s, 3),
+                          "killed_reason": res.killed_reason, "failure": failure})
+    return res
+
+
+def synthesize_task(seed: dict, kind: str, gateway: Gateway, settings: Settings, journal: CallJournal | None = None,
+                    seen: list[set[str]] | None = None, seen_lock: threading.Lock | None = None) -> SynthTask:
+    cfg = settings.synthesis
+    t0 = time.monotonic()
+    task = SynthTask(task_id=f"t-{seed['id']}-{kind}", seed_id=seed.get("seed_id") or seed["id"], kind=kind)
+    spent = {"usd": 0.0}
+
+    def call(stage: str, text: str, purpose: str, json_mode: bool, **kw):
+        if time.monotonic() - t0 > cfg.budget_seconds_per_task:
+            raise Budget(f"over the time budget ({cfg.budget_seconds_per_task:.0f}s)")
+        if cfg.budget_usd_per_task and spent["usd"] > cfg.budget_usd_per_task:
+            raise Budget(f"over the cost budget (${cfg.budget_usd_per_task})")
+        model = gateway.model_for("synthesize" if stage == "repair" else stage)
+        kw.setdefault("max_tokens", cfg.max_new_tokens)
+        if json_mode:
+            parsed, res = gateway.chat_json(stage, P.msg(text), task_id=task.task_id, purpose=purpose,
+                                            journal=journal, model=model, **kw)
+        else:
+            parsed, res = None, gateway.chat(stage, P.msg(text), task_id=task.task_id, purpose=purpose,
+                                             journal=journal, model=model, **kw)
+        cost, _ = gateway.prices.cost(model, res.prompt_tokens, res.completion_tokens)
+        spent["usd"] += cost or 0.0
+        return parsed, res
+
+    try:
+        if kind == "math":
+            _math(seed, task, call, cfg)
+        else:
+            _code(seed, task, call, settings, seen, seen_lock)
+    except Budget as e:
+        task.status, task.reject_reason = "rejected", str(e)
+    task.wall_seconds = round(time.monotonic() - t0, 3)
+    return task
+
+
+def _code(seed, task: SynthTask, call, settings: Settings, seen, seen_lock) -> None:
+    cfg = settings.synthesis
+    prop, _ = call("synthesize", P.PROPOSE_CODE.format(instruction=seed["instruction"]), "propose", True,
+                   temperature=cfg.temperature)
+    keys = ("statement", "entry_point", "solution", "tests")
+    if not isinstance(prop, dict) or not all(isinstance(prop.get(k), str) and prop[k].strip() for k in keys):
+        task.reject_reason = "proposal is not a JSON object with statement, entry_point, solution and tests"
+        return
+    task.statement, task.entry_point = prop["statement"].strip(), prop["entry_point"].strip()
+    task.solution, task.tests = chk.extract_code(prop["solution"]), chk.extract_code(prop["tests"])
+    if not task.entry_point.isidentifier():
+        task.reject_reason = f"entry_point {task.entry_point!r} is not a Python identifier"
+        return
+    sig = chk.shingles(task.statement + task.solution)
+    if seen is not None:
+        with seen_lock:
+            if any(chk.jaccard(sig, other) >= cfg.prune_jaccard for other in seen):
+                task.reject_reason = "near-duplicate of an earlier proposal (pruned before testing)"
+                return
+            seen.append(sig)
+    if _sandbox(settings, chk.stub_solution(task.entry_point), task.tests, task, "stub").passed:
+        task.reject_reason = "trivial: the tests pass against a do-nothing solution"
+        return
+    for attempt in range(cfg.max_repairs + 1):
+        res = _sandbox(settings, task.solution, task.tests, task, "reference" if attempt == 0 else f"repair-{attempt}")
+        if res.passed:
+            break
+        if attempt == cfg.max_repairs:
+            task.reject_reason = f"reference fails its tests after {cfg.max_repairs} repairs: {res.killed_reason or 'failed'}"
+            return
+        fix, _ = call("repair", P.REPAIR_CODE.format(statement=task.statement, solution=task.solution,
+                                                     tests=task.tests, failure=task.attempts[-1]["failure"]),
+                      f"repair-{attempt + 1}", True, temperature=0.2)
+        task.repairs += 1
+        if not isinstance(fix, dict):
+            task.attempts[-1]["changed"] = "nothing (unparseable repair)"
+            continue
+        changed = []
+        if isinstance(fix.get("solution"), str) and fix["solution"].strip():
+            new = chk.extract_code(fix["solution"])
+            if new != task.solution:
+                task.solution, changed = new, changed + ["solution"]
+        if isinstance(fix.get("tests"), str) and fix["tests"].strip():
+            new = chk.extract_code(fix["tests"])
+            if new != task.tests:
+                task.tests, changed = new, changed + ["tests"]
+        task.attempts[-1]["changed"] = ",".join(changed) or "nothing"
+        task.attempts[-1]["explanation"] = str(fix.get("explanation", ""))[:300]
+    solves = []
+    for k in range(cfg.solver_attempts):
+        _, res = call("solver", P.SOLVE_CODE.format(entry_point=task.entry_point, statement=task.statement),
+                      f"solve-{k}", False, temperature=cfg.solver_temperature)
+        solves.append(chk.extract_code(res.text))
+    passes = sum(_sandbox(settings, code, task.tests, task, f"solver-{k}").passed for k, code in enumerate(solves))
+    _label(task, passes, cfg.solver_attempts)
+
+
+def _math(seed, task: SynthTask, call, cfg) -> None:
+    prop, _ = call("synthesize", P.PROPOSE_MATH.format(instruction=seed["instruction"]), "propose", True,
+                   temperature=cfg.temperature)
+    if not isinstance(prop, dict) or not isinstance(prop.get("problem"), str) or not prop["problem"].strip():
+        task.reject_reason = "proposal is not a JSON object with problem, steps and answer"
+        return
+    task.statement = prop["problem"].strip()
+    ref = chk.eval_number(str(prop.get("answer", "")))
+    if ref is None:
+        task.reject_reason = f"reference answer {prop.get('answer')!r} is not a number or arithmetic expression"
+        return
+    task.answer = str(prop.get("answer")).strip()
+    answers = []
+    for k in range(cfg.solver_attempts):
+        _, res = call("solver", P.SOLVE_MATH.format(problem=task.statement), f"solve-{k}", False,
+                      temperature=cfg.solver_temperature)
+        answers.append(chk.final_answer(res.text))
+    task.attempts.append({"phase": "solver", "answers": answers, "reference": ref})
+    counted = Counter(round(a, 6) for a in answers if a is not None)
+    majority, votes = counted.most_common(1)[0] if counted else (None, 0)
+    passes = sum(chk.same_number(a, ref) for a in answers)
+    if majority is None or votes * 2 <= cfg.solver_attempts or not chk.same_number(majority, ref):
+        task.solver_attempts, task.solver_passes = cfg.solver_attempts, passes
+        task.reject_reason = f"reference answer {ref:g} disagrees with the solvers' majority ({majority})"
+        return
+    _label(task, passes, cfg.solver_attempts)
+
+
+def _label(task: SynthTask, passes: int, k: int) -> None:
+    task.solver_passes, task.solver_attempts = passes, k
+    task.pass_rate = passes / k if k else None
+    task.difficulty = chk.difficulty(task.pass_rate or 0.0)
+    task.status, task.reject_reason = "kept", None

@@ -1,0 +1,1 @@
+"""The one step splitter and the one answer extractor (stdlib only)."""

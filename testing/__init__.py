@@ -1,0 +1,10 @@
+"""Test and benchmark helpers, importable by tests/ and bench/ (and by users' own tests).
+
+- scripted_server:  a scripted OpenAI-compatible server on loopback (faults, delays, deterministic replies).
+- instant_server:   the same replies with no delay, for orchestration benchmarks (run as a script).
+- near_dup_corpus:  seeded instruction-like corpora with known near-duplicates, for dedup tests and benchmarks.
+- settings:         make_settings(base_url, **sections): test settings without the environment.
+- evolved_runs:     a small finished evolve run on disk, tiny training settings.
+- prefect_server:   a real Prefect server on a free loopback port, and flow-run state helpers.
+- ppo_models:       tiny reward models and evolved-data files for PPO tests (needs pytest and torch).
+"""

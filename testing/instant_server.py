@@ -1,0 +1,54 @@
+"""An instant OpenAI-compatible chat endpoint for benchmarks (asyncio, HTTP/1.1 keep-alive).
+
+Same replies as testing/scripted_server.py (deterministic functions of the
+prompt), but with a minimal asyncio HTTP server so the endpoint itself costs
+as little CPU as possible and the benchmark measures the pipeline.
+
+    python testing/instant_server.py --port 8099
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+from evolforge.testing.scripted_server import completion, reply_for  # noqa: E402
+
+MODELS = json.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]}).encode()
+
+
+async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.split(b"\r\n")
+            method, path = lines[0].split(b" ")[:2]
+            length = 0
+            for line in lines[1:]:
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:].strip())
+            body = await reader.readexactly(length) if length else b""
+            if method == b"GET":
+                data = MODELS
+            else:
+                req = json.loads(body)
+                data = json.dumps(completion(req, reply_for(req))).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(data) + data)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+        pass
+    finally:
+        writer.close()
+
+
+async def main(port: int) -> None:
+    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=512)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, default=8099)
+    asyncio.run(main(ap.parse_args().port))

@@ -1,0 +1,296 @@
+"""A scripted OpenAI-compatible chat server on loopback, for unit tests and benchmarks.
+
+It answers `/v1/chat/completions` and `/v1/models` over real HTTP. Replies are
+deterministic functions of the prompt (an evolve prompt gets a rewritten
+instruction, the Equal judge gets "Not Equal", an answer prompt gets steps), so
+a resumed run can be compared with an uninterrupted one. Faults are scripted
+per request with `server.script(...)`: a queue of actions consumed one per
+request ("429", "503", "500", "hang", "401", "404", "400", "malformed",
+"truncated", "close", "ok"), then `default`.
+
+Every request is logged (`server.requests`) with a hash of its body and whether
+a full reply was sent, so tests can prove from the server side that no
+completed call was repeated.
+
+Run standalone: python testing/scripted_server.py --port 8099 [--log FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import re
+import socket
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+VOCAB = """river mountain compute budget tensor violin harbor prime matrix glacier poem invoice garden
+orbit enzyme ledger canyon sonnet circuit falcon recipe theorem lantern vaccine border quartz marathon
+parliament saddle cobalt tariff monsoon archive pixel lattice meadow cipher drought crater bakery
+turbine ballot coral sparrow voltage census magnet compass velvet pepper summit cactus beacon""".split()
+
+
+SYNTH_GOOD = "def add_numbers(a, b):\n    return a + b\n"
+SYNTH_BAD = "def add_numbers(a, b):\n    return a - b\n"
+SYNTH_TESTS = ("from solution import add_numbers\n\n"
+               "def test_add():\n    assert add_numbers(2, 3) == 5\n    assert add_numbers(-1, 1) == 0\n"
+               "    assert add_numbers(0, 0) == 0\n    assert add_numbers(10, 5) == 15\n")
+
+
+def synthesis_reply(prompt: str) -> str | None:
+    """Scripted answers to the task-synthesis prompts (tasks/synthesis/prompts.py).
+
+    A seed instruction containing BUGGY gets a wrong reference first (exercises the repair loop), one containing
+    TRIVIAL gets tests that assert nothing, one containing UNSOLVABLE gets solver answers that fail.
+    """
+    if "You write verifiable Python programming tasks" in prompt:
+        tests = "def test_nothing():\n    assert True\n" if "TRIVIAL" in prompt else SYNTH_TESTS
+        return json.dumps({"statement": "Write add_numbers(a, b) returning the sum of two integers, e.g. "
+                           "add_numbers(2, 3) == 5. Seed: " + hashlib.sha1(prompt.encode()).hexdigest()[:8]
+                           + (" UNSOLVABLE" if "UNSOLVABLE" in prompt else ""),
+                           "entry_point": "add_numbers", "solution": SYNTH_BAD if "BUGGY" in prompt else SYNTH_GOOD,
+                           "tests": tests})
+    if "A synthesized Python task failed its own tests" in prompt:
+        return json.dumps({"fixed": "solution", "solution": SYNTH_GOOD, "tests": SYNTH_TESTS,
+                           "explanation": "the reference subtracted instead of adding"})
+    if "Solve this Python programming task" in prompt:
+        code = SYNTH_BAD if "UNSOLVABLE" in prompt else SYNTH_GOOD
+        return f"Here you go:\n```python\n{code}```"
+    if "You write math word problems" in prompt:
+        wrong = "WRONGANSWER" in prompt
+        return json.dumps({"problem": "Ann buys 3 boxes of 4 apples. How many apples? " + hashlib.sha1(prompt.encode()).hexdigest()[:6],
+                           "steps": ["Step 1: 3 boxes of 4 apples is 3*4."], "answer": "3*5" if wrong else "3*4"})
+    if "Solve the following problem step by step" in prompt:
+        return "Step 1: 3 * 4 = 12.\nThe answer is: 12"
+    return None
+
+
+def reply_for(body: dict, judge_verdict: str = "Not Equal") -> str:
+    msgs = body.get("messages") or []
+    prompt = msgs[-1]["content"] if msgs else ""
+    h = hashlib.sha1(prompt.encode()).hexdigest()[:6]
+    if "Your Judgement" in prompt:
+        return judge_verdict
+    reward = reward_reply(prompt)
+    if reward is not None:
+        return reward
+    synth = synthesis_reply(prompt)
+    if synth is not None:
+        return synth
+    if "#Rewritten Prompt#:" in prompt or "#Created Prompt#:" in prompt or "#Rewritten Question#:" in prompt:
+        # a fresh, distinct instruction per prompt (so dedup keeps it): words drawn by the prompt's hash
+        rng = random.Random(int(hashlib.sha1(prompt.encode()).hexdigest(), 16))
+        words = " ".join(rng.choice(VOCAB) for _ in range(14))
+        return f"{words.capitalize()} {h}?"
+    if body.get("response_format", {}).get("type") == "json_object":
+        return '```json\n{"ok": true, "id": "%s"}\n```' % h
+    return f"Step 1: Read the task carefully {h}.\nStep 2: Work out the result.\nThe answer is: 42"
+
+
+def _solution_steps(prompt: str, marker: str) -> list[str]:
+    section = prompt.split(marker, 1)[1] if marker in prompt else ""
+    return re.findall(r"^Step \d+: (.*)$", section, re.M)
+
+
+def reward_reply(prompt: str) -> str | None:
+    """Reward-data prompts (tasks/reward/prompts.py), answered deterministically:
+    - IRM ranking: longer versions rank higher (a scripted version is a 14-word sentence, longer than the
+      short instructions the tests use), with scores 9 (best) down to 3 (worst);
+    - PRM step labels: a step is incorrect when it contains the word 'wrong' (fenced JSON);
+    - DeCoRL score: 2 + 2 per step without 'wrong' - 3 per step with it, clipped to 0..10;
+    - Math-Shepherd continuation: 'The answer is: 42', or 7 when a prefix step contains 'wrong'."""
+    if prompt.startswith("Rank these instructions for an AI assistant"):
+        versions = re.findall(r"^\[([A-Z])\] (.*)$", prompt, re.M)
+        order = [lab for lab, _ in sorted(versions, key=lambda v: (-len(v[1]), v[0]))]
+        n = len(order)
+        scores = {lab: round(9 - 6 * i / max(1, n - 1), 2) for i, lab in enumerate(order)}
+        return json.dumps({"ranking": order, "scores": scores})
+    if "The solution has" in prompt and '"labels"' in prompt:
+        steps = _solution_steps(prompt.split("The solution has", 1)[0], "#Solution#")
+        return "```json\n" + json.dumps({"labels": ["wrong" not in s.lower() for s in steps]}) + "\n```"
+    if "Score the solution" in prompt:
+        steps = _solution_steps(prompt.split("Reply with JSON", 1)[0], "#Solution#")
+        bad = sum("wrong" in s.lower() for s in steps)
+        return json.dumps({"score": max(0, min(10, 2 + 2 * (len(steps) - bad) - 3 * bad))})
+    if "#Solution so far#" in prompt:
+        wrong = any("wrong" in s.lower() for s in _solution_steps(prompt, "#Solution so far#"))
+        return "Step 9: Finish the computation.\nThe answer is: " + ("7" if wrong else "42")
+    return None
+
+
+def completion(body: dict, text: str) -> dict:
+    return {
+        "id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
+        "model": body.get("model", "scripted"),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": max(1, len(str(body.get("messages"))) // 4),
+                  "completion_tokens": max(1, len(text) // 4),
+                  "total_tokens": 0},
+    }
+
+
+class ScriptedServer:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, hang_seconds: float = 5.0,
+                 latency: float = 0.0, log_path: str | None = None, default: str = "ok"):
+        self.actions: deque[str] = deque()
+        self.default = default
+        self.judge_verdict = "Not Equal"
+        self.poison: str | None = None  # requests whose body contains this string get HTTP 500
+        self.evolve_overrides: dict[str, str] = {}  # evolve prompts containing KEY are answered with VALUE
+        self.hang_seconds = hang_seconds
+        self.latency = latency
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+        self.log_path = log_path
+        self._log_fh = open(log_path, "a", buffering=1) if log_path else None
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):  # quiet
+                pass
+
+            def do_GET(self):
+                if self.path.rstrip("/").endswith("/models"):
+                    self._json(200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+                else:
+                    self._json(404, {"error": {"message": "not found"}})
+
+            def do_POST(self):
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length)
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    body = {}
+                key = hashlib.sha256(raw).hexdigest()[:16]
+                with outer.lock:
+                    action = outer.actions.popleft() if outer.actions else outer.default
+                if outer.poison and outer.poison.encode() in raw:
+                    action = "500"
+                entry = {"key": key, "action": action, "completed": False, "t": time.time(),
+                         "auth": self.headers.get("authorization", "")}
+                with outer.lock:
+                    outer.requests.append(entry)
+                if outer.latency:
+                    time.sleep(outer.latency)
+                self._act(action, body, entry)
+
+            def _act(self, action, body, entry):
+                if action.startswith("429ra:"):
+                    return self._json(429, {"error": {"message": "slow down"}}, {"retry-after": action[6:]})
+                if action in ("429", "503", "500", "502"):
+                    headers = {"retry-after": "0"} if action == "429" else {}
+                    return self._json(int(action), {"error": {"message": f"scripted {action}"}}, headers)
+                if action in ("400", "401", "404"):
+                    return self._json(int(action), {"error": {"message": f"scripted {action}", "type": "invalid"}})
+                if action == "hang":
+                    time.sleep(outer.hang_seconds)
+                    return self._json(200, completion(body, reply_for(body)))
+                if action == "malformed":
+                    data = b'{"id": "x", "choices": [ {"message": '
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                if action == "truncated":
+                    data = json.dumps(completion(body, reply_for(body))).encode()
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    try:
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    return
+                if action == "close":
+                    self.close_connection = True
+                    try:
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    return
+                if action.startswith("text:"):
+                    text = action[5:]
+                else:
+                    text = reply_for(body, outer.judge_verdict)
+                    prompt = str((body.get("messages") or [{}])[-1].get("content", ""))
+                    if "Prompt#:" in prompt or "Question#:" in prompt:
+                        for key, value in outer.evolve_overrides.items():
+                            if key in prompt:
+                                text = value
+                self._json(200, completion(body, text))
+                entry["completed"] = True
+                if outer._log_fh:
+                    outer._log_fh.write(json.dumps({"key": entry["key"], "completed": True}) + "\n")
+
+            def _json(self, status, obj, headers=None):
+                data = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                try:
+                    self.wfile.write(data)
+                except OSError:
+                    pass
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+            request_queue_size = 256
+
+        self.httpd = Server((host, port), Handler)
+        self.port = self.httpd.server_address[1]
+        self.base_url = f"http://{host}:{self.port}/v1"
+        self._thread: threading.Thread | None = None
+
+    def script(self, *actions: str) -> "ScriptedServer":
+        with self.lock:
+            self.actions.extend(actions)
+        return self
+
+    def posts(self) -> list[dict]:
+        with self.lock:
+            return list(self.requests)
+
+    def start(self) -> "ScriptedServer":
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._log_fh:
+            self._log_fh.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, default=8099)
+    ap.add_argument("--latency", type=float, default=0.0)
+    ap.add_argument("--log", default=None)
+    a = ap.parse_args()
+    srv = ScriptedServer(port=a.port, latency=a.latency, log_path=a.log)
+    print(f"scripted server on {srv.base_url}", flush=True)
+    srv.httpd.serve_forever()

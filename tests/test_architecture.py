@@ -1,0 +1,147 @@
+"""The house plan, checked: layering, no cycles, one import style, Prefect-free tasks, no sys.path edits.
+
+Reads the source (ast), imports nothing of the package, so a broken module still gets a clear verdict.
+Layers, lowest first: config < storage < tasks < flows < cli / deployments. A module may import its own
+layer or lower ones. testing/ is a helper for tests and bench and may import anything but flows/cli.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_DIRS = ("config", "storage", "tasks", "flows", "deployments", "testing")
+LAYER = {"config": 0, "storage": 1, "tasks": 2, "testing": 3, "flows": 3, "deployments": 4, "cli": 4, "": 4}
+# tasks/ is Prefect-free, but for the gateway's optional use of a Prefect global concurrency limit
+# (imported only when `gateway.global_concurrency_limit` is set).
+PREFECT_ALLOWED_IN_TASKS = {"evolforge.tasks.core.gateway"}
+
+
+def module_files() -> dict[str, Path]:
+    files = {"evolforge": ROOT / "__init__.py", "evolforge.cli": ROOT / "cli.py"}
+    for d in PACKAGE_DIRS:
+        for path in (ROOT / d).rglob("*.py"):
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            files[".".join(["evolforge", *parts])] = path
+    return files
+
+
+def imports_of(path: Path) -> list[tuple[str, int, bool, int]]:
+    """(imported module, line, at module level, relative level) for every import in the file."""
+    tree = ast.parse(path.read_text(), str(path))
+    top = {id(n) for n in tree.body}
+    # a module-level `try: import x except ImportError` still counts as module level
+    for node in tree.body:
+        if isinstance(node, (ast.Try, ast.If)):
+            top.update(id(n) for n in ast.walk(node))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno, id(node) in top, 0) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            out.append((mod, node.lineno, id(node) in top, node.level))
+            # `from evolforge.tasks import x` imports the submodule x
+            out += [(f"{mod}.{a.name}", node.lineno, id(node) in top, node.level) for a in node.names]
+    return out
+
+
+def layer_of(module: str) -> tuple[str, int]:
+    part = module.split(".")[1] if module.count(".") else ""
+    return part, LAYER.get(part, 4)
+
+
+FILES = module_files()
+
+
+def test_no_relative_imports():
+    found = [f"{p.relative_to(ROOT)}:{line}" for m, p in FILES.items()
+             for _, line, _, level in imports_of(p) if level]
+    assert not found, f"relative imports (use absolute evolforge. imports): {found}"
+
+
+def test_no_upward_imports():
+    bad = []
+    for module, path in FILES.items():
+        name, level = layer_of(module)
+        for imported, line, _, _ in imports_of(path):
+            if not imported.startswith("evolforge.") or imported not in FILES:
+                continue
+            target, target_level = layer_of(imported)
+            if name == "testing" and target in ("flows", "cli", "deployments"):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {imported}")
+            elif name != "testing" and target_level > level and target != name:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {imported} ({name} -> {target})")
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_no_import_cycles_at_module_level():
+    graph = {m: sorted({i for i, _, top, _ in imports_of(p) if top and i in FILES and i != m})
+             for m, p in FILES.items()}
+    # a package's __init__ is imported before its submodules: an edge pkg.sub -> pkg is not a cycle of ours
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in graph[m]:
+            if m.startswith(n + "."):
+                continue
+            if state.get(n) == 1:
+                cycles.append(stack[stack.index(n):] + [n])
+            elif n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_tasks_are_prefect_free():
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {i}" for m, p in FILES.items()
+           if m.startswith("evolforge.tasks.") and m not in PREFECT_ALLOWED_IN_TASKS
+           for i, line, _, _ in imports_of(p) if i == "prefect" or i.startswith("prefect.") or i.startswith("prefect_")]
+    assert not bad, "tasks/ must not import Prefect (put the @task wrapper beside its flow):\n" + "\n".join(bad)
+
+
+def test_every_stage_is_a_sub_package():
+    flat = sorted(p.name for p in (ROOT / "tasks").glob("*.py") if p.name != "__init__.py")
+    assert not flat, f"flat modules in tasks/ (move each into its stage's sub-package): {flat}"
+    for pkg in (ROOT / "tasks").iterdir():
+        if pkg.is_dir() and not pkg.name.startswith("__"):
+            assert (pkg / "__init__.py").exists(), f"tasks/{pkg.name} has no __init__.py"
+
+
+@pytest.mark.parametrize("folder", ["tests", "bench", "testing"])
+def test_no_sys_path_edits(folder):
+    bad = []
+    for path in (ROOT / folder).rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+                    and node.value.id == "sys":
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not bad, f"sys.path edits (import from evolforge.testing instead): {bad}"
+
+
+def test_tests_import_no_sibling_test_modules():
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {i}" for p in (ROOT / "tests").glob("*.py")
+           for i, line, _, _ in imports_of(p) if i.split(".")[0].startswith("test_") or i == "conftest"]
+    assert not bad, f"tests importing other test modules (share helpers through evolforge.testing): {bad}"
+
+
+def test_setuptools_lists_every_package():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {m for m, p in FILES.items() if p.name == "__init__.py"}
+    assert packages <= listed, f"packages missing from pyproject's [tool.setuptools] packages: {packages - listed}"
