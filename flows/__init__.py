@@ -1,4 +1,4 @@
-"""One Prefect flow per stage, reading top to bottom like the DAG.
+"""One Prefect flow per stage, reading top to bottom like the DAG, each with its thin @task wrappers.
 
 - evolve:        seeds -> Evol-Instruct rounds (elimination, dedup every round) -> datasets + cost ledger.
 - nightly:       each night evolves the survivors of the last night one round further.
@@ -8,4 +8,10 @@
 - train_reward:  the IRM and the PRM.
 - ppo:           verl data + config (Ray job) and a local GRPO smoke run with r = rI * rA.
 - pipeline:      all of the above in order (PPO off by default).
+
+Shared by the flows:
+- _params:   StageParams / EndpointParams (the UI form's common fields) -> settings; the model endpoint.
+- _fanout:   the batch tasks' retry and cache options, and run_batches (one task per batch, progress,
+             one clear error naming the failed batches).
+- _runners:  the Prefect task runner from [runner] (threads, Dask, Ray).
 """

@@ -418,14 +418,10 @@ def local_copy(src: AnyPath, marker: str | None = None) -> Path:
     fs.invalidate_cache()
     if not fs.exists(path):
         raise FileNotFoundError(f"{src} not found")
-    import shutil
-
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True, exist_ok=True)
     root = path.rstrip("/")
-    for f in fs.find(root):
-        rel = f[len(root):].lstrip("/")
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(fs.cat_file(f))
+    with atomic_dir(dest) as tmp:  # a download cut short never passes for a complete cache
+        for f in fs.find(root):
+            target = tmp / f[len(root):].lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(fs.cat_file(f))
     return dest

@@ -3,7 +3,7 @@
 A pydantic mirror of the part of verl's `ppo_trainer.yaml` that evolforge sets, `extra="forbid"` at every
 level, so a misspelt or misplaced key fails here even where verl itself cannot be imported. The constraints
 are verl's own (batch sizes divide) plus the published RLEIF settings' bounds (rollout batch >= 64).
-`tasks/ppo_verl.validate_against_verl` checks the same overrides against verl's own config when verl (or its
+`tasks/ppo/verl.validate_against_verl` checks the same overrides against verl's own config when verl (or its
 generated YAML) is available.
 """
 

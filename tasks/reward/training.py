@@ -2,7 +2,7 @@
 
 - IRM: sequence classification with one output (the reward), pairwise loss -log sigmoid(r_chosen - r_rejected
   - margin), trained by `trl.RewardTrainer` on the pairs of irm_pairs.parquet. The pairs are tokenized here
-  (`reward_scoring.encode_irm`: prompt + instruction, truncated rather than dropped when long) and handed to
+  (`scoring.encode_irm`: prompt + instruction, truncated rather than dropped when long) and handed to
   the trainer as its documented pre-tokenized form (chosen_ids, rejected_ids, margin).
 - PRM: token classification (correct / incorrect) at the step separators, every other token ignored (-100),
   trained by `transformers.Trainer`. TRL 1.x ships no PRMTrainer any more (not in trl.experimental either in
