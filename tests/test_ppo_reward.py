@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from evolforge.tasks.ppo import reward as ppo_reward
-from evolforge.tasks.ppo.answers import answer_correct, extract_answer, split_steps
 from evolforge.tasks.ppo.reward import PPOReward, aggregate, combine
+from evolforge.tasks.text.answers import answer_correct, extract_answer
+from evolforge.tasks.text.steps import split_steps
 from evolforge.testing.ppo_models import (
     IRM_PROMPT,
     ForwardCounter,
@@ -30,14 +31,14 @@ class FakeIRM:
 
 
 class FakePRM:
-    """Step score = the number written in the step ("Step 1: 0.9")."""
+    """Step score = the number the step starts with ("Step 1: 0.9" is the step "0.9": markers are stripped)."""
 
     def __init__(self):
         self.calls = []
 
     def __call__(self, prompts, steps):
         self.calls.append((list(prompts), [list(s) for s in steps]))
-        return [[float(step.split(":")[1].split()[0]) for step in ss] for ss in steps]
+        return [[float(step.split()[0]) for step in ss] for ss in steps]
 
 
 def reward(aggregation="min", answer_weight=0.5):
@@ -89,9 +90,15 @@ def test_answer_parsing():
     assert answer_correct("The answer is: 3/4", "0.75") is True
     assert answer_correct("The answer is: Paris.", "paris") is True
     assert answer_correct("anything", "") is None
-    assert split_steps("Step 1: a\nStep 2: b Step 3: c") == ["Step 1: a", "Step 2: b", "Step 3: c"]
-    assert split_steps("First we think.\nStep 1: a") == ["First we think.", "Step 1: a"]
-    assert split_steps("line one\n\nline two") == ["line one", "line two"]
+    # the last marker wins; a '#### Step N' heading is not an answer
+    assert extract_answer("The answer is 3.\nOn second thought \\boxed{4}") == "4"
+    assert extract_answer("#### Step 1\nadd\n#### Step 2\nso 7", fallback_last_number=True) == "7"
+    assert extract_answer("Final answer: **12**.") == "12" and extract_answer("\\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+    # the PRM's training splitter (tasks/text/steps.py): markers and a preamble are not part of any step.
+    # (This test used to pin the PPO-only splitter, which kept "Step 1:" and scored the preamble as a step.)
+    assert split_steps("Step 1: a\nStep 2: b Step 3: c") == ["a", "b", "c"]
+    assert split_steps("First we think.\nStep 1: a") == ["a"]
+    assert split_steps("line one\n\nline two") == ["line one", "line two"]  # no markers at all: one per line
 
 
 def test_batch_shapes_and_one_call_per_scorer():
@@ -185,14 +192,19 @@ def test_async_verl_reward_coalesces_concurrent_calls(models):
 
 def test_verl_loads_the_file_by_path_without_evolforge(models, monkeypatch):
     """verl's load_extern_object imports tasks/ppo/reward.py from its path; evolforge may be absent there."""
-    for name in ("evolforge.tasks.ppo.answers", "evolforge.tasks.ppo.scorers"):
-        monkeypatch.setitem(sys.modules, name, None)  # import of these now raises ImportError
+    for name in [n for n in sys.modules if n == "evolforge" or n.startswith("evolforge.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # any import of evolforge now raises ImportError
+    for name in ("evolforge_text_steps", "evolforge_text_answers", "evolforge_text_encoding", "evolforge_ppo_scorers"):
+        monkeypatch.setitem(sys.modules, name, None)  # the by-location modules are removed again afterwards
     monkeypatch.setenv("EVOLFORGE_PPO_IRM_DIR", models[0])
     monkeypatch.setenv("EVOLFORGE_PPO_PRM_DIR", models[1])
     spec = importlib.util.spec_from_file_location("custom_module", ppo_reward.__file__)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.split_steps.__module__ == "answers"  # the sibling-file fallback was used
+    # the fallback loaded the shared files by location: tasks/text/steps.py, answers.py, encoding.py
+    assert module.split_steps.__module__ == "evolforge_text_steps"
+    assert module.answer_correct.__module__ == "evolforge_text_answers"
+    assert module.HFStepScorer.encode.__globals__["encode_prm"].__module__ == "evolforge_text_encoding"
     params = list(inspect.signature(module.compute_score).parameters)
     assert params[:4] == ["data_source", "solution_str", "ground_truth", "extra_info"]
     value = module.compute_score("evolforge/math", "Step 1: 2 + 2 = 4\nThe answer is: 4", "4", {"question": "What is 2 + 2?"})

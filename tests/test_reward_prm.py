@@ -5,14 +5,9 @@ from __future__ import annotations
 import pytest
 
 from evolforge.tasks.core.gateway import Gateway
-from evolforge.tasks.reward.prm import (
-    final_answer,
-    label_answer,
-    parse_score,
-    parse_step_labels,
-    same_answer,
-    split_steps,
-)
+from evolforge.tasks.reward.prm import label_answer, parse_score, parse_step_labels
+from evolforge.tasks.text.answers import answers_match, extract_answer
+from evolforge.tasks.text.steps import steps_or_reason
 from evolforge.testing.settings import make_settings
 
 GOOD_WRONG_GOOD = "Step 1: Add 40 and 2.\nStep 2: This is wrong: subtract 35.\nStep 3: So 40 + 2 = 42.\nThe answer is: 42"
@@ -37,7 +32,7 @@ def row(answer, domain="math", reference=None):
     ("1. add the numbers\n2) divide by two", ["add the numbers", "divide by two"]),
 ])
 def test_split_steps(answer, steps):
-    assert split_steps(answer) == (steps, None)
+    assert steps_or_reason(answer) == (steps, None)
 
 
 @pytest.mark.parametrize("answer,why", [
@@ -47,15 +42,16 @@ def test_split_steps(answer, steps):
     ("Step 1: a\nStep 2:\n", "empty"),
 ])
 def test_not_step_form_is_rejected_with_a_reason(answer, why):
-    steps, reason = split_steps(answer)
+    steps, reason = steps_or_reason(answer)
     assert steps is None and why in reason
 
 
 def test_final_answers_and_comparison():
-    assert final_answer("Step 2: so.\nThe final answer is: $1,200.") == "$1,200."
-    assert final_answer("#### 17") == "17" and final_answer("so \\boxed{3.5}") == "3.5"
-    assert same_answer("$1,200.", "1200") and same_answer("x = 3", "3") and not same_answer("7", "42")
-    assert not same_answer(None, "42")
+    # the shared extractor (tasks/text/answers.py) drops the '$' and the trailing '.' ('$1,200.' before)
+    assert extract_answer("Step 2: so.\nThe final answer is: $1,200.") == "1,200"
+    assert extract_answer("#### 17") == "17" and extract_answer("so \\boxed{3.5}") == "3.5"
+    assert answers_match("$1,200.", "1200") and answers_match("x = 3", "3") and not answers_match("7", "42")
+    assert not answers_match(None, "42")
 
 
 def test_parse_step_labels_and_scores():

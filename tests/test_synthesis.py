@@ -22,6 +22,10 @@ def test_eval_number_is_safe_arithmetic(expr, value):
 def test_final_answer_and_difficulty():
     assert chk.final_answer("Step 1: 3*4\nThe answer is: 12") == 12.0
     assert chk.final_answer("so we get 7 apples and then 9") == 9.0
+    # the shared extractor (tasks/text/answers.py) finds the text, eval_number evaluates it
+    assert chk.final_answer("Step 1: 3*4 = 12.\nThe answer is: 3*4 = 12 apples.") == 12.0
+    assert chk.final_answer("so \\boxed{\\frac{3}{4}}") == 0.75 and chk.final_answer("#### 1,200") == 1200.0
+    assert chk.final_answer("no number here") is None
     assert [chk.difficulty(x) for x in (1.0, 0.67, 0.5, 1 / 3, 0.2, 0.0)] == ["easy", "easy", "medium", "medium", "hard", "hard"]
 
 

