@@ -2,7 +2,8 @@
 
 - core/       the shared machinery: gateway (the one door to every model), pricing, json_parse,
               embedded_model (the local llama.cpp server), batch (the one batch runtime), reporting.
-- text/       the one step splitter and the one answer extractor, used by reward, ppo and synthesis.
+- text/       the one step splitter, the one answer extractor (reward, ppo, synthesis) and the one
+              reward-model encoding (training and PPO scoring), stdlib only: verl loads them by path.
 - evolve/     Evol-Instruct: prompts, evolution, elimination, one batch, the dedup step of a round.
 - dedup/      exact, MinHash + LSH and embedding dedup, with a persistent index.
 - synthesis/  verified tasks: propose -> sandboxed tests -> repair -> solver check, one batch.
