@@ -153,27 +153,17 @@ def cmd_serve_model(args) -> int:
 
 
 def preflight(settings, base_url: str, embedded: bool) -> list[dict]:
-    from evolforge.tasks.core.gateway import Gateway, GatewayError
+    """One minimal completion per distinct model of every stage (and the reward stage's variant models)."""
+    from evolforge.tasks.core.gateway import Gateway
 
     gw = Gateway(settings.model_copy(update={"gateway": settings.gateway.model_copy(update={"max_retries": 0})}),
                  base_url=base_url, run_id="preflight",
                  embedded_models={settings.embedded.alias} if embedded else set())
-    stages = ["evolve", "answer", "judge"]
-    by_model: dict[str, list[str]] = {}
-    for s in stages:
-        by_model.setdefault(settings.models.for_stage(s), []).append(s)
-    report = []
-    for model, used_by in by_model.items():
-        t0 = time.perf_counter()
-        try:
-            res = gw.chat(used_by[0], [{"role": "user", "content": "Reply with the word OK."}],
-                          task_id="preflight", max_tokens=4, temperature=0.0, model=model)
-            report.append({"model": model, "stages": used_by, "ok": True,
-                           "latency_s": round(time.perf_counter() - t0, 3), "reply": res.text[:40]})
-        except GatewayError as e:
-            report.append({"model": model, "stages": used_by, "ok": False, "error": str(e)})
-    gw.close()
-    return report
+    try:
+        return gw.check_models(["evolve", "answer", "judge", "synthesize", "solver"],
+                               tuple(settings.reward.variant_models))
+    finally:
+        gw.close()
 
 
 def cmd_preflight(args) -> int:
@@ -181,13 +171,17 @@ def cmd_preflight(args) -> int:
     import contextlib
 
     from evolforge.tasks.core.embedded_model import embedded_server
-    from evolforge.tasks.core.gateway import mask_secret, read_api_key
+    from evolforge.tasks.core.gateway import InsecureKeyTransport, mask_secret, read_api_key
 
     ctx = embedded_server(settings.embedded) if settings.uses_embedded_model else contextlib.nullcontext(
         settings.gateway.base_url)
     with ctx as base_url:
         print(f"endpoint: {base_url}  key: {mask_secret(read_api_key())}")
-        report = preflight(settings, base_url, settings.uses_embedded_model)
+        try:
+            report = preflight(settings, base_url, settings.uses_embedded_model)
+        except InsecureKeyTransport as e:
+            print(f"evolforge: {e}", file=sys.stderr)
+            return 2
     ok = True
     for r in report:
         if r["ok"]:

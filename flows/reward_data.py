@@ -90,7 +90,7 @@ def reward_data_flow(params: RewardDataParams) -> dict:
     try:
         with model_endpoint(settings, run_layout) as base_url, build_task_runner(settings.runner) as runner:
             gw = gateway_for(settings, base_url, run_id, layout.root)
-            gw.check_reachable()
+            gw.check_reachable(("evolve", "answer", "judge"), tuple(settings.reward.variant_models))
             logger.info("model endpoint %s; PRM method %s", gw.describe(), cfg.step_label_method)
             batches = _run_batches(layout, list(params.kinds), settings, base_url, run_id, runner)
             gateway_stats = gw.stats.as_dict()

@@ -23,11 +23,12 @@ from evolforge.flows._params import EndpointParams, model_endpoint
 from evolforge.flows._runners import build_task_runner
 from evolforge.storage.datasets import import_seeds
 from evolforge.storage.fs import exists
-from evolforge.storage.ledger import read_ledger
+from evolforge.storage.ledger import known_sum, read_ledger
 from evolforge.storage.parts import num_row_groups, write_table_atomic
 from evolforge.storage.rounds import write_json_atomic
 from evolforge.storage.synthesis_sets import SynthLayout, write_csv_atomic
 from evolforge.tasks.core.batch import close_gateways, gateway_for, settings_from_json
+from evolforge.tasks.core.reporting import usd
 from evolforge.tasks.sandbox.run import check_sandbox_available
 from evolforge.tasks.synthesis.batch import run_synthesize_batch
 
@@ -50,7 +51,7 @@ def cost_per_task(ledger: pl.DataFrame, tasks: pl.DataFrame) -> pl.DataFrame:
     led = ledger.with_columns(pl.col("stage").replace(phase).alias("phase"))
     per = led.group_by("task_id", "phase").agg(
         pl.len().alias("calls"), (pl.col("prompt_tokens").fill_null(0) + pl.col("completion_tokens").fill_null(0)).sum().alias("tokens"),
-        pl.col("cost_usd").sum().alias("usd"))
+        known_sum("cost_usd").alias("usd"))
     wide = tasks.select("task_id", "kind", "status", "reject_reason", "difficulty", "repairs", "wall_seconds",
                         "sandbox_seconds")
     for ph in ("proposal", "repairs", "solver"):
@@ -58,9 +59,18 @@ def cost_per_task(ledger: pl.DataFrame, tasks: pl.DataFrame) -> pl.DataFrame:
             "task_id", pl.col("calls").alias(f"{ph}_calls"), pl.col("tokens").alias(f"{ph}_tokens"),
             pl.col("usd").alias(f"{ph}_usd"))
         wide = wide.join(part, on="task_id", how="left")
-    totals = led.group_by("task_id").agg(pl.len().alias("calls"), pl.col("cost_usd").sum().alias("usd"),
+    totals = led.group_by("task_id").agg(pl.len().alias("calls"), known_sum("cost_usd").alias("usd"),
                                          pl.col("cost_usd").is_null().sum().alias("unpriced_calls"))
-    return wide.join(totals, on="task_id", how="left").fill_null(strategy="zero").sort("task_id")
+    out = wide.join(totals, on="task_id", how="left")
+    # a task without calls cost nothing; a task with an unpriced call has an unknown cost (null), never 0
+    no_calls = pl.col("calls").is_null()
+    return out.with_columns(
+        *[pl.when(no_calls).then(0).otherwise(pl.col(c).fill_null(0)).alias(c)
+          for c in out.columns if c.endswith(("_calls", "_tokens")) or c in ("calls", "unpriced_calls")],
+        *[pl.when(no_calls | pl.col(c.replace("_usd", "_calls")).is_null()).then(0.0).otherwise(pl.col(c)).alias(c)
+          for c in out.columns if c.endswith("_usd")],
+        pl.when(no_calls).then(0.0).otherwise(pl.col("usd")).alias("usd"),
+    ).sort("task_id")
 
 
 def summarize(table: pl.DataFrame, costs: pl.DataFrame) -> dict:
@@ -72,13 +82,19 @@ def summarize(table: pl.DataFrame, costs: pl.DataFrame) -> dict:
         "by_kind": table.group_by("kind", "status").len().to_dicts(),
         "by_difficulty": kept.group_by("difficulty").len().to_dicts() if kept.height else [],
         "rejections": {r["reject_reason"]: r["len"] for r in reasons.to_dicts()},
-        "total_usd": float(costs["usd"].sum()), "unpriced_calls": int(costs["unpriced_calls"].sum()),
-        "usd_per_kept_task": {"mean": _f(kept["usd"].mean()), "median": _f(kept["usd"].median())},
+        "total_usd": _known(costs["usd"], costs["usd"].sum()), "unpriced_calls": int(costs["unpriced_calls"].sum()),
+        "usd_per_kept_task": {"mean": _known(kept["usd"], kept["usd"].mean()),
+                              "median": _known(kept["usd"], kept["usd"].median())},
         "minutes_per_kept_task": {"mean": _f(kept["wall_seconds"].mean(), 60), "median": _f(kept["wall_seconds"].median(), 60)},
         "sandbox_seconds": float(costs["sandbox_seconds"].sum()),
         # all model calls and sandbox time, divided over the kept tasks (what a kept task really costs)
-        "usd_per_kept_task_all_in": round(float(costs["usd"].sum()) / kept.height, 6) if kept.height else None,
+        "usd_per_kept_task_all_in": _known(costs["usd"], costs["usd"].sum() / kept.height) if kept.height else None,
     }
+
+
+def _known(values: pl.Series, stat) -> float | None:
+    """A cost statistic, or None (unknown) when any task in it has an unpriced call."""
+    return None if values.null_count() else _f(stat)
 
 
 def _f(v, div: float = 1.0):
@@ -99,7 +115,7 @@ def synthesize_flow(params: SynthesizeParams) -> dict:
     settings_json = settings.model_dump_json()
     try:
         with model_endpoint(settings, lay) as base_url, build_task_runner(settings.runner) as runner:
-            gateway_for(settings, base_url, run_id, lay.root).check_reachable()
+            gateway_for(settings, base_url, run_id, lay.root).check_reachable(("synthesize", "solver"))
             run_batches(runner, synthesize_batch_task,
                         [(f"synthesize-batch-{b:05d}", dict(out_dir=str(lay.root), batch=b, settings_json=settings_json,
                                                            base_url=base_url, run_id=run_id))
@@ -121,8 +137,8 @@ def synthesize_flow(params: SynthesizeParams) -> dict:
                           description="Cost per task: calls, tokens, USD, wall and sandbox seconds by phase")
     md = [f"# Task synthesis `{run_id}`", "",
           f"Yield: {summary['kept']} kept / {summary['proposed']} proposed ({summary['yield']:.0%})", "",
-          f"Per kept task: mean ${summary['usd_per_kept_task']['mean'] or 0:.6f}, median "
-          f"${summary['usd_per_kept_task']['median'] or 0:.6f}; mean {summary['minutes_per_kept_task']['mean'] or 0:.2f} min",
+          f"Per kept task: mean {usd(summary['usd_per_kept_task']['mean'])}, median "
+          f"{usd(summary['usd_per_kept_task']['median'])}; mean {summary['minutes_per_kept_task']['mean'] or 0:.2f} min",
           f"Sandbox seconds: {summary['sandbox_seconds']:.1f}; unpriced calls: {summary['unpriced_calls']}", "",
           "## Rejections", ""] + [f"- {k}: {v}" for k, v in summary["rejections"].items()]
     create_markdown_artifact(key="synthesis-summary", markdown="\n".join(md), description="Task synthesis summary")

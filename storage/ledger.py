@@ -139,7 +139,13 @@ class LedgerTail:
 
 
 def totals(df: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """Calls, retries, tokens, USD and model seconds grouped by `by` columns."""
+def known_sum(column: str) -> pl.Expr:
+    """The sum of a cost column, null (unknown) as soon as one value is null: an unknown cost never sums as 0."""
+    return pl.when(pl.col(column).is_null().any()).then(None).otherwise(pl.col(column).sum())
+
+
+    """Calls, retries, tokens, USD and model seconds grouped by `by` columns; USD is null where any call in the
+    group has no price (`unpriced_calls` counts them)."""
     return (
         df.group_by(by)
         .agg(
@@ -147,8 +153,7 @@ def totals(df: pl.DataFrame, by: list[str]) -> pl.DataFrame:
             (pl.col("outcome") != "ok").sum().alias("failed_attempts"),
             pl.col("prompt_tokens").sum().alias("prompt_tokens"),
             pl.col("completion_tokens").sum().alias("completion_tokens"),
-            pl.when(pl.col("cost_usd").is_not_null().any()).then(pl.col("cost_usd").sum())
-            .otherwise(None).alias("cost_usd"),
+            known_sum("cost_usd").alias("cost_usd"),
             pl.col("cost_usd").is_null().sum().alias("unpriced_calls"),
             pl.col("latency_s").sum().alias("model_seconds"),
         )

@@ -28,6 +28,8 @@ import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from evolforge.tasks.core.gateway import PREFLIGHT_PROMPT
+
 VOCAB = """river mountain compute budget tensor violin harbor prime matrix glacier poem invoice garden
 orbit enzyme ledger canyon sonnet circuit falcon recipe theorem lantern vaccine border quartz marathon
 parliament saddle cobalt tariff monsoon archive pixel lattice meadow cipher drought crater bakery
@@ -136,6 +138,11 @@ def completion(body: dict, text: str) -> dict:
 class ScriptedServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, hang_seconds: float = 5.0,
                  latency: float = 0.0, log_path: str | None = None, default: str = "ok"):
+def _is_probe(body: dict) -> bool:
+    msgs = body.get("messages") or []
+    return len(msgs) == 1 and msgs[0].get("content") == PREFLIGHT_PROMPT
+
+
         self.actions: deque[str] = deque()
         self.default = default
         self.judge_verdict = "Not Equal"
@@ -147,6 +154,11 @@ class ScriptedServer:
         self.lock = threading.Lock()
         self.log_path = log_path
         self._log_fh = open(log_path, "a", buffering=1) if log_path else None
+        # The gateway's pre-flight probes (one per model at the start of a flow) are answered with
+        # `preflight_action` and kept apart in `probes`: scripted faults and `posts()` are about the work.
+        self.preflight_action = "ok"
+        self.probes: list[dict] = []
+        self.unknown_models: set[str] = set()  # a probe naming one of these is answered 404 (model not found)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -172,6 +184,13 @@ class ScriptedServer:
                 with outer.lock:
                     action = outer.actions.popleft() if outer.actions else outer.default
                 if outer.poison and outer.poison.encode() in raw:
+                if _is_probe(body):
+                    action = "404" if body.get("model") in outer.unknown_models else outer.preflight_action
+                    entry = {"key": key, "action": action, "completed": False, "t": time.time(),
+                             "auth": self.headers.get("authorization", ""), "model": body.get("model")}
+                    with outer.lock:
+                        outer.probes.append(entry)
+                    return self._act(action, body, entry)
                     action = "500"
                 entry = {"key": key, "action": action, "completed": False, "t": time.time(),
                          "auth": self.headers.get("authorization", "")}

@@ -46,7 +46,8 @@ def test_flaky_endpoint_run_completes_and_ledger_shows_retries(tmp_path, server)
     failed = {o["outcome"]: o["count"] for o in outcomes if o["outcome"] != "ok"}
     assert failed == {"http_429": 3, "http_503": 1, "timeout": 1, "connection_error": 2,
                       "malformed_response": 1, "http_500": 1}
-    assert ledger.height == len(server.posts()) == 24 + 9
+    work = ledger.filter(pl.col("stage") != "preflight")  # the flow's pre-flight probe is charged too
+    assert work.height == len(server.posts()) == 24 + 9 and ledger.height - work.height == len(server.probes) == 1
     assert summary["cost"]["failed_attempts"] == 9
 
 

@@ -44,11 +44,13 @@ def test_evolve_flow_end_to_end(tmp_path, server):
     evolved = pl.read_parquet(lay.evolved)
     assert evolved.height == 15 and evolved.filter(pl.col("status") == "seed").height == 5
     # ledger rows are exactly the calls the server saw
-    assert read_ledger(lay.root).height == len(server.posts()) == 30
+    ledger = read_ledger(lay.root)
+    assert ledger.filter(pl.col("stage") != "preflight").height == len(server.posts()) == 30
+    assert ledger.filter(pl.col("stage") == "preflight").height == len(server.probes) == 1  # charged, as every call
     on_disk = json.loads(lay.summary.read_text())
     assert on_disk["cost"]["by_stage"] and on_disk["counts"]["final_pool"] == 5
     assert sum(1 for _ in open(lay.rejects)) == 1
-    assert pl.read_parquet(lay.ledger_parquet).height == 30
+    assert pl.read_parquet(lay.ledger_parquet).height == 31  # the work and the pre-flight probe
 
 
 def test_eliminated_parents_return_to_the_pool(tmp_path, server):

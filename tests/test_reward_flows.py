@@ -37,6 +37,7 @@ def test_reward_data_then_training_then_scoring(tmp_path, server):
     assert sum(1 for x in steps["labels"].explode() if not x) == 2  # the two "wrong" steps
     # every call is in the ledger, charged to the instruction or answer it served
     ledger = read_ledger(lay.root)
+    ledger = ledger.filter(pl.col("stage") != "preflight")  # the pre-flight probe is charged too
     assert ledger.height == len(server.posts()) == 12 * 3 + 6 + 2  # rankings + versions, step labels, re-asks
     assert set(ledger["task_id"]) == {f"irm-{x}{i}" for x in "se" for i in range(6)} | {f"prm-e{i}" for i in range(6)}
     health = json.loads(lay.health.read_text())

@@ -25,6 +25,11 @@ class GatewaySettings(Section):
         description="Name of a Prefect global concurrency limit (with slot decay) every call also takes a slot of; "
         "empty disables. Create it with `prefect gcl create NAME --limit N --slot-decay-per-second R`.",
     )
+    allow_key_over_http: bool = Field(
+        False, description="Send the API key over plain http to a host that is not loopback (a trusted private "
+        "network). Off: a key goes over http only to 127.0.0.0/8, ::1 or localhost, and a run against another "
+        "http host with a key set stops at start with an error naming this setting. https is always allowed.",
+    )
     fail_fast_after: int = Field(
         3, ge=1, description="After this many consecutive calls exhaust their retries on connection errors, "
         "the endpoint is declared down and the run stops with one clear error.",

@@ -2,7 +2,9 @@
 
 - one OpenAI-compatible base URL, one API key from the environment
   (`EVOLFORGE_API_KEY`, else `OPENAI_API_KEY`; never from a file, never logged:
-  `mask_secret` is the only way it is ever shown);
+  `mask_secret` is the only way it is ever shown); a key goes over plain http
+  only to a loopback host unless `gateway.allow_key_over_http` says otherwise
+  (`check_key_transport`);
 - a model per stage (`[models]` in config);
 - bounded concurrency (a semaphore per gateway, plus an optional Prefect
   global concurrency limit with slot decay);
@@ -13,7 +15,10 @@
 - fail fast: when the endpoint is unreachable for `fail_fast_after`
   consecutive calls, every further call raises `EndpointDown` at once;
 - one cost-ledger row per attempt; a journal (see storage/journal.py) replays
-  finished calls on resume so they are never sent twice.
+  finished calls on resume so they are never sent twice;
+- `check_models(stages)`: one minimal completion per distinct model of the
+  stages a flow is about to use (what `evolforge preflight` prints), so a key the
+  endpoint refuses or a model it does not serve stops the run before any work.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ log = logging.getLogger("evolforge.gateway")
 
 API_KEY_ENV = ("EVOLFORGE_API_KEY", "OPENAI_API_KEY")
 NO_KEY = "sk-no-key-required"
+PREFLIGHT_PROMPT = "Reply with the word OK."  # the pre-flight probe: one minimal completion per model
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
 
 
@@ -50,6 +56,37 @@ def read_api_key(environ: dict | None = None) -> str | None:
         if environ.get(name):
             return environ[name]
     return None
+
+
+LOOPBACK_HOSTS = {"localhost", "ip6-localhost", "ip6-loopback"}
+
+
+class InsecureKeyTransport(ValueError):
+    """An API key would travel over plain http to a host that is not this machine."""
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    host = (host or "").strip("[]").lower()
+    if host in LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_key_transport(base_url: str, api_key: str | None, allow_http: bool) -> None:
+    """Refuse to send a key over plain http to a non-loopback host unless explicitly allowed."""
+    if not api_key or api_key == NO_KEY or allow_http:
+        return
+    url = httpx.URL(base_url)
+    if url.scheme == "http" and not is_loopback(url.host):
+        raise InsecureKeyTransport(
+            f"refusing to send the API key over plain http to {url.host} ({base_url}): use https, or set "
+            "gateway.allow_key_over_http = true (EVOLFORGE__GATEWAY__ALLOW_KEY_OVER_HTTP=true) for a trusted "
+            "private network, or unset EVOLFORGE_API_KEY / OPENAI_API_KEY if the endpoint needs no key")
 
 
 def mask_secret(secret: str | None) -> str:
@@ -151,6 +188,7 @@ class Gateway:
         self.prices = PriceBook(settings.pricing, embedded_models)
         self.embedded_models = set(embedded_models)
         self._api_key = api_key if api_key is not None else (read_api_key() or NO_KEY)
+        check_key_transport(self.base_url, self._api_key, self.cfg.allow_key_over_http)
         self._client = openai.OpenAI(
             base_url=self.base_url,
             api_key=self._api_key,
@@ -226,17 +264,49 @@ class Gateway:
             log.info("unparseable JSON from %s for task %s: %s", res.model, kw.get("task_id"), e)
             return None, res
 
-    def check_reachable(self, timeout: float = 10.0) -> None:
-        """Fail fast before a run: any HTTP answer means up; a refused or hanging connection means down."""
+    def check_reachable(self, stages: tuple[str, ...] = ("evolve", "answer", "judge"),
+                        extra_models: tuple[str, ...] = ()) -> list[dict]:
+        """Before a run: one minimal completion per distinct model of `stages` (plus `extra_models`).
+        A refused key, an unknown model or a down endpoint raises here, naming the model and the stages."""
         url = self.base_url + "/models"
-        try:
-            with httpx.Client(timeout=timeout) as c:
+        try:  # a refused or hanging connection: down at once, without a completion's retries
+            with httpx.Client(timeout=min(10.0, self.cfg.timeout_seconds)) as c:
                 c.get(url, headers={"Authorization": f"Bearer {self._api_key}"})
         except httpx.HTTPError as e:
             raise EndpointDown(
                 f"model endpoint {self.base_url} is unreachable ({type(e).__name__}: {e}); "
                 "start it, fix gateway.base_url, or leave base_url empty to use the embedded model"
             ) from None
+        report = self.check_models(stages, extra_models)
+        failed = [r for r in report if not r["ok"]]
+        if failed:
+            first = failed[0]
+            err = first["exception"]
+            msg = (f"pre-flight failed for model {first['model']!r} (stages {', '.join(first['stages'])}) at "
+                   f"{self.base_url}: {first['error']}")
+            raise (EndpointDown(msg) if isinstance(err, EndpointDown) else GatewayError(
+                msg, status=getattr(err, "status", None), retryable=getattr(err, "retryable", False),
+                fatal=not getattr(err, "retryable", False)))
+        return report
+
+    def check_models(self, stages: tuple[str, ...] | list[str], extra_models: tuple[str, ...] = ()) -> list[dict]:
+        """One minimal completion per distinct model of `stages`; a report row per model (never raises)."""
+        by_model: dict[str, list[str]] = {}
+        for stage in stages:
+            by_model.setdefault(self.model_for(stage), []).append(stage)
+        for model in extra_models:
+            by_model.setdefault(model, []).append("extra")
+        report = []
+        for model, used_by in by_model.items():
+            t0 = time.perf_counter()
+            try:
+                res = self.chat("preflight", [{"role": "user", "content": PREFLIGHT_PROMPT}],
+                                task_id="preflight", purpose="preflight", max_tokens=4, temperature=0.0, model=model)
+                report.append({"model": model, "stages": used_by, "ok": True,
+                               "latency_s": round(time.perf_counter() - t0, 3), "reply": res.text[:40]})
+            except GatewayError as e:
+                report.append({"model": model, "stages": used_by, "ok": False, "error": str(e), "exception": e})
+        return report
 
     def close(self) -> None:
         self._client.close()
