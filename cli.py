@@ -220,6 +220,40 @@ def main(argv: list[str] | None = None) -> int:
     from evolforge.config.settings import SAMPLE_SEEDS
 
     p.add_argument("--seeds", default=str(SAMPLE_SEEDS), help="jsonl, parquet or csv of seed instructions")
+def cmd_proxy(args) -> int:
+    """Serve the recording proxy (foreground, no Prefect needed), or --check it once."""
+    import contextlib
+
+    from evolforge.tasks.core.embedded_model import embedded_server
+    from evolforge.tasks.proxy.app import ProxyConfigError
+    from evolforge.tasks.proxy.server import check, serve
+
+    proxy_overrides = {k: v for k, v in (("upstream", args.upstream), ("host", args.host), ("port", args.port))
+                       if v is not None}
+    settings = _settings(args, {"proxy": proxy_overrides})
+    upstream = settings.proxy.upstream
+    embedded = not upstream
+    ctx = embedded_server(settings.embedded) if embedded else contextlib.nullcontext(upstream)
+    try:
+        with ctx as url:
+            models = {settings.embedded.alias} if embedded else set()
+            if args.check:
+                res = check(settings, url, args.out, args.model or settings.models.default)
+                if res["ok"]:
+                    print(f"OK  {res['latency_s']:.3f}s through the proxy to {url}")
+                    return 0
+                print(f"FAIL HTTP {res.get('status', '-')}: {res['error']}\n     fix: {res['fix']}", file=sys.stderr)
+                return 1
+            cfg = settings.proxy
+            print(f"recording proxy on http://{cfg.host}:{cfg.port}/v1 -> {url}; records in {args.out}\n"
+                  f"  agents: set the base URL to http://{cfg.host}:{cfg.port}/s/SESSION/v1", flush=True)
+            serve(settings, url, args.out, models)
+    except ProxyConfigError as e:
+        print(f"evolforge: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
     p.add_argument("--out", required=True, help="output folder (checkpoints, datasets, ledger)")
     p.add_argument("--rounds", type=int, help="evolution rounds (default: evol_instruct.rounds)")
     common(p)
@@ -282,3 +316,13 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+    p = sub.add_parser("proxy", help="the recording proxy: an OpenAI-compatible endpoint that records agent traffic")
+    p.add_argument("--upstream", help="model endpoint to forward to (default: proxy.upstream; empty: embedded model)")
+    p.add_argument("--host", help="bind address (default: proxy.host, loopback)")
+    p.add_argument("--port", type=int, help="port (default: proxy.port)")
+    p.add_argument("--out", default="runs/proxy", help="folder the records, session events and ledger go to")
+    p.add_argument("--check", action="store_true", help="send one call through the proxy to the upstream and exit")
+    p.add_argument("--config")
+    p.add_argument("--model", help="model for --check (default: models.default)")
+    p.set_defaults(fn=cmd_proxy)
+

@@ -3,7 +3,7 @@
 One tree, one source of truth. The root (`Settings`), the loader and its precedence are here; each
 section is defined and documented field by field in its own file under `config/sections/`
 (gateway and models, evolve and input, runtime: embedded model / runner / storage / schedule, dedup,
-synthesis, sandbox, reward, ppo). `config/default.toml` holds the defaults a run starts from.
+synthesis, sandbox, reward, ppo, proxy). `config/default.toml` holds the defaults a run starts from.
 
 Precedence (later wins):
   1. the defaults in this file,
@@ -33,6 +33,7 @@ from evolforge.config.sections.dedup import DedupSettings
 from evolforge.config.sections.evolve import EvolInstructSettings, InputSettings
 from evolforge.config.sections.gateway import GatewaySettings, ModelMap, PriceOverride, PricingSettings
 from evolforge.config.sections.ppo import PPOSettings
+from evolforge.config.sections.proxy import ProxySettings
 from evolforge.config.sections.reward import DEFAULT_IRM_PROMPT, RewardSettings
 from evolforge.config.sections.runtime import EmbeddedModelSettings, RunnerSettings, ScheduleSettings, StorageSettings
 from evolforge.config.sections.sandbox import SandboxSettings
@@ -42,7 +43,7 @@ __all__ = [  # the sections are importable from here too: one place to find any 
     "ConfigError", "Settings", "load_settings", "env_overrides", "deep_merge", "DEFAULT_CONFIG", "SAMPLE_SEEDS",
     "DedupSettings", "EvolInstructSettings", "InputSettings", "GatewaySettings", "ModelMap", "PriceOverride",
     "PricingSettings", "PPOSettings", "DEFAULT_IRM_PROMPT", "RewardSettings", "EmbeddedModelSettings",
-    "RunnerSettings", "ScheduleSettings", "StorageSettings", "SandboxSettings", "SynthesisSettings",
+    "RunnerSettings", "ScheduleSettings", "StorageSettings", "SandboxSettings", "SynthesisSettings", "ProxySettings",
 ]
 
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -70,6 +71,7 @@ class Settings(Section):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     ppo: PPOSettings = Field(default_factory=PPOSettings)
     reward: RewardSettings = Field(default_factory=RewardSettings)
+    proxy: ProxySettings = Field(default_factory=ProxySettings)
 
     @property
     def uses_embedded_model(self) -> bool:

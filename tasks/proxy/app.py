@@ -1,0 +1,336 @@
+"""The recording proxy as an ASGI app (Starlette): forward every call unchanged, record it after the reply.
+
+Routes (the session may ride in the path, so an agent that only takes a base URL needs no code change):
+    /v1/{path}                  session from the `X-Evolforge-Session` header, else "default"
+    /s/{session}/v1/{path}      chat/completions and completions (streamed or not) are recorded;
+                                models and anything else under /v1 pass through (recorded too)
+    POST /s/{session}/reward    {"reward": float, ...}: a reward for the session (graders, the agent itself)
+    POST /s/{session}/finish    the session is finished (export takes it at once)
+    GET  /healthz
+Headers: `X-Evolforge-Parent-Session` (a sub-agent's session names its parent: sessions form a tree, and a
+session never changes parent), `X-Evolforge-Role` or `X-OpenForge-Role` (which agent or tool made the call),
+`X-Evolforge-Proxy-Token` (the access token, when one is configured).
+
+Streams pass through chunk by chunk as the upstream sends them (no buffering); the record is written after
+the last chunk has gone out, and for other calls after the response has been sent (Starlette background
+tasks), so recording never delays the agent. A call the proxy refuses (malformed JSON, a body over
+`max_body_bytes`, a bad session name, a wrong token) or cannot complete (upstream down, or junk where JSON
+was due) gets a JSON error body (4xx / 502) and is recorded as a failed call; the proxy keeps serving.
+
+The upstream key comes from EVOLFORGE_API_KEY / OPENAI_API_KEY, else (with `pass_client_key`) the client's
+own Authorization header is forwarded. No header is recorded; error messages never carry a key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import httpx
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from evolforge.config.settings import Settings
+from evolforge.storage.ledger import LedgerWriter
+from evolforge.storage.proxy_sets import ProxyLayout, RecordLog
+from evolforge.tasks.core.gateway import is_loopback, read_api_key
+from evolforge.tasks.core.pricing import PriceBook
+from evolforge.tasks.proxy.recording import StreamAssembler, request_part, response_part
+
+SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+RECORDED_ROUTES = {"chat/completions": "chat.completions", "completions": "completions"}
+HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer",
+               "upgrade", "proxy-authorization", "proxy-connection", "accept-encoding"}
+OWN_HEADERS = ("x-evolforge-", "x-openforge-")
+PASS_BACK = {"content-type", "retry-after", "x-request-id", "openai-processing-ms", "x-ratelimit-limit-requests",
+             "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"}
+
+
+class ProxyConfigError(ValueError):
+    """The proxy cannot start as configured (e.g. a public bind address without an access token)."""
+
+
+@dataclass
+class ProxyState:
+    settings: Settings
+    upstream: str
+    layout: ProxyLayout
+    token: str | None
+    embedded_models: set[str] = field(default_factory=set)
+    run_id: str = field(default_factory=lambda: f"proxy-{int(time.time())}")
+    parents: dict[str, str | None] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self):
+        cfg = self.settings.proxy
+        self.log = RecordLog(self.layout, cfg.flush_seconds)
+        self.ledger = LedgerWriter(self.layout.ledger_dir, self.run_id, cfg.flush_seconds)
+        self.prices = PriceBook(self.settings.pricing, self.embedded_models)
+        self.env_key = read_api_key()
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(cfg.timeout_seconds, connect=10.0),
+            limits=httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections))
+        self.calls = 0
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        self.log.close()
+        self.ledger.close()
+
+
+def check_bind(host: str, token: str | None) -> None:
+    if not is_loopback(host) and not token:
+        raise ProxyConfigError(
+            f"refusing to bind the recording proxy to {host} without an access token: set the environment variable "
+            "named by proxy.token_env (default EVOLFORGE_PROXY_TOKEN); clients then send it as "
+            "X-Evolforge-Proxy-Token. Loopback (127.0.0.1) needs none.")
+
+
+def _error(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+class Call:
+    """One proxied call's bookkeeping, finished into a record after the response has gone out."""
+
+    def __init__(self, state: ProxyState, request: Request, session: str, route: str):
+        self.state = state
+        self.t0 = time.perf_counter()
+        self.ts = time.time()
+        self.session = session
+        self.route = route
+        self.method = request.method
+        self.path = request.url.path
+        self.parent = request.headers.get("x-evolforge-parent-session")
+        self.role = request.headers.get("x-evolforge-role") or request.headers.get("x-openforge-role")
+        self.body: dict | None = None
+        self.stream = False
+        self.status = 0
+        self.error: str | None = None
+        self.response: dict | None = None
+        self.ttft_s: float | None = None
+        self.latency_s: float | None = None
+
+    def finish(self) -> None:
+        """Write the record and its ledger row (runs after the client has the response)."""
+        st = self.state
+        latency = self.latency_s if self.latency_s is not None else time.perf_counter() - self.t0
+        resp = self.response or {}
+        body = self.body if isinstance(self.body, dict) else {}
+        model = resp.get("model") or body.get("model")
+        rec = {
+            "record_id": uuid.uuid4().hex, "session": self.session, "parent_session": self.parent,
+            "role": self.role, "route": self.route, "method": self.method, "path": self.path,
+            "stream": self.stream, "status": self.status, "error": self.error, "model": model,
+            "ts": self.ts, "latency_s": round(latency, 6), "ttft_s": self.ttft_s,
+            "request": request_part(body) if body else None, "response": self.response,
+        }
+        usage = resp.get("usage") or {}
+        pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        cost, source = st.prices.cost(model, pt, ct) if model else (None, "unknown model")
+        st.ledger.record(stage="proxy", task_id=self.session, model=model, attempt=1,
+                         outcome="ok" if self.status == 200 and not self.error else (
+                             f"http_{self.status}" if self.status else "upstream_error"),
+                         http_status=self.status or None, prompt_tokens=pt, completion_tokens=ct,
+                         cost_usd=cost, price_source=source, latency_s=round(latency, 6), error=self.error)
+        st.log.record(rec)  # last: a record on disk means its ledger row is there too
+        with st.lock:
+            st.calls += 1
+
+
+def _session_of(request: Request) -> str | None:
+    return request.path_params.get("session") or request.headers.get("x-evolforge-session") or "default"
+
+
+def _authorized(state: ProxyState, request: Request) -> bool:
+    if not state.token:
+        return True
+    given = request.headers.get("x-evolforge-proxy-token")
+    if given is None:
+        auth = request.headers.get("authorization", "")
+        given = auth[7:] if auth.lower().startswith("bearer ") else None
+    return given is not None and hmac.compare_digest(given.encode(), state.token.encode())
+
+
+def _forward_headers(state: ProxyState, request: Request) -> dict[str, str]:
+    out = {k: v for k, v in request.headers.items()
+           if k.lower() not in HOP_HEADERS and not k.lower().startswith(OWN_HEADERS) and k.lower() != "authorization"}
+    if state.env_key:
+        out["authorization"] = f"Bearer {state.env_key}"
+    elif state.settings.proxy.pass_client_key and "authorization" in request.headers and not state.token:
+        out["authorization"] = request.headers["authorization"]
+    return out
+
+
+def _claim_session(state: ProxyState, session: str, parent: str | None) -> str | None:
+    """Register the session's parent; an error message when the call would mix the tree."""
+    if parent is not None and not SESSION_RE.match(parent):
+        return "bad parent session name (letters, digits, . _ : - ; at most 128)"
+    if parent == session:
+        return f"session {session!r} cannot be its own parent"
+    with state.lock:
+        known = state.parents.get(session, ...)
+        if known is ...:
+            p = parent
+            while p is not None:  # a cycle would make the tree a loop
+                if p == session:
+                    return f"parent {parent!r} descends from session {session!r}"
+                p = state.parents.get(p)
+            state.parents[session] = parent
+            return None
+    if parent is not None and known != parent:
+        return f"session {session!r} already belongs to parent {known!r}; a sub-agent needs its own session id"
+    return None
+
+
+async def proxy(request: Request) -> Response:
+    state: ProxyState = request.app.state.proxy
+    path = request.path_params["path"].strip("/")
+    session = _session_of(request)
+    call = Call(state, request, session if SESSION_RE.match(session or "") else "invalid", RECORDED_ROUTES.get(path, path))
+
+    def refuse(status: int, message: str, kind: str) -> Response:
+        call.status, call.error = status, message
+        return _error(status, message, kind) if status == 401 else JSONResponse(
+            {"error": {"message": message, "type": kind, "code": status}}, status_code=status,
+            background=BackgroundTask(call.finish))
+
+    if not _authorized(state, request):
+        return _error(401, "missing or wrong proxy access token (X-Evolforge-Proxy-Token)", "unauthorized")
+    if not SESSION_RE.match(session or ""):
+        return refuse(400, "bad session name: letters, digits, . _ : - ; at most 128, starting with a letter or digit",
+                      "invalid_session")
+    problem = _claim_session(state, session, call.parent)
+    if problem:
+        return refuse(409, problem, "session_conflict")
+    raw = await request.body()
+    if len(raw) > state.settings.proxy.max_body_bytes:
+        return refuse(413, f"request body of {len(raw)} bytes is over proxy.max_body_bytes "
+                      f"({state.settings.proxy.max_body_bytes})", "body_too_large")
+    if raw and request.method == "POST" and path in RECORDED_ROUTES:
+        try:
+            call.body = json.loads(raw)
+        except ValueError as e:
+            return refuse(400, f"request body is not valid JSON: {e}", "invalid_json")
+        if not isinstance(call.body, dict):
+            return refuse(400, "request body must be a JSON object", "invalid_json")
+        call.stream = bool(call.body.get("stream"))
+    url = f"{state.upstream}/{path}"
+    upstream_req = state.client.build_request(request.method, url, params=request.query_params, content=raw,
+                                              headers=_forward_headers(state, request))
+    try:
+        resp = await state.client.send(upstream_req, stream=True)
+    except httpx.HTTPError as e:
+        return refuse(502, f"upstream {state.upstream} unreachable: {type(e).__name__}", "upstream_unreachable")
+    call.status = resp.status_code
+    headers = {k: v for k, v in resp.headers.items() if k.lower() in PASS_BACK}
+    if call.stream and resp.status_code == 200:
+        return StreamingResponse(_relay(resp, call), status_code=200, headers=headers,
+                                 background=BackgroundTask(call.finish))
+    try:
+        data = await resp.aread()
+    except httpx.HTTPError as e:
+        await resp.aclose()
+        return refuse(502, f"upstream {state.upstream} failed mid-response: {type(e).__name__}", "upstream_error")
+    await resp.aclose()
+    call.latency_s = time.perf_counter() - call.t0
+    if path in RECORDED_ROUTES and request.method == "POST":
+        try:
+            parsed = json.loads(data)
+        except ValueError:
+            parsed = None
+        if resp.status_code == 200 and not isinstance(parsed, dict):
+            return refuse(502, f"upstream {state.upstream} returned a body that is not JSON "
+                          f"({len(data)} bytes)", "upstream_invalid_response")
+        if resp.status_code == 200:
+            call.response = response_part(parsed)
+        else:
+            call.error = _upstream_message(parsed, resp.status_code)
+    elif resp.status_code != 200:
+        call.error = f"upstream answered HTTP {resp.status_code}"
+    return Response(content=data, status_code=resp.status_code, headers=headers,
+                    background=BackgroundTask(call.finish))
+
+
+async def _relay(resp: httpx.Response, call: Call):
+    """Yield the upstream's bytes as they come; assemble the record on the side."""
+    asm = StreamAssembler(call.t0)
+    try:
+        async for chunk in resp.aiter_raw():
+            asm.feed(chunk)
+            yield chunk
+    except httpx.HTTPError as e:
+        call.error = f"upstream stream broke: {type(e).__name__}"
+    finally:
+        await resp.aclose()
+        call.latency_s = time.perf_counter() - call.t0
+        call.ttft_s = asm.ttft_s
+        call.response = asm.response_part()
+        if not asm.done and not call.error:
+            call.error = "stream ended without [DONE]"
+
+
+def _upstream_message(parsed, status: int) -> str:
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        return f"upstream HTTP {status}: {str(parsed['error'].get('message'))[:300]}"
+    return f"upstream HTTP {status}"
+
+
+async def session_event(request: Request) -> Response:
+    state: ProxyState = request.app.state.proxy
+    if not _authorized(state, request):
+        return _error(401, "missing or wrong proxy access token (X-Evolforge-Proxy-Token)", "unauthorized")
+    session, kind = request.path_params["session"], request.path_params["kind"]
+    if not SESSION_RE.match(session):
+        return _error(400, "bad session name", "invalid_session")
+    if kind not in ("reward", "finish"):
+        return _error(404, f"unknown session action {kind!r} (reward, finish)", "not_found")
+    raw = await request.body()
+    try:
+        body = json.loads(raw) if raw.strip() else {}
+    except ValueError as e:
+        return _error(400, f"body is not valid JSON: {e}", "invalid_json")
+    if not isinstance(body, dict):
+        return _error(400, "body must be a JSON object", "invalid_json")
+    event = {"session": session, "event": kind, "ts": time.time()}
+    if kind == "reward":
+        reward = body.get("reward")
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward:
+            return _error(400, '"reward" must be a number', "invalid_reward")
+        event.update(reward=float(reward), details=body.get("details"), source=body.get("source"))
+    state.log.event(event)
+    return JSONResponse({"ok": True, **{k: v for k, v in event.items() if k != "details"}})
+
+
+async def health(request: Request) -> Response:
+    state: ProxyState = request.app.state.proxy
+    return JSONResponse({"ok": True, "upstream": state.upstream, "calls": state.calls})
+
+
+def build_app(state: ProxyState) -> Starlette:
+    methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        try:
+            yield
+        finally:  # records and ledger rows reach the store before the process exits
+            await state.aclose()
+
+    app = Starlette(routes=[
+        Route("/healthz", health, methods=["GET"]),
+        Route("/s/{session}/{kind:str}", session_event, methods=["POST"]),
+        Route("/s/{session}/v1/{path:path}", proxy, methods=methods),
+        Route("/v1/{path:path}", proxy, methods=methods),
+    ], lifespan=lifespan)
+    app.state.proxy = state
+    return app

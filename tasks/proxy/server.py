@@ -1,0 +1,108 @@
+"""Running the recording proxy: as a long-running service (uvicorn, no Prefect needed) or in a thread.
+
+    evolforge proxy --upstream http://gpu-box:8000/v1 --port 8787 --out runs/agent-traffic
+    evolforge proxy --check --upstream ...      # one call through the proxy to the upstream
+
+`serve` blocks until interrupted; `running_proxy` starts it on a free loopback port in a background thread
+(tests, `--check`, embedding it in a script) and yields its base URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from typing import Iterator
+
+from evolforge.config.settings import Settings
+from evolforge.storage.fs import ensure_dir, write_json_atomic
+from evolforge.storage.proxy_sets import ProxyLayout
+from evolforge.tasks.proxy.app import ProxyState, build_app, check_bind
+
+
+def _state(settings: Settings, upstream: str, out: str, embedded_models: set[str] | None = None) -> ProxyState:
+    cfg = settings.proxy
+    token = os.environ.get(cfg.token_env) or None
+    check_bind(cfg.host, token)
+    layout = ProxyLayout(out)
+    for d in (layout.root, layout.records_dir, layout.events_dir, layout.ledger_dir):
+        ensure_dir(d)
+    write_json_atomic(layout.info, {"upstream": upstream, "host": cfg.host, "port": cfg.port,
+                                    "token_required": bool(token), "started": time.time()})
+    return ProxyState(settings=settings, upstream=upstream.rstrip("/"), layout=layout, token=token,
+                      embedded_models=embedded_models or set())
+
+
+def _config(app, host: str, port: int):
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
+                          timeout_keep_alive=30)
+
+
+def serve(settings: Settings, upstream: str, out: str, embedded_models: set[str] | None = None) -> None:
+    """Serve until interrupted (SIGINT / SIGTERM): records are flushed on the way out."""
+    import uvicorn
+
+    state = _state(settings, upstream, out, embedded_models)
+    uvicorn.Server(_config(build_app(state), settings.proxy.host, settings.proxy.port)).run()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_proxy(settings: Settings, upstream: str, out: str, embedded_models: set[str] | None = None,
+                  port: int | None = None) -> Iterator[str]:
+    """The proxy on loopback in a background thread; yields its base URL (http://127.0.0.1:PORT)."""
+    import uvicorn
+
+    settings = settings.model_copy(update={"proxy": settings.proxy.model_copy(update={"host": "127.0.0.1"})})
+    state = _state(settings, upstream, out, embedded_models)
+    port = port or free_port()
+    server = uvicorn.Server(_config(build_app(state), "127.0.0.1", port))
+    thread = threading.Thread(target=server.run, name="evolforge-proxy", daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        if not thread.is_alive() or time.time() > deadline:
+            raise RuntimeError("the recording proxy did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def check(settings: Settings, upstream: str, out: str, model: str) -> dict:
+    """One chat completion through a temporary proxy to the upstream: latency, or the exact error and fix."""
+    import httpx
+
+    with running_proxy(settings, upstream, out) as url:
+        t0 = time.perf_counter()
+        try:
+            r = httpx.post(f"{url}/s/preflight/v1/chat/completions", timeout=settings.proxy.timeout_seconds,
+                           json={"model": model, "max_tokens": 4, "temperature": 0,
+                                 "messages": [{"role": "user", "content": "Reply with the word OK."}]})
+        except httpx.HTTPError as e:
+            return {"ok": False, "error": f"{type(e).__name__}: {e}", "fix": "the proxy did not answer"}
+        latency = round(time.perf_counter() - t0, 3)
+    if r.status_code == 200:
+        return {"ok": True, "latency_s": latency, "upstream": upstream}
+    try:
+        message = r.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = r.text[:300]
+    fix = {401: "the upstream refused the key: set EVOLFORGE_API_KEY (or OPENAI_API_KEY) for it",
+           404: f"the upstream does not serve {model!r} (or the URL lacks /v1): check --model and --upstream",
+           502: "start the upstream or fix --upstream (an OpenAI-compatible base URL ending in /v1)"}
+    return {"ok": False, "status": r.status_code, "error": message,
+            "fix": fix.get(r.status_code, "see the upstream's message"), "latency_s": latency,
+            "detail": json.dumps({"upstream": upstream})}
