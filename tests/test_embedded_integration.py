@@ -23,7 +23,8 @@ def test_preflight_against_embedded_model(tmp_path):
     settings = load_settings(environ={})
     with embedded_server(settings.embedded, tmp_path) as url:
         report = preflight(settings, url, embedded=True)
-    assert len(report) == 1 and report[0]["ok"] and report[0]["stages"] == ["evolve", "answer", "judge"]
+    assert len(report) == 1 and report[0]["ok"]
+    assert report[0]["stages"] == ["evolve", "answer", "judge", "synthesize", "solver"]  # every stage model
     with pytest.raises(httpx.HTTPError):
         httpx.get(url + "/models", timeout=2)  # stopped with the context
 
