@@ -4,7 +4,11 @@ Same replies as testing/scripted_server.py (deterministic functions of the
 prompt), but with a minimal asyncio HTTP server so the endpoint itself costs
 as little CPU as possible and the benchmark measures the pipeline.
 
-    python testing/instant_server.py --port 8099
+    python testing/instant_server.py --port 8099 [--chunks 8 --chunk-delay 0.01]
+
+A request with `"stream": true` gets the reply as `--chunks` SSE chunks, `--chunk-delay` seconds apart
+(chunked transfer encoding), then `data: [DONE]`: what a streaming benchmark needs to see that chunks pass
+through a proxy as they are sent.
 """
 
 from __future__ import annotations
@@ -16,6 +20,27 @@ import json
 from evolforge.testing.scripted_server import completion, reply_for  # noqa: E402
 
 MODELS = json.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]}).encode()
+
+
+STREAM = {"chunks": 8, "delay": 0.01}
+
+
+async def stream(req: dict, writer: asyncio.StreamWriter) -> None:
+    text = reply_for(req)
+    n = STREAM["chunks"]
+    step = max(1, -(-len(text) // n))
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    for i in range(n):
+        piece = text[i * step:(i + 1) * step]
+        ev = {"id": "c", "object": "chat.completion.chunk", "model": req.get("model"),
+              "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None if i < n - 1 else "stop"}]}
+        data = b"data: " + json.dumps(ev).encode() + b"\n\n"
+        writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+        await writer.drain()
+        await asyncio.sleep(STREAM["delay"])
+    done = b"data: [DONE]\n\n"
+    writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+    await writer.drain()
 
 
 async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -33,6 +58,9 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
                 data = MODELS
             else:
                 req = json.loads(body)
+                if req.get("stream"):
+                    await stream(req, writer)
+                    continue
                 data = json.dumps(completion(req, reply_for(req))).encode()
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(data) + data)
             await writer.drain()
@@ -51,4 +79,8 @@ async def main(port: int) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, default=8099)
-    asyncio.run(main(ap.parse_args().port))
+    ap.add_argument("--chunks", type=int, default=8)
+    ap.add_argument("--chunk-delay", type=float, default=0.01)
+    a = ap.parse_args()
+    STREAM.update(chunks=a.chunks, delay=a.chunk_delay)
+    asyncio.run(main(a.port))
