@@ -70,10 +70,19 @@ def _run_with(args, overrides: dict) -> int:
 
 
 def cmd_retry(args) -> int:
-    """Re-run only the batches that failed or hold rejected (error) records in the run at --out."""
+    """Re-run only the batches that failed or hold rejected (error) records in the run at --out.
+
+    The reopened round's dedup step is redone over all its accepted records, and what this run put in
+    its dedup index for that round and the superseded later ones is rolled back first (other runs'
+    and nights' entries in a shared index stay)."""
+    from pydantic import ValidationError
+
+    from evolforge.config.sections.dedup import DedupSettings
     from evolforge.storage.fs import exists, read_text
     from evolforge.storage.layout import RunLayout
     from evolforge.storage.rounds import reopen_failed_batches
+    from evolforge.tasks.dedup.index import IndexLocked
+    from evolforge.tasks.evolve.dedup_round import rollback_run
 
     layout = RunLayout(args.out)
     if not exists(layout.run_info):
@@ -85,8 +94,19 @@ def cmd_retry(args) -> int:
         print(f"nothing to retry in {layout.root}: every batch finished without errors")
         return 0
     if reopened["batches"]:
-        print(f"round {reopened['round']}: redoing batches {reopened['batches']}; "
+        r = reopened["round"]
+        print(f"round {r}: redoing batches {reopened['batches']}; "
               f"later rounds superseded: {reopened['superseded_rounds'] or '-'}")
+        try:
+            dedup_settings = DedupSettings.model_validate(info["settings"].get("dedup") or {})
+        except ValidationError:
+            dedup_settings = DedupSettings()
+        try:
+            for done in rollback_run(layout, r, dedup_settings):
+                print(f"dedup index {done['index']}: rolled back this run's rounds >= {r} "
+                      f"({done['records']} records in {done['segments']} segments)")
+        except IndexLocked as e:  # the redone dedup step rolls it back too, once it gets the lock
+            print(f"evolforge: {e}; the index is rolled back when round {r}'s dedup step runs", file=sys.stderr)
     saved = info["settings"]
     if args.base_url:
         saved["gateway"]["base_url"] = args.base_url

@@ -10,9 +10,10 @@ OutputFolder is the base of every stage's layout (a local folder or an fsspec UR
       rounds/round_01/journal/batch_00000.jsonl   model calls finished inside a batch
       rounds/round_01/dedup.parquet  the round's dedup decisions (id, duplicate_of, method, similarity)
       rounds/round_01/_SUCCESS       written when every batch (and the dedup step) of the round is done
-      rounds/round_01/_DEDUP_PENDING the dedup index manifest saved while a round's dedup step runs
+      rounds/round_01/_DEDUP_PENDING an index manifest snapshot left by an older evolforge's interrupted dedup step
       rounds/round_01/_SEEDS_INDEXED, _SEEDS_INDEX_PENDING   the seeds' entry into the dedup index
       dedup_index/                   persistent dedup index of everything accepted (see tasks/dedup/index.py)
+      dedup_run.json                 this run's tag in dedup indexes and the indexes it wrote to (for retry)
       ledger/*.jsonl                 cost ledger: one row per model call
       dataset/evolved.parquet        seeds + every accepted evolution (the training pool)
       dataset/lineage.parquet        every evolution attempt with its lineage and status
@@ -135,6 +136,12 @@ class RunLayout(OutputFolder):
     def dedup_index(self) -> AnyPath:
         return self.root / "dedup_index"
 
+    @property
+    def dedup_run(self) -> AnyPath:
+        """{"run": tag, "source": OUT, "indexes": [...]}: the tag this run's index segments carry, so
+        `evolforge retry` can roll its rounds back out of a shared index (tasks/evolve/dedup_round.py)."""
+        return self.root / "dedup_run.json"
+
     def part(self, round_no: int, batch: int) -> AnyPath:
         return self.parts_dir(round_no) / f"batch_{batch:05d}.parquet"
 
@@ -166,6 +173,9 @@ class IndexLayout(OutputFolder):
     """A persistent dedup index: manifest.json (the committed state) and its append-only segments."""
 
     manifest = property(lambda self: self.root / "manifest.json")
+    # held around every transaction on the index (read manifest -> dedup -> append -> commit), see
+    # tasks/dedup/index.py `index_lock`: a flock'ed file locally, an exclusively created object on a store
+    lock = property(lambda self: self.root / "manifest.lock")
 
     def file(self, name: str) -> AnyPath:
         """A segment named by the manifest (seg-NNNNNN.npz, full-NNNNNN.npz)."""

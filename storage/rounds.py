@@ -177,10 +177,15 @@ def reopen_failed_batches(layout: RunLayout, stamp: str) -> dict:
 
     Batches whose part holds records with status `error` are moved aside (kept as
     `batch_NNNNN.parquet.retry-STAMP`, their journals kept so the calls that did
-    succeed are replayed, not re-sent); missing parts are redone anyway. Every
-    later round depends on this round's output, so later rounds are moved aside
-    whole (`round_NN.superseded-STAMP`), as are the final datasets.
-    Returns what was reopened.
+    succeed are replayed, not re-sent); missing parts are redone anyway. The
+    round's dedup step is redone over all of its accepted records: its decisions
+    are taken back out of the kept parts and `dedup.parquet` is moved aside
+    (`dedup.parquet.retry-STAMP`). Every later round depends on this round's
+    output, so later rounds are moved aside whole (`round_NN.superseded-STAMP`),
+    as are the final datasets. The dedup index is not touched here (storage
+    knows no index): `evolforge retry` rolls it back with
+    tasks/evolve/dedup_round.py `rollback_run`, and the redone dedup step does
+    it again in any case. Returns what was reopened.
     """
     rounds_root = layout.rounds_dir
     reopened: dict = {"batches": [], "superseded_rounds": []}
@@ -205,6 +210,10 @@ def reopen_failed_batches(layout: RunLayout, stamp: str) -> dict:
             reopened["round"] = r
             reopened["batches"] = bad
             unlink(layout.round_success(r))
+            decisions = layout.round_dedup(r)
+            if exists(decisions):  # taken out of the parts first: a kill in between leaves them to redo
+                reopened["dedup_reverted"] = revert_dedup_decisions(layout, r)
+                replace(decisions, decisions.with_name(f"{decisions.name}.retry-{stamp}"))
             break
     if first_round is None:
         return reopened
@@ -235,6 +244,26 @@ def write_dedup_decisions(layout: RunLayout, round_no: int, dropped: list[dict],
     table = pa.Table.from_pylist(rows, schema=DEDUP_SCHEMA)
     table = table.replace_schema_metadata({b"evolforge.dedup_stats": json.dumps(stats, default=str).encode()})
     return write_table_atomic(table, layout.round_dedup(round_no))
+
+
+def revert_dedup_decisions(layout: RunLayout, round_no: int) -> int:
+    """Undo `apply_dedup_decisions` in the round's existing parts (idempotent): a row it marked as a
+    duplicate is `accepted` again, without rule, duplicate_of or similarity. Returns the rows restored."""
+    decisions = read_part(layout.round_dedup(round_no)).to_pylist()
+    rule = {d["id"]: f"duplicate_{d['method']}" for d in decisions}
+    restored = 0
+    for path in round_parts(layout, round_no):
+        table = read_part(path)
+        rows = table.to_pylist()
+        changed = 0
+        for row in rows:
+            if row["status"] == "eliminated" and rule.get(row["id"]) == row["elimination_rule"]:
+                row.update(status="accepted", elimination_rule=None, duplicate_of=None, dedup_similarity=None)
+                changed += 1
+        if changed:
+            write_table_atomic(pa.Table.from_pylist(rows, schema=table.schema.remove_metadata()), path)
+            restored += changed
+    return restored
 
 
 def apply_dedup_decisions(layout: RunLayout, round_no: int) -> dict:

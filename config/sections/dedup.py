@@ -116,6 +116,19 @@ class DedupSettings(Section):
         "64 members per cluster of its own cell)."
     )
 
+    # --- the persistent index, shared by flows (tasks/dedup/index.py) ----------------
+    index_lock_timeout_seconds: float = Field(
+        600.0, ge=0, description="Every transaction on a persistent index (read the manifest, dedup, append, commit) holds "
+        "the index's lock (INDEX/manifest.lock). A flow that finds it held by another flow on the same index (two nightly "
+        "runs of one dataset, a retry beside a run) waits this long for it, then fails with an error naming the index and "
+        "the holder (host, pid, since when)."
+    )
+    index_lock_stale_seconds: float = Field(
+        3600.0, gt=0, description="Object-store indexes only (s3://...): the lock is an object that a holder which dies "
+        "leaves behind; one older than this is taken to be stale and broken by the next flow that waits for it. Must be "
+        "longer than the longest dedup step holds the lock. A local lock (flock) is released by the OS when its holder dies."
+    )
+
     @model_validator(mode="after")
     def _check(self) -> "DedupSettings":
         if self.bands * self.rows > self.num_perm:

@@ -27,7 +27,7 @@ import numpy as np
 from evolforge.config.sections.dedup import DedupSettings
 from evolforge.tasks.dedup import embedding as emb
 from evolforge.tasks.dedup import minhash as mh
-from evolforge.tasks.dedup.index import DedupIndex, empty_data
+from evolforge.tasks.dedup.index import DedupIndex, empty_data, index_lock
 from evolforge.tasks.dedup.normalize import exact_groups, exact_keys, normalize_many
 
 _ENCODERS: dict[tuple, object] = {}
@@ -98,11 +98,25 @@ def _encoder(kind: str, settings: DedupSettings):
 
 
 def dedup(texts: Sequence[str] | Sequence[Mapping], ids: Sequence[str] | None = None, settings: DedupSettings | None = None,
-          index_dir: str | Path | None = None, scores: Sequence[float] | None = None, text_field: str = "text") -> DedupResult:
+          index_dir: str | Path | None = None, scores: Sequence[float] | None = None, text_field: str = "text",
+          index_source: Mapping | None = None) -> DedupResult:
     """Deduplicate `texts` (strings, or records whose `text_field` holds the text) in input order,
     and against the index in `index_dir` (created if missing), which then receives the kept records.
-    `ids` default to "0", "1", ...; `scores` are needed for keep="best"."""
+    `ids` default to "0", "1", ...; `scores` are needed for keep="best".
+
+    With an index, the whole call (load, dedup, append) holds the index lock (`index.index_lock`), so
+    flows sharing the index take turns; `index_source` ({"run", "source", "round"}) tags the appended
+    segment for `index.rollback_index`."""
     s = settings or DedupSettings()
+    if index_dir is None:
+        return _dedup(texts, ids, s, None, scores, text_field, None)
+    if s.embedding:
+        _encoder("static", s)  # load (or build) the model before taking the lock: others need not wait for it
+    with index_lock(index_dir, s):
+        return _dedup(texts, ids, s, index_dir, scores, text_field, index_source)
+
+
+def _dedup(texts, ids, s: DedupSettings, index_dir, scores, text_field: str, index_source: Mapping | None) -> DedupResult:
     n = len(texts)
     texts = [t.get(text_field) if isinstance(t, Mapping) else t for t in texts]
     texts = ["" if t is None else str(t) for t in texts]
@@ -226,7 +240,7 @@ def dedup(texts: Sequence[str] | Sequence[Mapping], ids: Sequence[str] | None = 
         row_of_live = {int(st_rows[k]): H + i for i, k in enumerate(kept)} if s.embedding else {}
         full_rows = {node if node < H else row_of_live[node]: v for node, v in full_new.items()
                      if node < H or node in row_of_live}
-        index.append([ids[i] for i in kept], [texts[i] for i in kept], keys[kept], sk, st, full_rows)
+        index.append([ids[i] for i in kept], [texts[i] for i in kept], keys[kept], sk, st, full_rows, index_source)
         stats["seconds"]["index_save"] = time.perf_counter() - t0
     return DedupResult([ids[i] for i in kept], dropped, stats)
 
