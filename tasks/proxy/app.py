@@ -23,6 +23,7 @@ own Authorization header is forwarded. No header is recorded; error messages nev
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -32,7 +33,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -76,13 +77,19 @@ class ProxyState:
         self.ledger = LedgerWriter(self.layout.ledger_dir, self.run_id, cfg.flush_seconds)
         self.prices = PriceBook(self.settings.pricing, self.embedded_models)
         self.env_key = read_api_key()
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(cfg.timeout_seconds, connect=10.0),
-            limits=httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections))
+        self.client: aiohttp.ClientSession | None = None  # made on the server's event loop (lifespan)
         self.calls = 0
 
+    async def open(self) -> None:
+        cfg = self.settings.proxy
+        self.client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=cfg.max_connections),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=cfg.timeout_seconds),
+            auto_decompress=False, skip_auto_headers=("User-Agent",))
+
     async def aclose(self) -> None:
-        await self.client.aclose()
+        if self.client is not None:
+            await self.client.close()
         self.log.close()
         self.ledger.close()
 
@@ -120,8 +127,13 @@ class Call:
         self.ttft_s: float | None = None
         self.latency_s: float | None = None
 
+    async def after_response(self) -> None:
+        """Starlette runs this once the response has gone out: on the event loop, no thread hop per call (two
+        appends of one line each: O_APPEND writes locally, a buffer on object stores)."""
+        self.finish()
+
     def finish(self) -> None:
-        """Write the record and its ledger row (runs after the client has the response)."""
+        """Write the record and its ledger row."""
         st = self.state
         latency = self.latency_s if self.latency_s is not None else time.perf_counter() - self.t0
         resp = self.response or {}
@@ -164,6 +176,7 @@ def _authorized(state: ProxyState, request: Request) -> bool:
 def _forward_headers(state: ProxyState, request: Request) -> dict[str, str]:
     out = {k: v for k, v in request.headers.items()
            if k.lower() not in HOP_HEADERS and not k.lower().startswith(OWN_HEADERS) and k.lower() != "authorization"}
+    out["accept-encoding"] = "identity"  # bytes pass through as sent, and records parse them
     if state.env_key:
         out["authorization"] = f"Bearer {state.env_key}"
     elif state.settings.proxy.pass_client_key and "authorization" in request.headers and not state.token:
@@ -202,7 +215,7 @@ async def proxy(request: Request) -> Response:
         call.status, call.error = status, message
         return _error(status, message, kind) if status == 401 else JSONResponse(
             {"error": {"message": message, "type": kind, "code": status}}, status_code=status,
-            background=BackgroundTask(call.finish))
+            background=BackgroundTask(call.after_response))
 
     if not _authorized(state, request):
         return _error(401, "missing or wrong proxy access token (X-Evolforge-Proxy-Token)", "unauthorized")
@@ -225,53 +238,52 @@ async def proxy(request: Request) -> Response:
             return refuse(400, "request body must be a JSON object", "invalid_json")
         call.stream = bool(call.body.get("stream"))
     url = f"{state.upstream}/{path}"
-    upstream_req = state.client.build_request(request.method, url, params=request.query_params, content=raw,
-                                              headers=_forward_headers(state, request))
     try:
-        resp = await state.client.send(upstream_req, stream=True)
-    except httpx.HTTPError as e:
+        resp = await state.client.request(request.method, url, params=list(request.query_params.multi_items()),
+                                          data=raw or None, headers=_forward_headers(state, request))
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         return refuse(502, f"upstream {state.upstream} unreachable: {type(e).__name__}", "upstream_unreachable")
-    call.status = resp.status_code
+    call.status = resp.status
     headers = {k: v for k, v in resp.headers.items() if k.lower() in PASS_BACK}
-    if call.stream and resp.status_code == 200:
+    if call.stream and resp.status == 200:
         return StreamingResponse(_relay(resp, call), status_code=200, headers=headers,
-                                 background=BackgroundTask(call.finish))
+                                 background=BackgroundTask(call.after_response))
     try:
-        data = await resp.aread()
-    except httpx.HTTPError as e:
-        await resp.aclose()
+        data = await resp.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        resp.release()
         return refuse(502, f"upstream {state.upstream} failed mid-response: {type(e).__name__}", "upstream_error")
-    await resp.aclose()
+    resp.release()
     call.latency_s = time.perf_counter() - call.t0
     if path in RECORDED_ROUTES and request.method == "POST":
         try:
             parsed = json.loads(data)
         except ValueError:
             parsed = None
-        if resp.status_code == 200 and not isinstance(parsed, dict):
+        if resp.status == 200 and not isinstance(parsed, dict):
             return refuse(502, f"upstream {state.upstream} returned a body that is not JSON "
                           f"({len(data)} bytes)", "upstream_invalid_response")
-        if resp.status_code == 200:
+        if resp.status == 200:
             call.response = response_part(parsed)
         else:
-            call.error = _upstream_message(parsed, resp.status_code)
-    elif resp.status_code != 200:
-        call.error = f"upstream answered HTTP {resp.status_code}"
-    return Response(content=data, status_code=resp.status_code, headers=headers,
-                    background=BackgroundTask(call.finish))
+            call.error = _upstream_message(parsed, resp.status)
+    elif resp.status != 200:
+        call.error = f"upstream answered HTTP {resp.status}"
+    return Response(content=data, status_code=resp.status, headers=headers,
+                    background=BackgroundTask(call.after_response))
 
 
-async def _relay(resp: httpx.Response, call: Call):
+async def _relay(resp: aiohttp.ClientResponse, call: Call):
     """Yield the upstream's bytes as they come; assemble the record on the side."""
     asm = StreamAssembler(call.t0)
     try:
-        async for chunk in resp.aiter_raw():
+        async for chunk in resp.content.iter_any():
             asm.feed(chunk)
             yield chunk
-    except httpx.HTTPError as e:
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         call.error = f"upstream stream broke: {type(e).__name__}"
     finally:
-        await resp.aclose()
+        resp.release()
         call.latency_s = time.perf_counter() - call.t0
         call.ttft_s = asm.ttft_s
         call.response = asm.response_part()
@@ -321,6 +333,7 @@ def build_app(state: ProxyState) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        await state.open()
         try:
             yield
         finally:  # records and ledger rows reach the store before the process exits
