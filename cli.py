@@ -212,34 +212,6 @@ def cmd_preflight(args) -> int:
     return 0 if ok else 1
 
 
-def cmd_costs(args) -> int:
-    from evolforge.storage.ledger import read_ledger, totals
-
-    df = read_ledger(args.out)
-    if df.is_empty():
-        print(f"no ledger rows in {args.out}/ledger", file=sys.stderr)
-        return 1
-    by = [c.strip() for c in args.by.split(",")]
-    import polars as pl
-
-    with pl.Config(tbl_rows=args.limit, tbl_cols=20, tbl_width_chars=200):
-        print(totals(df, by).sort("cost_usd", descending=True, nulls_last=True).head(args.limit))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="evolforge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-
-    def common(p):
-        p.add_argument("--config", help="TOML config file (default: config/default.toml)")
-        p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: the embedded model)")
-        p.add_argument("--model", help="model for every stage without its own model in the config")
-
-    p = sub.add_parser("run", help="evolve seeds through Evol-Instruct rounds (resumes over the same --out)")
-    from evolforge.config.settings import SAMPLE_SEEDS
-
-    p.add_argument("--seeds", default=str(SAMPLE_SEEDS), help="jsonl, parquet or csv of seed instructions")
 def cmd_proxy(args) -> int:
     """Serve the recording proxy (foreground, no Prefect needed), or --check it once."""
     import contextlib
@@ -274,6 +246,34 @@ def cmd_proxy(args) -> int:
     return 0
 
 
+def cmd_costs(args) -> int:
+    from evolforge.storage.ledger import read_ledger, totals
+
+    df = read_ledger(args.out)
+    if df.is_empty():
+        print(f"no ledger rows in {args.out}/ledger", file=sys.stderr)
+        return 1
+    by = [c.strip() for c in args.by.split(",")]
+    import polars as pl
+
+    with pl.Config(tbl_rows=args.limit, tbl_cols=20, tbl_width_chars=200):
+        print(totals(df, by).sort("cost_usd", descending=True, nulls_last=True).head(args.limit))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="evolforge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(p):
+        p.add_argument("--config", help="TOML config file (default: config/default.toml)")
+        p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: the embedded model)")
+        p.add_argument("--model", help="model for every stage without its own model in the config")
+
+    p = sub.add_parser("run", help="evolve seeds through Evol-Instruct rounds (resumes over the same --out)")
+    from evolforge.config.settings import SAMPLE_SEEDS
+
+    p.add_argument("--seeds", default=str(SAMPLE_SEEDS), help="jsonl, parquet or csv of seed instructions")
     p.add_argument("--out", required=True, help="output folder (checkpoints, datasets, ledger)")
     p.add_argument("--rounds", type=int, help="evolution rounds (default: evol_instruct.rounds)")
     common(p)
@@ -324,6 +324,16 @@ def cmd_proxy(args) -> int:
     common(p)
     p.set_defaults(fn=cmd_preflight)
 
+    p = sub.add_parser("proxy", help="the recording proxy: an OpenAI-compatible endpoint that records agent traffic")
+    p.add_argument("--upstream", help="model endpoint to forward to (default: proxy.upstream; empty: embedded model)")
+    p.add_argument("--host", help="bind address (default: proxy.host, loopback)")
+    p.add_argument("--port", type=int, help="port (default: proxy.port)")
+    p.add_argument("--out", default="runs/proxy", help="folder the records, session events and ledger go to")
+    p.add_argument("--check", action="store_true", help="send one call through the proxy to the upstream and exit")
+    p.add_argument("--config")
+    p.add_argument("--model", help="model for --check (default: models.default)")
+    p.set_defaults(fn=cmd_proxy)
+
     p = sub.add_parser("costs", help="cost totals from the ledger of an output folder")
     p.add_argument("--out", required=True)
     p.add_argument("--by", default="stage,model", help="comma-separated columns: stage, model, task_id, run_id, outcome")
@@ -336,13 +346,3 @@ def cmd_proxy(args) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-    p = sub.add_parser("proxy", help="the recording proxy: an OpenAI-compatible endpoint that records agent traffic")
-    p.add_argument("--upstream", help="model endpoint to forward to (default: proxy.upstream; empty: embedded model)")
-    p.add_argument("--host", help="bind address (default: proxy.host, loopback)")
-    p.add_argument("--port", type=int, help="port (default: proxy.port)")
-    p.add_argument("--out", default="runs/proxy", help="folder the records, session events and ledger go to")
-    p.add_argument("--check", action="store_true", help="send one call through the proxy to the upstream and exit")
-    p.add_argument("--config")
-    p.add_argument("--model", help="model for --check (default: models.default)")
-    p.set_defaults(fn=cmd_proxy)
-

@@ -65,12 +65,13 @@ class LedgerWriter:
         full["ts"] = full["ts"] or time.time()
         full["run_id"] = full["run_id"] or self.run_id
         line = (json.dumps(full, ensure_ascii=False) + "\n").encode()
-        self._log.write(line)
         with self._lock:
             self.rows_written += 1
+        self._log.write(line)  # remote: raises LogFlushError after a failed background flush (the row is kept)
 
     def flush(self) -> None:
-        """Push buffered rows to a remote ledger now (a no-op for a local one, which is written row by row)."""
+        """Push buffered rows to a remote ledger now (a no-op for a local one, which is written row by row).
+        Raises `LogFlushError` when the store refuses them (they are kept and sent again by the next flush)."""
         self._log.flush()
 
     def close(self) -> None:
@@ -138,12 +139,12 @@ class LedgerTail:
             yield from data[:end].splitlines()
 
 
-def totals(df: pl.DataFrame, by: list[str]) -> pl.DataFrame:
 def known_sum(column: str) -> pl.Expr:
     """The sum of a cost column, null (unknown) as soon as one value is null: an unknown cost never sums as 0."""
     return pl.when(pl.col(column).is_null().any()).then(None).otherwise(pl.col(column).sum())
 
 
+def totals(df: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     """Calls, retries, tokens, USD and model seconds grouped by `by` columns; USD is null where any call in the
     group has no price (`unpriced_calls` counts them)."""
     return (

@@ -38,19 +38,22 @@ turbine ballot coral sparrow voltage census magnet compass velvet pepper summit 
 
 SYNTH_GOOD = "def add_numbers(a, b):\n    return a + b\n"
 SYNTH_BAD = "def add_numbers(a, b):\n    return a - b\n"
-SYNTH_TESTS = ("from solution import add_numbers\n\n"
-               "def test_add():\n    assert add_numbers(2, 3) == 5\n    assert add_numbers(-1, 1) == 0\n"
-               "    assert add_numbers(0, 0) == 0\n    assert add_numbers(10, 5) == 15\n")
+SYNTH_EQ_TESTS = ("from solution import add_numbers\n\n"
+                  "def test_add():\n    assert add_numbers(2, 3) == 5\n    assert add_numbers(-1, 1) == 0\n"
+                  "    assert add_numbers(0, 0) == 0\n    assert add_numbers(10, 5) == 15\n")
+SYNTH_TESTS = SYNTH_EQ_TESTS + "    assert isinstance(add_numbers(2, 3), int)\n"  # an always-equal object fails this
 
 
 def synthesis_reply(prompt: str) -> str | None:
     """Scripted answers to the task-synthesis prompts (tasks/synthesis/prompts.py).
 
     A seed instruction containing BUGGY gets a wrong reference first (exercises the repair loop), one containing
-    TRIVIAL gets tests that assert nothing, one containing UNSOLVABLE gets solver answers that fail.
+    TRIVIAL gets tests that assert nothing, one containing EQONLY tests that only compare results with == (an
+    object equal to everything passes them), one containing UNSOLVABLE gets solver answers that fail.
     """
     if "You write verifiable Python programming tasks" in prompt:
-        tests = "def test_nothing():\n    assert True\n" if "TRIVIAL" in prompt else SYNTH_TESTS
+        tests = ("def test_nothing():\n    assert True\n" if "TRIVIAL" in prompt
+                 else SYNTH_EQ_TESTS if "EQONLY" in prompt else SYNTH_TESTS)
         return json.dumps({"statement": "Write add_numbers(a, b) returning the sum of two integers, e.g. "
                            "add_numbers(2, 3) == 5. Seed: " + hashlib.sha1(prompt.encode()).hexdigest()[:8]
                            + (" UNSOLVABLE" if "UNSOLVABLE" in prompt else ""),
@@ -135,14 +138,14 @@ def completion(body: dict, text: str) -> dict:
     }
 
 
-class ScriptedServer:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, hang_seconds: float = 5.0,
-                 latency: float = 0.0, log_path: str | None = None, default: str = "ok"):
 def _is_probe(body: dict) -> bool:
     msgs = body.get("messages") or []
     return len(msgs) == 1 and msgs[0].get("content") == PREFLIGHT_PROMPT
 
 
+class ScriptedServer:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, hang_seconds: float = 5.0,
+                 latency: float = 0.0, log_path: str | None = None, default: str = "ok"):
         self.actions: deque[str] = deque()
         self.default = default
         self.judge_verdict = "Not Equal"
@@ -151,14 +154,14 @@ def _is_probe(body: dict) -> bool:
         self.hang_seconds = hang_seconds
         self.latency = latency
         self.requests: list[dict] = []
-        self.lock = threading.Lock()
-        self.log_path = log_path
-        self._log_fh = open(log_path, "a", buffering=1) if log_path else None
         # The gateway's pre-flight probes (one per model at the start of a flow) are answered with
         # `preflight_action` and kept apart in `probes`: scripted faults and `posts()` are about the work.
         self.preflight_action = "ok"
         self.probes: list[dict] = []
         self.unknown_models: set[str] = set()  # a probe naming one of these is answered 404 (model not found)
+        self.lock = threading.Lock()
+        self.log_path = log_path
+        self._log_fh = open(log_path, "a", buffering=1) if log_path else None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -181,9 +184,6 @@ def _is_probe(body: dict) -> bool:
                 except ValueError:
                     body = {}
                 key = hashlib.sha256(raw).hexdigest()[:16]
-                with outer.lock:
-                    action = outer.actions.popleft() if outer.actions else outer.default
-                if outer.poison and outer.poison.encode() in raw:
                 if _is_probe(body):
                     action = "404" if body.get("model") in outer.unknown_models else outer.preflight_action
                     entry = {"key": key, "action": action, "completed": False, "t": time.time(),
@@ -191,6 +191,9 @@ def _is_probe(body: dict) -> bool:
                     with outer.lock:
                         outer.probes.append(entry)
                     return self._act(action, body, entry)
+                with outer.lock:
+                    action = outer.actions.popleft() if outer.actions else outer.default
+                if outer.poison and outer.poison.encode() in raw:
                     action = "500"
                 entry = {"key": key, "action": action, "completed": False, "t": time.time(),
                          "auth": self.headers.get("authorization", "")}

@@ -10,7 +10,7 @@ import pytest
 
 from evolforge.cli import main as cli_main
 from evolforge.flows.evolve import EvolveParams, evolve_flow
-from evolforge.flows.synthesize import SynthesizeParams, synthesize_flow, summarize
+from evolforge.flows.synthesize import SynthesizeParams, summarize, synthesize_flow
 from evolforge.flows.synthesize import cost_per_task as synthesis_costs
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import totals

@@ -1,0 +1,8 @@
+"""The recording proxy (OpenForge RL's agent traffic): an OpenAI-compatible server between an agent and its
+model endpoint that forwards every call unchanged and records it as training data.
+
+- app:        the ASGI app (Starlette): routes, sessions, forwarding, streaming relay, errors, access token.
+- recording:  what is kept of a call: request content, response reassembled from SSE chunks if streamed.
+- server:     `evolforge proxy` as a long-running service (uvicorn, no Prefect), in a thread, and --check.
+Records go through storage/proxy_sets.py; the trajectories stage turns them into SFT and RL samples.
+"""
