@@ -1,12 +1,14 @@
 """The `evolforge` command line.
 
     evolforge run --seeds PATH --out DIR [--rounds N] [--base-url URL] [--model NAME] [--config FILE]
+                  [--force-settings]
     evolforge serve-model [--port N]          # the embedded model in the foreground
     evolforge preflight [--base-url URL]      # one minimal request per configured model
     evolforge costs --out DIR [--by stage]    # totals from the cost ledger
 
 The API key comes from EVOLFORGE_API_KEY, falling back to OPENAI_API_KEY.
-Running `run` again over the same --out resumes it.
+Running `run` again over the same --out resumes it, with the run's own seed file and result-changing
+settings (a change is an error naming it; --force-settings accepts it, or use a new --out).
 """
 
 from __future__ import annotations
@@ -41,12 +43,16 @@ def _run_with(args, overrides: dict) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from evolforge.flows.evolve import EvolveParams, evolve_flow
     from evolforge.storage.fs import location
+    from evolforge.storage.run_record import RunInputsChanged
 
     params = EvolveParams(seeds=str(location(args.seeds)), out=str(location(args.out)),
                           rounds=args.rounds, config=args.config, base_url=args.base_url, model=args.model,
-                          overrides=overrides)
+                          overrides=overrides, force_settings=getattr(args, "force_settings", False))
     try:
         summary = evolve_flow(params)
+    except RunInputsChanged as e:  # nothing was done: no resume hint
+        print(f"\nevolforge run: {e}", file=sys.stderr)
+        return 2
     except Exception as e:  # one clear line, not a stack trace per batch
         print(f"\nevolforge run failed: {e}", file=sys.stderr)
         print(f"Checkpoints are kept in {args.out}; run the same command again to resume.", file=sys.stderr)
@@ -56,6 +62,8 @@ def _run_with(args, overrides: dict) -> int:
     for r in summary["rounds"]:
         print(f"round {r['round']}: {r['accepted']}/{r['attempts']} accepted (survival {r['survival']:.0%}), "
               f"eliminated by rule: {r['by_rule'] or '-'}")
+    if summary.get("rounds_note"):
+        print(f"note: {summary['rounds_note']}")
     print(f"records (seeds + accepted evolutions): {summary['counts']['evolved']} -> {summary['datasets']['evolved']}")
     print(f"lineage of every attempt:              {summary['datasets']['lineage']}")
     print(f"cost ledger ({summary['cost'].get('attempts', 0)} calls): {summary['datasets']['cost_ledger']}  "
@@ -275,7 +283,11 @@ def main(argv: list[str] | None = None) -> int:
 
     p.add_argument("--seeds", default=str(SAMPLE_SEEDS), help="jsonl, parquet or csv of seed instructions")
     p.add_argument("--out", required=True, help="output folder (checkpoints, datasets, ledger)")
-    p.add_argument("--rounds", type=int, help="evolution rounds (default: evol_instruct.rounds)")
+    p.add_argument("--rounds", type=int, help="evolution rounds (default: evol_instruct.rounds); fewer than the run "
+                   "over --out finished keeps every finished round in the datasets")
+    p.add_argument("--force-settings", action="store_true",
+                   help="go on over an existing --out although its seed file or result-changing settings differ "
+                   "from the run's own (recorded in run.json's history)")
     common(p)
     p.set_defaults(fn=cmd_run)
 

@@ -8,7 +8,10 @@ Reads top to bottom like the stage it runs:
 
 Re-running over the same output folder resumes: finished rounds and batches are
 skipped, a killed batch replays its journaled calls. Retrying a failed flow run
-re-runs only the batches that failed (Prefect result cache).
+re-runs only the batches that failed (Prefect result cache). A run over an existing
+folder must use the run's own seed file and result-changing settings (run.json, see
+storage/run_record.py), else it stops naming the change (`force_settings` accepts it);
+fewer rounds than the run finished keep every finished round in the datasets.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from evolforge.flows._fanout import BATCH_TASK_OPTIONS, run_batches
 from evolforge.flows._params import EndpointParams, endpoint_label, model_endpoint
 from evolforge.flows._runners import build_task_runner
 from evolforge.storage import rounds as round_store
+from evolforge.storage import run_record
 from evolforge.storage.datasets import import_seeds
 from evolforge.storage.fs import exists, location, read_parquet
 from evolforge.storage.layout import RunLayout
@@ -46,6 +50,9 @@ class EvolveParams(EndpointParams):
     rounds: int | None = Field(None, ge=1, le=64, description="Evolution rounds (default: evol_instruct.rounds).")
     dedup_index: str | None = Field(None, description="Persistent dedup index folder (default: OUT/dedup_index; "
                                     "the nightly flow shares one per dataset so every night is checked against all earlier ones).")
+    force_settings: bool = Field(False, description="Go on over an existing output folder although the seed file or "
+                                 "settings that change results differ from the run's own (the change is recorded in "
+                                 "run.json's history). Without it such a run stops and names the change.")
 
     def stage_overrides(self) -> dict[str, Any]:
         return {"evol_instruct": {"rounds": self.rounds}} if self.rounds is not None else {}
@@ -96,6 +103,25 @@ def _run_round(layout: RunLayout, r: int, settings: Settings, base_url: str, run
     return table
 
 
+def _priced_round(layout: RunLayout, r: int, table: dict, tally: CostTally, ledger_tail: LedgerTail) -> dict:
+    """The round's table with its cost (from the ledger rows new since the last round), as a table artifact."""
+    cost = tally.add(ledger_tail.new_rows()).cost_of(round_store.round_lineage(layout, r).select("id").collect()["id"])
+    table["cost_usd"] = cost
+    create_table_artifact(key=f"evolve-round-{r}", table=round_rows(table, cost),
+                          description=f"Round {r}: survival by operation, eliminations by rule, tokens, cost")
+    return table
+
+
+def _finished_rounds_after(layout: RunLayout, last: int) -> list[int]:
+    """Rounds after `last` that an earlier run over the folder finished (consecutive: each evolves the one before)."""
+    found: list[int] = []
+    r = last + 1
+    while exists(layout.round_input(r)) and round_store.round_is_complete(layout, r):
+        found.append(r)
+        r += 1
+    return found
+
+
 @flow(name="evolve", log_prints=True)
 def evolve_flow(params: EvolveParams = EvolveParams()) -> dict:
     logger = get_run_logger()
@@ -105,12 +131,15 @@ def evolve_flow(params: EvolveParams = EvolveParams()) -> dict:
     run_id = flow_run.id or f"local-{int(time.time())}"
     t_start = time.time()
 
+    # a run over an existing folder: the same seeds and result-changing settings, or a clear error (before any work)
+    record = run_record.open_run(layout, params.seeds, settings, run_id, force=params.force_settings)
+    for note in record.notes:
+        logger.warning("%s", note)
     if not exists(layout.round_input(1)):
         counts = import_seeds(params.seeds, layout.round_input(1), layout.rejects, batch_size=cfg.batch_size,
                               **settings.input.model_dump(include={"instruction_field", "id_field", "domain_field", "max_chars"}))
         logger.info("imported %d seeds (%d rejected -> %s)", counts["seeds"], counts["rejected"], layout.rejects)
-    round_store.write_json_atomic(layout.run_info, {"seeds": params.seeds, "run_id": run_id,
-                                                    "settings": settings.fingerprint()})
+    record.save()  # appends this run to run.json's history; the first record is kept
 
     tables: list[dict] = []
     try:
@@ -140,13 +169,19 @@ def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, 
                 logger.info("round %d already complete: skipped", r)
             else:
                 table = _run_round(layout, r, settings, base_url, run_id, runner, logger, index_dir)
-            cost = tally.add(ledger_tail.new_rows()).cost_of(round_store.round_lineage(layout, r).select("id").collect()["id"])
-            table["cost_usd"] = cost
-            create_table_artifact(key=f"evolve-round-{r}", table=round_rows(table, cost),
-                                  description=f"Round {r}: survival by operation, eliminations by rule, tokens, cost")
-            tables.append(table)
+            tables.append(_priced_round(layout, r, table, tally, ledger_tail))
+        # fewer rounds than an earlier run over this folder finished: its later rounds stay in the datasets
+        kept = _finished_rounds_after(layout, cfg.rounds)
+        rounds_note = None
+        if kept:
+            rounds_note = (f"{cfg.rounds} rounds asked, but this run had finished rounds 1-{kept[-1]}: the datasets "
+                           f"keep every finished round (rounds {', '.join(map(str, kept))} were not run again); "
+                           "to get fewer rounds, use a new output folder")
+            logger.warning("%s", rounds_note)
+            for r in kept:
+                tables.append(_priced_round(layout, r, round_store.round_table(layout, r), tally, ledger_tail))
 
-    rounds_done = list(range(1, cfg.rounds + 1))
+    rounds_done = list(range(1, cfg.rounds + 1)) + kept
     counts = round_store.write_final_datasets(layout, rounds_done, cfg.batch_size)
     ledger = read_ledger(layout.root)
     round_store.compact_ledger(layout, ledger)
@@ -159,6 +194,9 @@ def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, 
         "rounds": [{k: t[k] for k in ("round", "attempts", "accepted", "eliminated", "errors", "survival",
                                       "by_rule", "by_operation", "calls", "prompt_tokens", "completion_tokens", "cost_usd")}
                    for t in tables],
+        "rounds_requested": cfg.rounds,
+        "rounds_in_datasets": rounds_done,
+        **({"rounds_note": rounds_note} if rounds_note else {}),
         "counts": counts,
         "gateway": gw.stats.as_dict(),
         "cost": cost_summary(ledger, lineage),
@@ -168,7 +206,8 @@ def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, 
                      "rejects": str(layout.rejects)},
     }
     round_store.write_json_atomic(layout.summary, summary)
-    create_markdown_artifact(key="evolve-summary", markdown=markdown_summary(summary),
+    markdown = markdown_summary(summary) + (f"\n\n**Note:** {rounds_note}" if rounds_note else "")
+    create_markdown_artifact(key="evolve-summary", markdown=markdown,
                              description="Evol-Instruct run summary: rounds, survival, cost per stage and task")
     logger.info("done: %d records in %s; cost %s; summary %s", counts["evolved"], layout.evolved,
                 summary["cost"].get("cost_usd"), layout.summary)

@@ -32,6 +32,8 @@ class NightlyParams(EndpointParams):
     seeds: str = Field(str(SAMPLE_SEEDS), description="Seeds of the first night only; later nights continue the pool.")
     rounds_per_night: int | None = Field(None, ge=1, le=16, description="Default: schedule.rounds_per_night.")
     night: str | None = Field(None, description="Night label YYYY-MM-DD (default: today in schedule.timezone).")
+    force_settings: bool = Field(False, description="Resume a night although its seeds (the last night's pool) or "
+                                 "result-changing settings changed since it started (recorded in its run.json).")
 
 
 @flow(name="nightly", log_prints=True)
@@ -55,6 +57,7 @@ def nightly_flow(params: NightlyParams = NightlyParams()) -> dict:
         seeds=seeds, out=str(index.night_dir(night)), rounds=params.rounds_per_night or sched.rounds_per_night,
         config=params.config, base_url=params.base_url, model=params.model, overrides=overrides,
         dedup_index=str(index.dedup_index),  # one index per dataset: every night checked against all earlier
+        force_settings=params.force_settings,  # a resumed night is checked against its run.json like any run
     ))
     entry = index.record(night, seeds=seeds, previous=previous, summary=summary)
     logger.info("night %s done: %d rounds so far, %d records tonight", night, entry["total_rounds"],

@@ -5,12 +5,19 @@ so a SIGKILL leaves at most a torn last line, which is ignored on load). When a
 killed batch runs again, calls whose key is in the journal are replayed from it
 instead of being sent again: a resumed run repeats at most the calls that were
 in flight when it died. On a remote output folder the journal is a prefix with
-one object per finished call (see storage/fs.py, AppendLog). The journal holds responses only, never request
+one object per flush (see storage/fs.py, AppendLog). The journal holds responses only, never request
 headers or keys.
+
+A remote journal whose entries the store refuses keeps them and raises `LogFlushError` (from `put` after a
+failed background flush, from `close` while entries stay undelivered), so the batch fails and is retried;
+a journal opened again on the same path in the same process (the retried batch) adopts the entries its
+predecessor could not deliver, so their calls are replayed, not sent again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import threading
 
@@ -24,13 +31,18 @@ class CallJournal:
         self._lock = threading.Lock()
         self._entries: dict[str, dict] = {}
         self.torn_lines = 0
-        for raw in read_log_lines([path]):
-            try:
-                entry = json.loads(raw)
-                self._entries[entry["key"]] = entry["value"]
-            except (ValueError, KeyError, TypeError):
-                self.torn_lines += 1
-        self._log = AppendLog(path, flush_seconds)
+        self._log = AppendLog(path, flush_seconds)  # first: it adopts entries an earlier writer could not deliver
+        try:
+            for raw in itertools.chain(read_log_lines([path]), self._log.pending_lines()):
+                try:
+                    entry = json.loads(raw)
+                    self._entries[entry["key"]] = entry["value"]
+                except (ValueError, KeyError, TypeError):
+                    self.torn_lines += 1
+        except BaseException:
+            with contextlib.suppress(Exception):  # adopted entries go back where the next writer finds them
+                self._log.close()
+            raise
         if self.torn_lines:
             # make sure the next entry starts on its own line after a torn tail
             self._log.write(b"\n")

@@ -97,3 +97,86 @@ def test_endpoint_down_fails_fast_and_keeps_checkpoints(tmp_path, server):
     with pytest.raises(Exception, match="unreachable"):
         evolve_flow(p2)
     assert lay.round_success(1).exists() and len(list((lay.round_dir(1) / "parts").glob("*.parquet"))) == 3
+
+
+# ---------------------------------------------------------------- a run over an existing folder checks its inputs
+
+def _run_json(tmp_path) -> dict:
+    return json.loads(RunLayout(tmp_path / "out").run_info.read_text())
+
+
+def test_other_seeds_over_an_existing_run_are_an_error(tmp_path, server):
+    from evolforge.storage.run_record import RunInputsChanged
+
+    p = params(tmp_path, server, rounds=1)
+    evolve_flow(p)
+    sent = len(server.posts())
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"id": "x1", "instruction": "Describe the water cycle for a ten year old."}) + "\n")
+    with pytest.raises(RunInputsChanged, match=r"(?s)seed file changed .*seeds\.jsonl -> .*other\.jsonl.*sha256.*"
+                                               r"--force-settings.*new output folder"):
+        evolve_flow(p.model_copy(update={"seeds": str(other), "rounds": 2}))
+    with open(p.seeds, "a") as fh:  # the same path, other content
+        fh.write(json.dumps({"id": "s9", "instruction": "Compute 9 plus 16 and explain the result number 9."}) + "\n")
+    with pytest.raises(RunInputsChanged, match="same path, other content"):
+        evolve_flow(p.model_copy(update={"rounds": 2}))
+    assert len(server.posts()) == sent and not RunLayout(tmp_path / "out").round_dir(2).exists()  # nothing done
+    assert [e["event"] for e in _run_json(tmp_path)["history"]] == ["start"]
+
+
+def test_changed_result_settings_are_an_error_naming_the_key_and_force_settings_accepts_them(tmp_path, server):
+    from evolforge.storage.run_record import RunInputsChanged
+
+    p = params(tmp_path, server, rounds=1)
+    evolve_flow(p)
+    first = _run_json(tmp_path)
+    changed = {"evol_instruct": {"batch_size": 2, "concurrency": 2, "temperature": 0.5, "equal_check": False},
+               "gateway": {"backoff_base_seconds": 0.0, "timeout_seconds": 2.0}}
+    with pytest.raises(RunInputsChanged, match=r"evol_instruct\.equal_check True -> False; "
+                                               r"evol_instruct\.temperature 0\.9 -> 0\.5"):
+        evolve_flow(p.model_copy(update={"overrides": changed, "rounds": 2}))
+    assert not RunLayout(tmp_path / "out").round_dir(2).exists()
+
+    summary = evolve_flow(p.model_copy(update={"overrides": changed, "rounds": 2, "force_settings": True}))
+    assert [r["round"] for r in summary["rounds"]] == [1, 2]
+    info = _run_json(tmp_path)
+    assert info["run_id"] == first["run_id"] and info["history"][0] == first["history"][0]  # the first record kept
+    forced = info["history"][-1]
+    assert forced["event"] == "forced" and forced["changes"] == {"evol_instruct.equal_check": [True, False],
+                                                                 "evol_instruct.temperature": [0.9, 0.5]}
+    assert forced["replaced"]["settings"]["evol_instruct"]["temperature"] == 0.9
+    assert info["settings"]["evol_instruct"]["temperature"] == 0.5  # what the run now stands on (and retry reuses)
+    sent = len(server.posts())
+    evolve_flow(p.model_copy(update={"overrides": changed, "rounds": 2}))  # the accepted settings: a plain resume
+    assert len(server.posts()) == sent and _run_json(tmp_path)["history"][-1]["event"] == "resume"
+
+
+def test_settings_that_do_not_change_results_may_change_on_resume(tmp_path, server):
+    p = params(tmp_path, server, rounds=1)
+    evolve_flow(p)
+    sent = len(server.posts())
+    faster = {"evol_instruct": {"batch_size": 3, "concurrency": 1},
+              "gateway": {"backoff_base_seconds": 0.0, "timeout_seconds": 5.0, "concurrency": 3, "max_retries": 1},
+              "runner": {"max_workers": 2}, "storage": {"remote_log_flush_seconds": 0.5}}
+    again = evolve_flow(p.model_copy(update={"overrides": faster}))
+    assert len(server.posts()) == sent and again["counts"]["evolved"] == 10
+    info = _run_json(tmp_path)
+    assert [e["event"] for e in info["history"]] == ["start", "resume"]
+    assert info["settings"]["evol_instruct"]["concurrency"] == 2  # the run's record is not rewritten
+
+
+def test_fewer_rounds_keep_every_finished_round_in_the_datasets(tmp_path, server):
+    p = params(tmp_path, server, rounds=2)
+    full = evolve_flow(p)
+    lay = RunLayout(tmp_path / "out")
+    lineage = pl.read_parquet(lay.lineage).sort("id")
+    sent = len(server.posts())
+    fewer = evolve_flow(p.model_copy(update={"rounds": 1}))
+    assert len(server.posts()) == sent
+    assert pl.read_parquet(lay.lineage).sort("id").equals(lineage)  # round 2 is still there
+    assert set(pl.read_parquet(lay.lineage)["round"]) == {1, 2}
+    assert pl.read_parquet(lay.evolved).height == 15 and fewer["counts"] == full["counts"]
+    assert fewer["rounds_in_datasets"] == [1, 2] and fewer["rounds_requested"] == 1
+    assert "finished rounds 1-2" in fewer["rounds_note"] and [r["round"] for r in fewer["rounds"]] == [1, 2]
+    assert json.loads(lay.summary.read_text())["rounds_note"] == fewer["rounds_note"]
+    assert _run_json(tmp_path)["settings"]["evol_instruct"]["rounds"] == 2  # `evolforge retry` redoes both rounds

@@ -125,6 +125,232 @@ def test_a_missing_filesystem_package_is_a_clear_error():
         store.location("nosuchproto://bucket/run")
 
 
+# ---------------------------------------------------------------- an S3 endpoint that refuses PUTs
+class RefusingProxy:
+    """A loopback HTTP proxy in front of moto's server: every request is forwarded, except the PUTs of log objects
+    (keys containing `pattern`) it is told to refuse, which get S3's 503 ServiceUnavailable.
+
+    A real S3 API path (s3fs -> aiobotocore -> HTTP -> moto) with faults, which moto itself cannot inject:
+    while `down`, every matching PUT is refused; while `land_then_fail`, it is forwarded and answered 503 anyway
+    (the object was written, the client sees a failure); with `outage_seconds`, the first matching PUT starts
+    an outage of that length. Switches and time rather than counts: how many HTTP PUTs one `pipe_file` sends
+    is the client stack's business (s3fs and botocore retry on their own).
+    """
+
+    def __init__(self, upstream: str, pattern: str = ".jsonl.d/"):
+        import http.server
+        import threading
+        from urllib.parse import urlsplit
+
+        up = urlsplit(upstream)
+        self.upstream = (up.hostname, up.port)
+        self.pattern = pattern
+        self.down = False
+        self.land_then_fail = False
+        self.outage_seconds = 0.0
+        self._outage_until: float | None = None
+        self.refused: list[str] = []   # paths of the PUTs answered 503
+        self.landed: list[str] = []    # paths of the PUTs forwarded (and answered by moto or by 503)
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _body(self) -> bytes:
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                    out = b""
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0], 16)
+                        chunk = self.rfile.read(size + 2)[:size]
+                        if not size:
+                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                                pass
+                            return out
+                        out += chunk
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _relay(self):
+                import http.client
+
+                body = self._body()
+                verdict = proxy._verdict(self.command, self.path)
+                if verdict == "refuse":
+                    return self._unavailable()
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("connection", "keep-alive", "transfer-encoding", "content-length")}
+                conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)
+                try:
+                    conn.request(self.command, self.path, body=body if body or self.command in ("PUT", "POST") else None,
+                                 headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    if verdict == "land_then_fail":
+                        return self._unavailable()
+                    self.send_response(resp.status, resp.reason)
+                    for k, v in resp.getheaders():
+                        if k.lower() not in ("connection", "keep-alive", "transfer-encoding", "content-length"):
+                            self.send_header(k, v)
+                    length = resp.getheader("Content-Length") if self.command == "HEAD" else str(len(data))
+                    self.send_header("Content-Length", length or "0")
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(data)
+                finally:
+                    conn.close()
+
+            def _unavailable(self):
+                data = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'
+                        b"<Message>Service unavailable: refused by the test proxy</Message>"
+                        b"<RequestId>proxy</RequestId></Error>")
+                self.send_response(503, "Service Unavailable")
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _relay
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _verdict(self, method: str, path: str) -> str:
+        if method != "PUT" or self.pattern not in path:
+            return "forward"
+        with self._lock:
+            if self.outage_seconds and self._outage_until is None:
+                self._outage_until = time.time() + self.outage_seconds
+            if self.down or (self._outage_until is not None and time.time() < self._outage_until):
+                self.refused.append(path)
+                return "refuse"
+            self.landed.append(path)
+            return "land_then_fail" if self.land_then_fail else "forward"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def flaky_s3(s3, monkeypatch):
+    """The s3 filesystem pointed at a RefusingProxy in front of moto (botocore's own retries off, so every
+    refused PUT reaches evolforge); AppendLog retries with short backoff."""
+    saved = dict(fsspec.config.conf["s3"])
+    proxy = RefusingProxy(saved["endpoint_url"])
+    fsspec.config.conf["s3"] = {**saved, "endpoint_url": proxy.url,
+                                "config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}}}
+    s3fs.S3FileSystem.clear_instance_cache()
+    monkeypatch.setattr(store.AppendLog, "put_backoff_seconds", 0.01)
+    try:
+        yield proxy
+    finally:
+        fsspec.config.conf["s3"] = saved
+        s3fs.S3FileSystem.clear_instance_cache()
+        proxy.close()
+
+
+def _lines(log_url) -> list[bytes]:
+    return list(store.read_log_lines([store.location(log_url)]))
+
+
+def test_refused_log_puts_keep_their_entries_which_arrive_once_under_their_own_name(flaky_s3):
+    url = "s3://evolforge/flaky/refused/batch_00000.jsonl"
+    log = store.AppendLog(store.location(url), flush_seconds=60)
+    log.write(b'{"n": 1}\n')
+    log.write(b'{"n": 2}\n')
+    flaky_s3.down = True
+    with pytest.raises(store.LogFlushError, match=r"log s3://evolforge/flaky/refused/batch_00000\.jsonl: 2 entries "
+                                                  r"could not be written .*3 attempts; last: OSError.*Service unavailable"):
+        log.flush()
+    assert log.failed_puts == log.put_attempts and _lines(url) == []
+    assert len(set(flaky_s3.refused)) == 1  # every attempt: the same object name
+    assert log.pending_lines() == [b'{"n": 1}\n', b'{"n": 2}\n']  # kept, in order
+    log.write(b'{"n": 3}\n')
+    flaky_s3.down = False
+    log.flush()  # the kept entries go first, under their object name, then the new one
+    assert _lines(url) == [b'{"n": 1}\n', b'{"n": 2}\n', b'{"n": 3}\n']
+    assert flaky_s3.landed[0] == flaky_s3.refused[0] and len(set(flaky_s3.landed)) == 2
+    assert log.pending_lines() == [] and log.objects_written == 2
+    log.close()
+
+
+def test_a_put_that_landed_but_reported_a_failure_is_overwritten_not_duplicated(flaky_s3):
+    url = "s3://evolforge/flaky/landed/ledger.jsonl"
+    log = store.AppendLog(store.location(url), flush_seconds=60)
+    flaky_s3.land_then_fail = True  # moto stores every object, the client is told 503
+    log.write(b'{"row": 1}\n')
+    log.write(b'{"row": 2}\n')
+    with pytest.raises(store.LogFlushError, match="ledger.jsonl: 2 entries"):
+        log.flush()
+    assert _lines(url) == [b'{"row": 1}\n', b'{"row": 2}\n']  # they did land
+    flaky_s3.land_then_fail = False
+    log.write(b'{"row": 3}\n')
+    log.close()  # sent again under the same name: overwritten, not a second copy
+    assert _lines(url) == [b'{"row": 1}\n', b'{"row": 2}\n', b'{"row": 3}\n']
+    assert len(set(flaky_s3.landed)) == 2
+
+
+def test_the_flush_timers_failure_is_raised_by_the_next_write(flaky_s3):
+    url = "s3://evolforge/flaky/timer/batch_00001.jsonl"
+    log = store.AppendLog(store.location(url), flush_seconds=0.05)
+    flaky_s3.down = True
+    log.write(b'{"k": "a"}\n')
+    deadline = time.time() + 20
+    while log._error is None:  # the timer thread's flush exhausted its attempts
+        assert time.time() < deadline, "the flush timer never tried"
+        time.sleep(0.02)
+    with pytest.raises(store.LogFlushError, match="timer/batch_00001.jsonl: 1 entries could not be written"):
+        log.write(b'{"k": "b"}\n')
+    assert log.pending_lines() == [b'{"k": "a"}\n', b'{"k": "b"}\n']  # the entry that raised is kept too
+    flaky_s3.down = False
+    log.close()
+    assert _lines(url) == [b'{"k": "a"}\n', b'{"k": "b"}\n']
+
+
+def test_a_store_refusing_the_journal_fails_the_batch_visibly_and_the_retry_loses_nothing(flaky_s3, tmp_path):
+    from evolforge.flows._fanout import retry_transient
+    from evolforge.tasks.core.batch import BatchSpec, close_gateways, is_fatal, run_batch
+    from evolforge.testing.settings import make_settings
+
+    journal_url = "s3://evolforge/flaky/batch/journal/batch_00000.jsonl"
+    part = tmp_path / "parts" / "batch_00000.parquet"
+    computed: list[str] = []
+
+    def work(row, gw, journal):
+        key = f"call-{row['id']}"
+        if journal.get(key) is None:
+            computed.append(row["id"])  # stands for a model call
+            journal.put(key, {"text": row["id"].upper()})
+        return {"id": row["id"], "status": "ok", "error": None}
+
+    spec = BatchSpec(name="flaky", part=part, journal=store.location(journal_url),
+                     schema=pa.schema([("id", pa.string()), ("status", pa.string()), ("error", pa.string())]),
+                     load_rows=lambda: [{"id": r} for r in "abcd"], work=work,
+                     on_rejected=lambda row, err: {"id": row["id"], "status": "error", "error": str(err)},
+                     concurrency=2)
+    settings = make_settings("http://127.0.0.1:9/v1", storage={"remote_log_flush_seconds": 30})
+    flaky_s3.down = True
+    with pytest.raises(store.LogFlushError, match="journal/batch_00000.jsonl: 4 entries could not be written") as e:
+        run_batch(spec, settings, "http://127.0.0.1:9/v1", "flaky-run", tmp_path)
+    assert not part.exists() and sorted(computed) == list("abcd")
+    # transient, not fatal: the batch task's retry policy retries it
+    state = type("State", (), {"result": lambda self: (_ for _ in ()).throw(e.value)})()
+    assert not is_fatal(e.value) and retry_transient(None, None, state)
+
+    flaky_s3.down = False  # the store recovers; the retried batch (same process) replays every call
+    stats = run_batch(spec, settings, "http://127.0.0.1:9/v1", "flaky-run", tmp_path)
+    assert stats["rows"] == 4 and sorted(computed) == list("abcd")
+    lines = [json.loads(x) for x in _lines(journal_url)]
+    assert sorted(x["key"] for x in lines) == ["call-a", "call-b", "call-c", "call-d"]  # each once
+    close_gateways("flaky-run")
+
+
 
 
 def _seeds(tmp_path, n=6):
@@ -142,6 +368,28 @@ def _params(tmp_path, server, out, rounds=2, dedup=False):
 
 def _s3_table(fs, key: str) -> pl.DataFrame:
     return pl.read_parquet(io.BytesIO(fs.cat_file(key)))
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_batch_whose_journal_the_store_refuses_is_retried_by_prefect_and_sends_nothing_twice(tmp_path, server,
+                                                                                               flaky_s3):
+    url = "s3://evolforge/flaky/flow"
+    flaky_s3.pattern = "round_01/journal/batch_00001.jsonl.d/"
+    flaky_s3.outage_seconds = 4.0  # longer than a flush's attempts (the batch fails); the task is retried later
+    summary = evolve_flow(_params(tmp_path, server, url, rounds=1))
+    assert flaky_s3.refused and summary["counts"]["lineage"] == 6
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[summary["run_id"]])),
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["evolve-round-1-batch-00001"])))
+    assert len(runs) == 1 and runs[0].state_name == "Completed"
+    assert runs[0].run_count >= 2  # failed (LogFlushError), then retried by the batch task's retry policy
+    assert len(server.posts()) == 6 * 3  # the retried batch replayed its calls from the kept journal entries
+    keys = [json.loads(x)["key"] for x in _lines(f"{url}/rounds/round_01/journal/batch_00001.jsonl")]
+    assert len(keys) == len(set(keys)) == 2 * 3
 
 
 @pytest.mark.usefixtures("prefect_harness")

@@ -70,13 +70,29 @@ def gateway_for(settings: Settings, base_url: str, run_id: str, out_dir: str | P
 @contextlib.contextmanager
 def batch_journal(gw: Gateway, path, settings: Settings):
     """A batch's call journal; when the batch ends or fails, its journal and the ledger rows reach the store
-    (on a remote output folder they are otherwise flushed within storage.remote_log_flush_seconds)."""
+    (on a remote output folder they are otherwise flushed within storage.remote_log_flush_seconds).
+
+    Entries the store refuses are kept and fail the batch with `LogFlushError` (transient: retried). When the
+    batch failed already, its own error is raised (a fatal one must stay fatal) with the log error as a note."""
+    journal = CallJournal(path, settings.storage.remote_log_flush_seconds)
+    flushes = [journal.close] + ([gw.ledger.flush] if gw.ledger is not None else [])
     try:
-        with CallJournal(path, settings.storage.remote_log_flush_seconds) as journal:
-            yield journal
-    finally:
-        if gw.ledger is not None:
-            gw.ledger.flush()
+        yield journal
+    except BaseException as e:
+        for flush in flushes:
+            try:
+                flush()
+            except Exception as log_error:  # noqa: BLE001 - reported on the batch's own error
+                e.add_note(f"also: {log_error}")
+        raise
+    first: Exception | None = None
+    for flush in flushes:  # both run even when the first fails
+        try:
+            flush()
+        except Exception as log_error:  # noqa: BLE001 - raised below
+            first = first or log_error
+    if first is not None:
+        raise first
 
 
 def close_gateways(run_id: str) -> None:
