@@ -32,6 +32,7 @@ from evolforge.config.sections._base import Section
 from evolforge.config.sections.dedup import DedupSettings
 from evolforge.config.sections.evolve import EvolInstructSettings, InputSettings
 from evolforge.config.sections.gateway import GatewaySettings, ModelMap, PriceOverride, PricingSettings
+from evolforge.config.sections.modules import ModulesSettings
 from evolforge.config.sections.ppo import PPOSettings
 from evolforge.config.sections.proxy import ProxySettings
 from evolforge.config.sections.reward import DEFAULT_IRM_PROMPT, RewardSettings
@@ -44,6 +45,7 @@ __all__ = [  # the sections are importable from here too: one place to find any 
     "DedupSettings", "EvolInstructSettings", "InputSettings", "GatewaySettings", "ModelMap", "PriceOverride",
     "PricingSettings", "PPOSettings", "DEFAULT_IRM_PROMPT", "RewardSettings", "EmbeddedModelSettings",
     "RunnerSettings", "ScheduleSettings", "StorageSettings", "SandboxSettings", "SynthesisSettings", "ProxySettings",
+    "ModulesSettings",
 ]
 
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -72,6 +74,7 @@ class Settings(Section):
     ppo: PPOSettings = Field(default_factory=PPOSettings)
     reward: RewardSettings = Field(default_factory=RewardSettings)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
+    modules: ModulesSettings = Field(default_factory=ModulesSettings)
 
     @property
     def uses_embedded_model(self) -> bool:

@@ -29,6 +29,7 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from evolforge.tasks.core.gateway import PREFLIGHT_PROMPT
+from evolforge.tasks.modules.prompts import JUDGE_MARKER, MODULE_MARKER
 
 VOCAB = """river mountain compute budget tensor violin harbor prime matrix glacier poem invoice garden
 orbit enzyme ledger canyon sonnet circuit falcon recipe theorem lantern vaccine border quartz marathon
@@ -127,6 +128,67 @@ def reward_reply(prompt: str) -> str | None:
     return None
 
 
+MODULE_CONTENT = {  # a valid `content` per output type (tasks/modules/schema.py)
+    "steps": ["Identify what the question asks", "Work out the result from the given numbers"],
+    "concepts": ["quantity", "arithmetic"],
+    "entities": {"question": "what is asked"},
+    "verdict": {"ok": True, "issues": []},
+    "result": 42,
+    "alternatives": ["The answer is 42.", "It comes to 42."],
+    "final": "The answer is 42.",
+}
+CORRUPTED_CONTENT = {  # what a corrupted module says instead: valid, but wrong (the judge sees the marker)
+    "steps": ["CORRUPTED step: divide by zero"], "concepts": ["CORRUPTED concept"],
+    "entities": {"CORRUPTED": "CORRUPTED"}, "verdict": {"ok": False, "issues": ["CORRUPTED check"]},
+    "result": "CORRUPTED 41", "alternatives": ["CORRUPTED phrasing"], "final": "CORRUPTED answer 41",
+}
+MODULE_FAULTS = ("invalid_json", "missing_fields", "wrong_content", "bad_confidence")
+_MODULE_HEAD = re.compile(re.escape(MODULE_MARKER) + r" (\S+) \(output: (\w+)\)")
+
+
+def module_reply(body: dict, corrupt_module: str | None = None, fault_rate: float = 0.0,
+                 truncate_below: int = 0) -> tuple[str, str] | None:
+    """(text, finish_reason) for the module-DAG prompts (tasks/modules/prompts.py), else None.
+
+    A module prompt (first line `### evolforge module: ID (output: TYPE)`, also on a re-ask) gets a valid
+    {type, content, confidence, dependencies} object; the module `corrupt_module` gets valid JSON whose content
+    says CORRUPTED. `fault_rate` of the replies (chosen by a hash of the request, so a re-ask draws anew) are
+    schema faults: invalid JSON, missing fields, content of the wrong type, or a confidence over 1. A reply whose
+    max_tokens is under `truncate_below` is cut in half with finish_reason 'length'.
+    The judge prompt (`### evolforge module-judge`) scores the text between #Answer# and #End of answer#:
+    10 - 1 per '[module X removed]' - 5 when it says CORRUPTED, clipped to 0..10."""
+    msgs = body.get("messages") or []
+    prompt = str(msgs[-1].get("content", "")) if msgs else ""
+    if prompt.startswith(JUDGE_MARKER):
+        answer = prompt.split("#Answer#", 1)[-1].split("#End of answer#", 1)[0]
+        removed = len(re.findall(r"\[module \S+ removed\]", answer))
+        score = 10 - removed - (5 if "CORRUPTED" in answer else 0)
+        return json.dumps({"score": max(0, min(10, score))}), "stop"
+    head = _MODULE_HEAD.match(prompt)
+    if not head:
+        return None
+    module, kind = head.group(1), head.group(2)
+    deps_line = re.search(r"^Your dependencies: (.*)$", prompt, re.M)
+    deps = [d.strip() for d in deps_line.group(1).split(",")] if deps_line and deps_line.group(1) != "none" else []
+    content = (CORRUPTED_CONTENT if module == corrupt_module else MODULE_CONTENT).get(kind, "?")
+    reply = {"type": kind, "content": content, "confidence": 0.8, "dependencies": deps}
+    digest = hashlib.sha256(json.dumps([msgs, body.get("max_tokens")], sort_keys=True).encode()).digest()
+    if fault_rate and int.from_bytes(digest[:4], "big") / 2**32 < fault_rate:
+        fault = MODULE_FAULTS[digest[4] % len(MODULE_FAULTS)]
+        if fault == "invalid_json":
+            return '{"type": "%s", "content": [oops' % kind, "stop"
+        if fault == "missing_fields":
+            reply = {"type": kind, "content": content}
+        elif fault == "wrong_content":
+            reply["content"] = {"unexpected": True}
+        else:
+            reply["confidence"] = 7
+    text = json.dumps(reply)
+    if truncate_below and (body.get("max_tokens") or 0) < truncate_below:
+        return text[: len(text) // 2], "length"
+    return text, "stop"
+
+
 def completion(body: dict, text: str) -> dict:
     return {
         "id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
@@ -145,7 +207,7 @@ def _is_probe(body: dict) -> bool:
 
 class ScriptedServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, hang_seconds: float = 5.0,
-                 latency: float = 0.0, log_path: str | None = None, default: str = "ok"):
+                 latency: float = 0.0, log_path: str | None = None, default: str = "ok", nodelay: bool = False):
         self.actions: deque[str] = deque()
         self.default = default
         self.judge_verdict = "Not Equal"
@@ -153,12 +215,20 @@ class ScriptedServer:
         self.evolve_overrides: dict[str, str] = {}  # evolve prompts containing KEY are answered with VALUE
         self.hang_seconds = hang_seconds
         self.latency = latency
+        self.nodelay = nodelay  # TCP_NODELAY on replies: no ~40 ms Nagle / delayed-ACK stall per call (timing benches)
         self.requests: list[dict] = []
         # The gateway's pre-flight probes (one per model at the start of a flow) are answered with
         # `preflight_action` and kept apart in `probes`: scripted faults and `posts()` are about the work.
         self.preflight_action = "ok"
         self.probes: list[dict] = []
         self.unknown_models: set[str] = set()  # a probe naming one of these is answered 404 (model not found)
+        # module-DAG prompts (see module_reply): a module whose replies are corrupted, the share of module
+        # replies that are schema faults, a max_tokens under which replies are truncated, and extra latency
+        # per module id (on top of `latency`)
+        self.corrupt_module: str | None = None
+        self.module_fault_rate = 0.0
+        self.module_truncate_below = 0
+        self.module_latency: dict[str, float] = {}
         self.lock = threading.Lock()
         self.log_path = log_path
         self._log_fh = open(log_path, "a", buffering=1) if log_path else None
@@ -169,6 +239,11 @@ class ScriptedServer:
 
             def log_message(self, *a):  # quiet
                 pass
+
+            def setup(self):
+                super().setup()
+                if outer.nodelay:
+                    self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
             def do_GET(self):
                 if self.path.rstrip("/").endswith("/models"):
@@ -201,6 +276,10 @@ class ScriptedServer:
                     outer.requests.append(entry)
                 if outer.latency:
                     time.sleep(outer.latency)
+                if outer.module_latency:
+                    head = _MODULE_HEAD.match(str((body.get("messages") or [{}])[-1].get("content", "")))
+                    if head and outer.module_latency.get(head.group(1)):
+                        time.sleep(outer.module_latency[head.group(1)])
                 self._act(action, body, entry)
 
             def _act(self, action, body, entry):
@@ -252,7 +331,13 @@ class ScriptedServer:
                         for key, value in outer.evolve_overrides.items():
                             if key in prompt:
                                 text = value
-                self._json(200, completion(body, text))
+                resp = completion(body, text)
+                module = None if action.startswith("text:") else module_reply(
+                    body, outer.corrupt_module, outer.module_fault_rate, outer.module_truncate_below)
+                if module is not None:
+                    resp = completion(body, module[0])
+                    resp["choices"][0]["finish_reason"] = module[1]
+                self._json(200, resp)
                 entry["completed"] = True
                 if outer._log_fh:
                     outer._log_fh.write(json.dumps({"key": entry["key"], "completed": True}) + "\n")

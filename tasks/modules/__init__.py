@@ -1,0 +1,11 @@
+"""Module-DAG reasoning (DeCoRL): one chain of thought split into functional modules run along a dependency graph.
+
+- graph:    the module graph from `[modules]` (topological order, dependants, descendants, chain and level timing).
+- schema:   the per-output-type pydantic schema of a module's {type, content, confidence, dependencies} reply.
+- prompts:  the module, re-ask and judge prompts (their marker lines are what the scripted server recognises).
+- run:      one question: modules started as soon as their own dependencies finish, schema re-asks and larger
+            budgets for truncated replies, aggregation Φ, the contribution judge (1 + k calls), the item's row
+            and its PRM step row (also the reward stage's `step_label_method = "modules"`).
+- batch:    one batch of questions on the batch runtime, and the assembly of items, PRM rows and the summary.
+- report:   per-module statistics and the Mermaid graph annotated with mean latency and mean contribution.
+"""

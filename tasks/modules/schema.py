@@ -1,0 +1,131 @@
+"""The output schema of a module: {type, content, confidence, dependencies}, `content` typed per output type.
+
+What counts as a valid output (`validate_reply`): the reply holds one JSON object (fenced or wrapped JSON is
+recovered, tasks/core/json_parse.py) with
+  - type: exactly the module's output type;
+  - content: steps / concepts / alternatives: a non-empty list of non-empty strings; entities: an object of
+    string -> string; verdict: {"ok": true|false, "issues": [strings]}; result: a non-empty string or a number;
+    final: a non-empty string;
+  - confidence: a number from 0 to 1 (not a boolean);
+  - dependencies: a list of ids, each one of the module's own dependencies (the inputs it used).
+Unknown extra keys are ignored. Anything else is invalid, with a short reason that the re-ask quotes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, field_validator
+
+from evolforge.tasks.core.json_parse import JSONParseFailure, extract_json
+
+Text = Annotated[StrictStr, Field(min_length=1)]
+
+
+class Verdict(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    ok: StrictBool
+    issues: list[StrictStr]
+
+
+class _Output(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    confidence: float = Field(ge=0, le=1)
+    dependencies: list[StrictStr]
+
+    @field_validator("confidence", mode="before")
+    @classmethod
+    def _no_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("a number from 0 to 1, not a boolean")
+        return v
+
+
+class StepsOutput(_Output):
+    type: Literal["steps"]
+    content: list[Text] = Field(min_length=1)
+
+
+class ConceptsOutput(_Output):
+    type: Literal["concepts"]
+    content: list[Text] = Field(min_length=1)
+
+
+class EntitiesOutput(_Output):
+    type: Literal["entities"]
+    content: dict[StrictStr, StrictStr]
+
+
+class VerdictOutput(_Output):
+    type: Literal["verdict"]
+    content: Verdict
+
+
+class ResultOutput(_Output):
+    type: Literal["result"]
+    content: Text | float
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _no_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("a string or a number, not a boolean")
+        return v
+
+
+class AlternativesOutput(_Output):
+    type: Literal["alternatives"]
+    content: list[Text] = Field(min_length=1)
+
+
+class FinalOutput(_Output):
+    type: Literal["final"]
+    content: Text
+
+
+SCHEMAS: dict[str, type[_Output]] = {
+    "steps": StepsOutput, "concepts": ConceptsOutput, "entities": EntitiesOutput, "verdict": VerdictOutput,
+    "result": ResultOutput, "alternatives": AlternativesOutput, "final": FinalOutput,
+}
+
+# the form of `content` per output type, as the prompts show it
+CONTENT_FORM = {
+    "steps": '["first step", "second step", ...]',
+    "concepts": '["concept", "another concept", ...]',
+    "entities": '{"entity name": "what it is", ...}',
+    "verdict": '{"ok": true or false, "issues": ["problem found", ...]}',
+    "result": "the result: a number, or a short string",
+    "alternatives": '["one way to put it", "another way", ...]',
+    "final": '"the final answer, as a string"',
+}
+
+
+def _short_errors(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors()[:4]:
+        loc = ".".join(str(p) for p in e["loc"]) or "(object)"
+        parts.append(f"{loc}: {e['msg']}")
+    more = len(err.errors()) - 4
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def validate_reply(text: str | None, output_type: str, allowed_deps: list[str]) -> tuple[dict | None, str | None]:
+    """(the validated output as a plain dict, None) or (None, the reason it is invalid)."""
+    try:
+        obj = extract_json(text, dict)
+    except JSONParseFailure as e:
+        return None, f"not a JSON object ({e})"[:300]
+    try:
+        out = SCHEMAS[output_type].model_validate(obj)
+    except ValidationError as e:
+        return None, _short_errors(e)[:300]
+    stray = [d for d in out.dependencies if d not in allowed_deps]
+    if stray:
+        return None, (f"dependencies: {', '.join(map(repr, stray))} not among this module's inputs "
+                      f"({', '.join(allowed_deps) or 'none'})")[:300]
+    dumped = out.model_dump()
+    data = {k: dumped[k] for k in ("type", "content", "confidence", "dependencies")}
+    if isinstance(data["content"], float) and data["content"].is_integer():
+        data["content"] = int(data["content"])
+    return data, None
