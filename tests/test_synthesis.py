@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import polars as pl
 import pytest
 
 from evolforge.flows.synthesize import SynthesizeParams, synthesize_flow
+from evolforge.tasks.core.gateway import Gateway
 from evolforge.tasks.synthesis import checks as chk
+from evolforge.tasks.synthesis import synthesize as synth
+from evolforge.testing.settings import make_settings
 
-pytestmark = pytest.mark.usefixtures("prefect_harness")
+# the scripted server answers as the default model, which has no known price: with the default USD budget
+# per task an unpriced model rejects every task, so the tests price it
+PRICED = {"overrides": {"smollm2-135m-instruct": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}}}
 
 
 @pytest.mark.parametrize("expr,value", [("42", 42.0), ("3/4", 0.75), ("2*5+1", 11.0), ("1,200", 1200.0),
@@ -29,6 +35,7 @@ def test_final_answer_and_difficulty():
     assert [chk.difficulty(x) for x in (1.0, 0.67, 0.5, 1 / 3, 0.2, 0.0)] == ["easy", "easy", "medium", "medium", "hard", "hard"]
 
 
+@pytest.mark.usefixtures("prefect_harness")
 def test_synthesis_flow_repairs_labels_rejects_and_costs(tmp_path, server):
     seeds = tmp_path / "seeds.jsonl"
     rows = [
@@ -42,7 +49,7 @@ def test_synthesis_flow_repairs_labels_rejects_and_costs(tmp_path, server):
     seeds.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     summary = synthesize_flow(SynthesizeParams(
         seeds=str(seeds), out=str(tmp_path / "out"), base_url=server.base_url,
-        overrides={"synthesis": {"batch_size": 3, "prune_jaccard": 1.0}}))
+        overrides={"synthesis": {"batch_size": 3, "prune_jaccard": 1.0}, "pricing": PRICED}))
     out = tmp_path / "out"
     tasks = pl.read_parquet(out / "tasks.parquet")
     rejected = pl.read_parquet(out / "rejected.parquet")
@@ -51,8 +58,8 @@ def test_synthesis_flow_repairs_labels_rejects_and_costs(tmp_path, server):
     buggy = by_id["t-buggy-code"]
     assert buggy["status"] == "kept" and buggy["repairs"] == 1
     phases = [a["phase"] for a in json.loads(buggy["attempts"])]
-    assert phases[:3] == ["stub", "reference", "repair-1"]
-    assert json.loads(buggy["attempts"])[1]["changed"] == "solution"
+    assert phases[:4] == ["stub", "stub-always-equal", "reference", "repair-1"]  # both stubs fail, then the repair
+    assert json.loads(buggy["attempts"])[2]["changed"] == "solution"
     assert by_id["t-trivial-code"]["status"] == "rejected" and "trivial" in by_id["t-trivial-code"]["reject_reason"]
     hard = by_id["t-hard-code"]
     assert hard["status"] == "kept" and hard["pass_rate"] == 0.0 and hard["difficulty"] == "hard"
@@ -69,17 +76,70 @@ def test_synthesis_flow_repairs_labels_rejects_and_costs(tmp_path, server):
 
     sent = len(server.posts())
     synthesize_flow(SynthesizeParams(seeds=str(seeds), out=str(out), base_url=server.base_url,
-                                     overrides={"synthesis": {"batch_size": 3, "prune_jaccard": 1.0}}))
+                                     overrides={"synthesis": {"batch_size": 3, "prune_jaccard": 1.0}, "pricing": PRICED}))
     assert len(server.posts()) == sent  # resumed: nothing repeated
 
 
+@pytest.mark.usefixtures("prefect_harness")
 def test_near_duplicate_proposals_are_pruned_before_testing(tmp_path, server):
     seeds = tmp_path / "s.jsonl"
     seeds.write_text("\n".join(json.dumps({"id": f"c{i}", "instruction": f"Adder variant {i}", "domain": "code"})
                                for i in range(3)) + "\n")
     summary = synthesize_flow(SynthesizeParams(seeds=str(seeds), out=str(tmp_path / "o"), base_url=server.base_url,
-                                               overrides={"synthesis": {"batch_size": 3, "concurrency": 1, "prune_jaccard": 0.8}}))
+                                               overrides={"synthesis": {"batch_size": 3, "concurrency": 1, "prune_jaccard": 0.8},
+                                                          "pricing": PRICED}))
     assert summary["kept"] == 1
     assert summary["rejections"] == {"near-duplicate of an earlier proposal (pruned before testing)": 2}
     rej = pl.read_parquet(tmp_path / "o" / "rejected.parquet")
     assert all(json.loads(a) == [] for a in rej["attempts"])  # no sandbox run was spent on them
+
+
+# ---------------------------------------------------------------- one task, straight through synthesize_task
+
+
+def _task(server, instruction: str, embedded: frozenset = frozenset(), **sections):
+    settings = make_settings(server.base_url, **sections)
+    gw = Gateway(settings, base_url=server.base_url, run_id="t", embedded_models=embedded)
+    return synth.synthesize_task({"id": "s", "instruction": instruction}, "code", gw, settings)
+
+
+def test_always_equal_stub_fails_ordinary_assertions():
+    ns: dict = {}
+    exec(chk.always_equal_stub("f"), ns)
+    x = ns["f"](1, 2)
+    assert x == 5 and 5 == x and not x != 5 and x < 0 and x > 0 and x == pytest.approx(0.3) and x
+    assert hash(x) == 0 and list(x) == [] and abs(x - 1) < 1e-9
+    assert not isinstance(x, int) and len(x) == 0 and x is not True
+
+
+def test_tests_an_always_equal_object_passes_are_rejected_as_trivial(server):
+    task = _task(server, "EQONLY: write an adder.", pricing=PRICED)
+    assert task.status == "rejected" and "equals anything" in task.reject_reason
+    assert [(a["phase"], a["passed"]) for a in task.attempts] == [("stub", False), ("stub-always-equal", True)]
+    kept = _task(server, "Write an adder.", pricing=PRICED)  # the same tests plus an isinstance check
+    assert kept.status == "kept", kept.reject_reason
+
+
+def test_an_unpriced_model_puts_the_task_over_its_cost_budget(server, caplog):
+    synth._UNPRICED_WARNED.discard("unpriced-model")
+    with caplog.at_level(logging.WARNING, logger="evolforge.synthesis"):
+        tasks = [_task(server, f"Write an adder {i}.", models={"default": "unpriced-model"}) for i in range(2)]
+    for task in tasks:
+        assert task.status == "rejected" and "over the cost budget" in task.reject_reason
+        assert '[pricing.overrides."unpriced-model"]' in task.reject_reason and task.attempts == []
+    warnings = [r.getMessage() for r in caplog.records if r.name == "evolforge.synthesis"]
+    assert len(warnings) == 1 and "unpriced-model" in warnings[0] and '[pricing.overrides."unpriced-model"]' in warnings[0]
+    # free (the embedded model), priced, or no USD budget: the task goes on
+    assert _task(server, "Write an adder 3.", frozenset({"unpriced-model"}), models={"default": "unpriced-model"}).status == "kept"
+    assert _task(server, "Write an adder 4.", models={"default": "unpriced-model"},
+                 pricing={"overrides": {"unpriced-model": {"input_per_mtok": 0.1, "output_per_mtok": 0.1}}}).status == "kept"
+    assert _task(server, "Write an adder 5.", models={"default": "unpriced-model"},
+                 synthesis={"budget_usd_per_task": 0}).status == "kept"
+
+
+def test_the_time_budget_is_checked_before_every_sandbox_run(server):
+    server.latency = 0.3  # the proposal alone takes longer than the budget
+    task = _task(server, "Write an adder.", pricing=PRICED, synthesis={"budget_seconds_per_task": 0.2})
+    assert task.status == "rejected" and task.reject_reason.startswith("over the time budget")
+    assert task.attempts == [] and task.sandbox_seconds == 0  # no sandbox run was started over the budget
+    assert task.reject_reason == "over the time budget (0.2s)"

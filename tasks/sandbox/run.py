@@ -6,13 +6,47 @@
 Inside, the solution is `solution.py` and the tests `test_solution.py`, side by
 side in the working dir `/sandbox` (the tests `from solution import ...`).
 
-How the tests run (decided from the test file's text):
+How the tests run (decided from the test file's text): the host writes a harness
+(tasks/sandbox/harness.py) beside them as `_evolforge_harness.py` and runs it.
 - pytest style (a top-level `def test_...`, a `class Test...` or an import of
-  pytest): `python -m pytest -q -p no:cacheprovider --tb=short test_solution.py`
-  with PYTEST_DISABLE_PLUGIN_AUTOLOAD=1. It passes when pytest exits 0 AND its
-  summary line reports at least one passed test and none failed, so a solution
-  that exits the interpreter early with status 0 does not pass by accident.
-- otherwise an assert-based script: `python test_solution.py`; exit status 0 passes.
+  pytest): the harness runs pytest (`-q -p no:cacheprovider --tb=short
+  test_solution.py`, PYTEST_DISABLE_PLUGIN_AUTOLOAD=1) with its own plugin.
+- otherwise an assert-based script: the harness runs `test_solution.py` with runpy.
+
+The verdict comes from a result channel, not from the output or the exit status
+alone. Before the start the host creates two pipes and passes them through
+bwrap, prlimit and setpriv: one holds a per-run nonce (secrets.token_hex),
+which the harness reads and closes before the solution is imported (never in
+argv, the environment or a file, all readable by the code under test); on the
+other the harness writes one final JSON record carrying that nonce: for pytest
+{collected, passed, failed, errors, skipped, exitstatus, tampered} counted by
+its plugin from each test phase's real exception (a makereport hookwrapper),
+written at pytest_sessionfinish; for a script, that it returned normally
+(SystemExit of any code writes nothing). The host (tasks/sandbox/verdict.py)
+passes a run only if the exit status is 0, nothing killed it, exactly one
+well-formed final record with the right nonce arrived and no other line did (a
+line without the nonce is forged: failure), and for pytest: exitstatus 0,
+collected > 0, passed == collected, no failure or error, no tampering reported,
+and at least as many tests collected as the test file declares (`declared_tests`,
+from its AST: hidden or deselected tests fail the run). `tests_passed` and
+`tests_failed` come from that record. An early exit, a crash, a missing,
+duplicated, malformed or forged record all fail; `verdict_error` says which.
+
+What the channel does not stop: the code under test runs in the same interpreter
+as pytest and the harness. The harness adds defenses that hold against the
+obvious tools: it makes itself non-dumpable (its /proc/<pid>/mem is closed to the
+sandbox's uid, itself included; in bwrap mode only, as rlimits-only may run as
+root), and an audit hook (irremovable) refuses gc.get_objects/get_referrers/
+get_referents, all of ctypes, sys.settrace/setprofile and opening a process's
+`mem`; it checks that each collected test's code object is code of the test
+file as pytest executed it (a swapped test module fails), and it reports
+pytest's, pluggy's, the builtins' and its own functions and classes that changed
+while the tests ran (monkeypatched pytest internals fail). Code that walks frames
+(sys._getframe, tracebacks) to pytest's live objects or to the harness's plugin
+can still read the nonce or rewrite the counts, and rebinding the test module's
+helper globals or pytest state on live instances is not noticed. It is a strong
+filter against reward hacking, not a proof; a verdict that holds against that
+needs the solution in another process than the tests (calls marshalled across).
 
 Isolation (mode "bwrap", see tasks/sandbox/limits.py): no network (own network
 namespace), own PID namespace (everything dies with the run), read-only view of
@@ -21,12 +55,13 @@ private tmpfs working dir and /tmp, cleared environment (the gateway's API key i
 never passed, not even to bwrap), a dedicated unprivileged uid when started as
 root, no capabilities, and rlimits on CPU seconds, address space, processes, file
 size and open files. The parent enforces a wall-clock timeout and an output cap
-by killing the whole process group, and returns only once the sandbox's PID
-namespace is empty (it watches the namespace's init, whose pid bwrap reports on
---info-fd), so no process of the run survives it. Mode "rlimits-only" keeps only
-the rlimits, the new session, the clean environment, the temp dir and the kills
-(plus a best-effort kill of leftovers that left the session, found by an
-environment marker); it is not a security boundary and must be chosen explicitly.
+(stdout, stderr and the result channel together) by killing the whole process
+group, and returns only once the sandbox's PID namespace is empty (it watches
+the namespace's init, whose pid bwrap reports on --info-fd), so no process of
+the run survives it. Mode "rlimits-only" keeps only the rlimits, the new
+session, the clean environment, the temp dir, the kills (plus a best-effort kill
+of leftovers that left the session, found by an environment marker) and the
+result channel; it is not a security boundary and must be chosen explicitly.
 
 Limits are per process (RLIMIT_*): a run may use up to max_processes x memory_mb
 of address space and each process its own cpu_seconds; the wall timeout bounds
@@ -41,6 +76,7 @@ only: untrusted code could print them), or "signal:N".
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -67,14 +103,16 @@ from evolforge.tasks.sandbox.limits import (
     limits_argv,
     tool,
 )
+from evolforge.tasks.sandbox.verdict import declared_tests, judge
 
 __all__ = ["SandboxResult", "SandboxUnavailable", "check_sandbox_available", "run_many", "run_python_tests"]
 
 SOLUTION_FILE = "solution.py"
 TEST_FILE = "test_solution.py"
-PYTEST_ARGS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", TEST_FILE]
+HARNESS_FILE = "_evolforge_harness.py"  # tasks/sandbox/harness.py, written beside them
+PYTEST_ARGS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", TEST_FILE]  # what the harness runs
+_HARNESS_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
 _PYTEST_STYLE = re.compile(r"^(?:async\s+)?def\s+test\w*\s*\(|^class\s+Test\w*|^\s*(?:import|from)\s+pytest\b", re.M)
-_SUMMARY = re.compile(r"(\d+) (passed|failed|errors?)\b")
 _GRACE_S = 0.25  # after the main process exits, how long to keep draining pipes held by leftovers
 _NS_EXIT_WAIT_S = 10.0  # bound on waiting for the kernel to tear the sandbox's PID namespace down
 _UID_SPAN = 65_536
@@ -94,8 +132,9 @@ class SandboxResult:
     stderr: str
     duration_s: float  # wall seconds from start to reap: the sandbox seconds charged to the task
     runner: str = "pytest"  # "pytest" or "script"
-    tests_passed: int | None = None  # from pytest's summary line (None for scripts)
-    tests_failed: int | None = None  # failed + errors
+    tests_passed: int | None = None  # from the result channel's record (None for scripts or without a valid record)
+    tests_failed: int | None = None  # failed + errors, from the same record
+    verdict_error: str | None = None  # why the result channel does not let the run pass (None when it does)
 
 
 def uses_pytest(test_code: str) -> bool:
@@ -131,7 +170,7 @@ def check_sandbox_available(settings: SandboxSettings) -> None:
         _probed[key] = None
     if settings.mode == "bwrap" and key not in _probed:  # one real start per configuration
         probe = settings.model_copy(update={"wall_timeout_seconds": 30.0})
-        r = _run(probe, {}, ["-c", "print('ok')"], "script")
+        r = _run(probe, {}, ["-c", "print('ok')"], "raw")
         if r.exit_code != 0 or r.stdout.strip() != "ok":
             raise SandboxUnavailable(f"bubblewrap sandbox failed to start (exit {r.exit_code}): {r.stderr.strip()[-800:]}")
         _probed[key] = None
@@ -141,8 +180,10 @@ def run_python_tests(solution_code: str, test_code: str, settings: SandboxSettin
     """Run `test_code` against `solution_code` in the sandbox; never raises for anything the code does."""
     check_sandbox_available(settings)
     runner = "pytest" if uses_pytest(test_code) else "script"
-    args = PYTEST_ARGS if runner == "pytest" else [TEST_FILE]
-    return _run(settings, {SOLUTION_FILE: solution_code, TEST_FILE: test_code}, args, runner)
+    options = PYTEST_ARGS[2:-1] if runner == "pytest" else []
+    files = {SOLUTION_FILE: solution_code, TEST_FILE: test_code, HARNESS_FILE: _harness_source()}
+    declared = declared_tests(test_code) if runner == "pytest" else 0
+    return _run(settings, files, options, runner, declared)
 
 
 def run_many(jobs: Iterable[tuple[str, str]], settings: SandboxSettings) -> list[SandboxResult]:
@@ -164,9 +205,48 @@ def _take_uid(base: int) -> int:
     raise RuntimeError("no free sandbox uid")
 
 
-def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runner: str) -> SandboxResult:
+@functools.lru_cache(maxsize=1)
+def _harness_source() -> str:
+    with open(_HARNESS_SOURCE, encoding="utf-8") as f:
+        return f.read()
+
+
+class _Channel:
+    """The two pipes of the result channel: the nonce in (filled and closed before the start), records out."""
+
+    def __init__(self) -> None:
+        self.nonce = secrets.token_hex(16)
+        self.fds: dict[str, int | None] = dict.fromkeys(("nonce_r", "result_r", "result_w"))
+        self.fds["nonce_r"], nonce_w = os.pipe()
+        try:
+            os.write(nonce_w, self.nonce.encode())  # 32 bytes: never blocks on an empty pipe
+            os.close(nonce_w)
+            nonce_w = None
+            self.fds["result_r"], self.fds["result_w"] = os.pipe()
+        except BaseException:
+            if nonce_w is not None:
+                os.close(nonce_w)
+            self.close()
+            raise
+
+    def harness_args(self, runner: str) -> list[str]:
+        return [HARNESS_FILE, str(self.fds["nonce_r"]), str(self.fds["result_w"]), runner, TEST_FILE]
+
+    def child_fds(self) -> tuple[int, ...]:
+        return self.fds["nonce_r"], self.fds["result_w"]
+
+    def close(self, *names: str) -> None:
+        for name in names or tuple(self.fds):
+            if self.fds[name] is not None:
+                os.close(self.fds[name])
+                self.fds[name] = None
+
+
+def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runner: str,
+         declared: int = 0) -> SandboxResult:
+    """runner "pytest" / "script": through the harness and its result channel; "raw": `python *args` (the probe)."""
     hostdir = tempfile.mkdtemp(prefix="evolforge-sbx-")
-    uid = None
+    uid, channel = None, None
     try:
         paths = {}
         for name, code in files.items():
@@ -174,6 +254,9 @@ def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runn
             with open(paths[name], "w", encoding="utf-8") as f:
                 f.write(code)
             os.chmod(paths[name], 0o644)
+        if runner != "raw":
+            channel = _Channel()
+            args = channel.harness_args(runner) + args
         env = _inner_env()
         marker, info = "", None
         if settings.mode == "bwrap":
@@ -188,8 +271,10 @@ def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runn
             marker = secrets.token_hex(8)
             env.update(HOME=hostdir, TMPDIR=hostdir, EVOLFORGE_SANDBOX_RUN=marker)
             argv, cwd, popen_env = limits_argv(settings) + [settings.python] + args, hostdir, env
-        return _execute(settings, argv, cwd, popen_env, marker, runner, info)
+        return _execute(settings, argv, cwd, popen_env, marker, runner, info, channel, declared)
     finally:
+        if channel is not None:
+            channel.close()
         if uid is not None:
             with _uids_lock:
                 _uids_in_use.discard(uid)
@@ -197,13 +282,14 @@ def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runn
 
 
 def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, marker: str, runner: str,
-             info: tuple[int, int] | None) -> SandboxResult:
+             info: tuple[int, int] | None, channel: _Channel | None, declared: int) -> SandboxResult:
     started = time.monotonic()
-    state: dict = {"info_fd": info[0] if info else None, "info": b"", "ns_pidfd": None}
+    state: dict = {"info_fd": info[0] if info else None, "info": b"", "ns_pidfd": None,
+                   "result_fd": channel.fds["result_r"] if channel else None}
+    pass_fds = (info[1:] if info else ()) + (channel.child_fds() if channel else ())
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-                                pass_fds=info[1:] if info else ())
+                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True, pass_fds=pass_fds)
     except BaseException:
         if info:
             os.close(info[0])
@@ -211,9 +297,12 @@ def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, ma
     finally:
         if info:
             os.close(info[1])  # the write end now lives in bwrap only
-    out, err, reason = bytearray(), bytearray(), None
+        if channel:
+            channel.close("nonce_r", "result_w")  # and the harness's ends in the sandbox only
+    bufs = {"out": bytearray(), "err": bytearray(), "res": bytearray()}
+    reason, total = None, 0
     try:
-        out, err, reason = _pump(proc, settings, started, state)
+        reason, total = _pump(proc, settings, started, state, bufs)
     finally:
         if state["info_fd"] is not None and state["ns_pidfd"] is None:  # killed before bwrap's report was read
             os.set_blocking(state["info_fd"], False)
@@ -233,20 +322,24 @@ def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, ma
         duration = time.monotonic() - started
         if marker:
             _kill_marked(marker)
-    stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        if channel and not reason:  # every writer is gone: take what is left in the pipe, within the cap
+            reason = _drain(state["result_fd"], bufs["res"], settings.max_output_bytes - total)
+    stdout, stderr = bufs["out"].decode("utf-8", "replace"), bufs["err"].decode("utf-8", "replace")
     reason = reason or _classify(proc.returncode, duration, settings, stdout + stderr)
-    counts = _pytest_counts(stdout) if runner == "pytest" else (None, None)
     passed = proc.returncode == 0 and reason is None
-    if runner == "pytest":
-        passed = passed and counts[0] is not None and counts[0] > 0 and counts[1] == 0
+    verdict = judge(bytes(bufs["res"]), channel.nonce, runner, declared) if channel else None
+    if verdict is not None:
+        passed = passed and verdict.ok
     return SandboxResult(passed=passed, exit_code=proc.returncode, timed_out=reason == "wall_timeout",
                          killed_reason=reason, stdout=stdout, stderr=stderr, duration_s=round(duration, 4),
-                         runner=runner, tests_passed=counts[0], tests_failed=counts[1])
+                         runner=runner, tests_passed=verdict.tests_passed if verdict else None,
+                         tests_failed=verdict.tests_failed if verdict else None,
+                         verdict_error=verdict.error if verdict else None)
 
 
-def _pump(proc: subprocess.Popen, settings: SandboxSettings, started: float, state: dict):
-    """Read both pipes incrementally until the run ends, times out or prints too much."""
-    bufs = {"out": bytearray(), "err": bytearray()}
+def _pump(proc: subprocess.Popen, settings: SandboxSettings, started: float, state: dict,
+          bufs: dict[str, bytearray]) -> tuple[str | None, int]:
+    """Read stdout, stderr and the result channel incrementally until the run ends, times out or writes too much."""
     total, cap, reason, exited_at = 0, settings.max_output_bytes, None, None
     deadline = started + settings.wall_timeout_seconds
     pidfd = os.pidfd_open(proc.pid)
@@ -256,6 +349,8 @@ def _pump(proc: subprocess.Popen, settings: SandboxSettings, started: float, sta
         sel.register(pidfd, selectors.EVENT_READ, "exit")
         if state["info_fd"] is not None:
             sel.register(state["info_fd"], selectors.EVENT_READ, "info")
+        if state["result_fd"] is not None:
+            sel.register(state["result_fd"], selectors.EVENT_READ, "res")
         try:
             while True:
                 now = time.monotonic()
@@ -285,7 +380,23 @@ def _pump(proc: subprocess.Popen, settings: SandboxSettings, started: float, sta
                     break
         finally:
             os.close(pidfd)
-    return bufs["out"], bufs["err"], reason
+    return reason, total
+
+
+def _drain(fd: int, buf: bytearray, room: int) -> str | None:
+    """Read what is left in the result pipe once the run is over (`room`: bytes left under the output cap)."""
+    os.set_blocking(fd, False)
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:  # a writer escaped the kill (rlimits-only): what it has not written does not count
+            return None
+        if not chunk:
+            return None
+        buf += chunk[: max(0, room)]
+        room -= len(chunk)
+        if room < 0:
+            return "output_cap"
 
 
 def _watch_sandbox_init(state: dict, chunk: bytes) -> None:
@@ -332,10 +443,3 @@ def _classify(code: int, wall: float, s: SandboxSettings, output: str) -> str | 
         return "file_size"
     return f"signal:{sig}" if sig else None
 
-
-def _pytest_counts(stdout: str) -> tuple[int | None, int | None]:
-    for line in reversed(stdout.splitlines()):
-        if re.search(r"\bin [\d.]+s\b", line) and _SUMMARY.search(line):
-            counts = {kind.rstrip("s") if kind.startswith("error") else kind: int(n) for n, kind in _SUMMARY.findall(line)}
-            return counts.get("passed", 0), counts.get("failed", 0) + counts.get("error", 0)
-    return None, None

@@ -4,8 +4,10 @@
 proposal (statement, reference solution, pytest tests, entry point) is pruned
 when it nearly duplicates an earlier proposal of the batch, its tests are run
 against a do-nothing stub (tests that pass without a solution check nothing:
-rejected as trivial), then the reference is tested and repaired up to
-`max_repairs` times within the per-task budget (USD and seconds); an
+rejected as trivial) and against a stub whose result equals anything (tests
+that only compare the result with ==, <, > or truthiness would reward an object
+that fakes them: rejected as trivial too), then the reference is tested and
+repaired up to `max_repairs` times within the per-task budget; an
 independent solver model then attempts it `solver_attempts` times without the
 reference, and its pass rate gives the difficulty. Math tasks: the proposal's
 final answer (a number or an arithmetic expression, evaluated safely) must agree
@@ -13,11 +15,19 @@ with the majority of `solver_attempts` independent solutions. Every model call
 is charged to the task id (stages synthesize, repair, solver) and every
 sandbox second is added to the task's record. Untrusted code runs only through
 tasks/sandbox/run.py.
+
+The per-task budget: `budget_seconds_per_task` is checked before every model
+call and every sandbox run; `budget_usd_per_task` before every model call. A
+call whose model has no known price (PriceBook cost None; the embedded model
+is free, never unknown) cannot be counted, so with a USD budget set it puts the
+task over budget at once (one warning per model names the fix: a
+`[pricing.overrides."MODEL"]` entry, or budget_usd_per_task = 0).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import Counter
@@ -32,6 +42,8 @@ from evolforge.tasks.synthesis import prompts as P
 
 _SANDBOX_SLOTS: dict[int, threading.BoundedSemaphore] = {}
 _SLOTS_LOCK = threading.Lock()
+_UNPRICED_WARNED: set[str] = set()
+log = logging.getLogger("evolforge.synthesis")
 
 
 @dataclass
@@ -65,16 +77,34 @@ class Budget(Exception):
     pass
 
 
-def _sandbox(settings: Settings, solution: str, tests: str, task: SynthTask, phase: str):
+def _over_time(settings: Settings, t0: float) -> None:
+    if time.monotonic() - t0 > settings.synthesis.budget_seconds_per_task:
+        raise Budget(f"over the time budget ({settings.synthesis.budget_seconds_per_task:g}s)")
+
+
+def _unpriced(model: str, budget: float) -> Budget:
+    fix = f'add [pricing.overrides."{model}"] (input_per_mtok, output_per_mtok) to the config, or set synthesis.budget_usd_per_task = 0'
+    with _SLOTS_LOCK:
+        first = model not in _UNPRICED_WARNED
+        _UNPRICED_WARNED.add(model)
+    if first:
+        log.warning("no price known for model %r: the synthesis cost budget ($%s per task) cannot be kept, so every "
+                    "task that calls it is rejected as over budget; %s", model, budget, fix)
+    return Budget(f"over the cost budget: model {model!r} has no known price ({fix})")
+
+
+def _sandbox(settings: Settings, solution: str, tests: str, task: SynthTask, phase: str, t0: float):
     with _SLOTS_LOCK:
         sem = _SANDBOX_SLOTS.setdefault(settings.sandbox.max_parallel,
                                         threading.BoundedSemaphore(settings.sandbox.max_parallel))
     with sem:
+        _over_time(settings, t0)  # a sandbox run spends the task's seconds too (checked once it has a slot)
         res = run_python_tests(solution, tests, settings.sandbox)
     task.sandbox_seconds += res.duration_s
-    failure = None if res.passed else (res.killed_reason or "") + "\n" + (res.stdout + res.stderr)[-1500:]
+    why = "\n".join(filter(None, [res.killed_reason, res.verdict_error]))
+    failure = None if res.passed else why + "\n" + (res.stdout + res.stderr)[-1500:]
     task.attempts.append({"phase": phase, "passed": res.passed, "sandbox_s": round(res.duration_s, 3),
-                          "killed_reason": res.killed_reason, "failure": failure})
+                          "killed_reason": res.killed_reason, "verdict": res.verdict_error, "failure": failure})
     return res
 
 
@@ -86,8 +116,7 @@ def synthesize_task(seed: dict, kind: str, gateway: Gateway, settings: Settings,
     spent = {"usd": 0.0}
 
     def call(stage: str, text: str, purpose: str, json_mode: bool, **kw):
-        if time.monotonic() - t0 > cfg.budget_seconds_per_task:
-            raise Budget(f"over the time budget ({cfg.budget_seconds_per_task:.0f}s)")
+        _over_time(settings, t0)
         if cfg.budget_usd_per_task and spent["usd"] > cfg.budget_usd_per_task:
             raise Budget(f"over the cost budget (${cfg.budget_usd_per_task})")
         model = gateway.model_for("synthesize" if stage == "repair" else stage)
@@ -99,6 +128,8 @@ def synthesize_task(seed: dict, kind: str, gateway: Gateway, settings: Settings,
             parsed, res = None, gateway.chat(stage, P.msg(text), task_id=task.task_id, purpose=purpose,
                                              journal=journal, model=model, **kw)
         cost, _ = gateway.prices.cost(model, res.prompt_tokens, res.completion_tokens)
+        if cost is None and cfg.budget_usd_per_task:  # unknown is not free: it cannot be kept under a budget
+            raise _unpriced(model, cfg.budget_usd_per_task)
         spent["usd"] += cost or 0.0
         return parsed, res
 
@@ -106,14 +137,14 @@ def synthesize_task(seed: dict, kind: str, gateway: Gateway, settings: Settings,
         if kind == "math":
             _math(seed, task, call, cfg)
         else:
-            _code(seed, task, call, settings, seen, seen_lock)
+            _code(seed, task, call, settings, seen, seen_lock, t0)
     except Budget as e:
         task.status, task.reject_reason = "rejected", str(e)
     task.wall_seconds = round(time.monotonic() - t0, 3)
     return task
 
 
-def _code(seed, task: SynthTask, call, settings: Settings, seen, seen_lock) -> None:
+def _code(seed, task: SynthTask, call, settings: Settings, seen, seen_lock, t0: float) -> None:
     cfg = settings.synthesis
     prop, _ = call("synthesize", P.PROPOSE_CODE.format(instruction=seed["instruction"]), "propose", True,
                    temperature=cfg.temperature)
@@ -133,11 +164,15 @@ def _code(seed, task: SynthTask, call, settings: Settings, seen, seen_lock) -> N
                 task.reject_reason = "near-duplicate of an earlier proposal (pruned before testing)"
                 return
             seen.append(sig)
-    if _sandbox(settings, chk.stub_solution(task.entry_point), task.tests, task, "stub").passed:
+    if _sandbox(settings, chk.stub_solution(task.entry_point), task.tests, task, "stub", t0).passed:
         task.reject_reason = "trivial: the tests pass against a do-nothing solution"
         return
+    if _sandbox(settings, chk.always_equal_stub(task.entry_point), task.tests, task, "stub-always-equal", t0).passed:
+        task.reject_reason = ("trivial: the tests pass against a solution whose result equals anything "
+                              "(they only compare it with ==, <, > or truthiness)")
+        return
     for attempt in range(cfg.max_repairs + 1):
-        res = _sandbox(settings, task.solution, task.tests, task, "reference" if attempt == 0 else f"repair-{attempt}")
+        res = _sandbox(settings, task.solution, task.tests, task, "reference" if attempt == 0 else f"repair-{attempt}", t0)
         if res.passed:
             break
         if attempt == cfg.max_repairs:
@@ -166,7 +201,7 @@ def _code(seed, task: SynthTask, call, settings: Settings, seen, seen_lock) -> N
         _, res = call("solver", P.SOLVE_CODE.format(entry_point=task.entry_point, statement=task.statement),
                       f"solve-{k}", False, temperature=cfg.solver_temperature)
         solves.append(chk.extract_code(res.text))
-    passes = sum(_sandbox(settings, code, task.tests, task, f"solver-{k}").passed for k, code in enumerate(solves))
+    passes = sum(_sandbox(settings, code, task.tests, task, f"solver-{k}", t0).passed for k, code in enumerate(solves))
     _label(task, passes, cfg.solver_attempts)
 
 

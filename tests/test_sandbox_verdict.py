@@ -1,0 +1,337 @@
+"""The sandbox's verdict cannot be forged by the code under test (tasks/sandbox/run.py, verdict.py, harness.py).
+
+Each hostile solution below tries to make a wrong or incomplete solution pass; each of them passed the
+verdict that parsed pytest's summary line from stdout. The verdict now comes from a result channel (a pipe
+only the harness writes, each record carrying a per-run nonce the code under test never sees), checked
+against the number of tests declared in the test file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from evolforge.config.sections.sandbox import SandboxSettings
+from evolforge.tasks.sandbox.run import run_python_tests
+from evolforge.tasks.sandbox.verdict import declared_tests, judge
+
+HAS_BWRAP = os.access("/usr/bin/bwrap", os.X_OK)
+needs_bwrap = pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap not installed (apt-get install -y bubblewrap)")
+
+TESTS = "from solution import add\n\ndef test_small():\n    assert add(1, 2) == 3\n\ndef test_zero():\n    assert add(0, 0) == 0\n"
+SCRIPT = "from solution import add\nassert add(2, 2) == 4\n"
+GOOD = "def add(a, b):\n    return a + b\n"
+WRONG = "def add(a, b):\n    return a - b\n"
+FAKE = "\\n2 passed in 0.01s\\n"  # pytest's summary line, as the old verdict parsed it
+WRITE_FAKE_EVERYWHERE = (  # the saved real stdout is one of these fds: pytest's capture cannot hide it
+    "import os\nfor _fd in range(1, 65):\n    try:\n"
+    f"        os.write(_fd, b'{FAKE}')\n    except OSError:\n        pass\n"
+)
+GUESS = "0" * 32
+FORGED = json.dumps({"nonce": GUESS, "kind": "final", "runner": "pytest", "collected": 2, "passed": 2, "failed": 0,
+                     "errors": 0, "skipped": 0, "exitstatus": 0, "tampered": []})
+FORGE_EVERY_FD = (
+    "import os\nfor _fd in range(3, 65):\n    try:\n"
+    f"        os.write(_fd, {(FORGED + chr(10)).encode()!r})\n    except OSError:\n        pass\n"
+)
+BOTH_MODES = pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=needs_bwrap), "rlimits-only"])
+
+
+def _settings(**kw) -> SandboxSettings:
+    base = dict(cpu_seconds=5, memory_mb=512, max_processes=32, wall_timeout_seconds=20,
+                max_output_bytes=200_000, max_parallel=2)
+    return SandboxSettings(**(base | kw))
+
+
+def _run(solution: str, tests: str = TESTS, mode: str = "bwrap", **kw):
+    return run_python_tests(solution, tests, _settings(mode=mode, **kw))
+
+
+# ---------------------------------------------------------------- hostile solutions (each passed before)
+
+
+@BOTH_MODES
+def test_fake_summary_and_exit_at_import_fails(mode):
+    r = _run(WRONG + WRITE_FAKE_EVERYWHERE + "os._exit(0)\n", mode=mode)
+    assert r.exit_code == 0 and not r.passed and r.tests_passed is None
+    assert r.verdict_error and "result" in r.verdict_error
+
+
+@BOTH_MODES
+def test_exit_inside_a_test_fails(mode):
+    sol = "def add(a, b):\n" + "".join("    " + line + "\n" for line in WRITE_FAKE_EVERYWHERE.splitlines()) + "    os._exit(0)\n"
+    r = _run(sol, mode=mode)
+    assert r.exit_code == 0 and not r.passed and r.tests_passed is None and r.verdict_error
+
+
+@BOTH_MODES
+def test_forged_records_on_every_fd_fail(mode):
+    r = _run(WRONG + FORGE_EVERY_FD + WRITE_FAKE_EVERYWHERE + "os._exit(0)\n", mode=mode)
+    assert r.exit_code == 0 and not r.passed and r.tests_passed is None
+    assert "nonce" in r.verdict_error
+
+
+@BOTH_MODES
+def test_a_forged_line_fails_even_a_correct_solution(mode):
+    """The harness still writes its own record, with the right nonce; the extra forged line alone fails the run."""
+    r = _run(GOOD + FORGE_EVERY_FD, mode=mode)
+    assert r.exit_code == 0 and not r.passed and "nonce" in r.verdict_error
+
+
+@BOTH_MODES
+@pytest.mark.parametrize("exit_code", ["import sys\nsys.exit(0)\n", "raise SystemExit\n", "raise SystemExit(0)\n",
+                                       "import os\nos._exit(0)\n"])
+def test_script_runner_early_exit_fails(mode, exit_code):
+    r = _run(WRONG + exit_code, SCRIPT, mode=mode)
+    assert r.runner == "script" and r.exit_code == 0 and not r.passed and r.verdict_error
+
+
+@BOTH_MODES
+def test_system_exit_in_the_script_itself_fails(mode):
+    r = _run(GOOD, SCRIPT + "import sys\nsys.exit(0)\n", mode=mode)
+    assert r.exit_code == 0 and not r.passed
+
+
+@BOTH_MODES
+@pytest.mark.parametrize("tests", [TESTS, SCRIPT])
+def test_closing_every_fd_at_import_fails(mode, tests):
+    r = _run("import os\nos.closerange(3, 65)\n" + GOOD, tests, mode=mode)
+    assert not r.passed and r.verdict_error
+
+
+@BOTH_MODES
+def test_zero_collected_tests_fail(mode):
+    """The solution swaps the test module for an empty one and prints a summary after pytest's own."""
+    sol = WRONG + (
+        "import atexit, os, sys, types\n"
+        "_fake = types.ModuleType('test_solution')\n_fake.__file__ = sys.modules['test_solution'].__file__\n"
+        "sys.modules['test_solution'] = _fake\n"
+        f"atexit.register(lambda: (sys.stdout.write('{FAKE}'), sys.stdout.flush(), os._exit(0)))\n"
+    )
+    r = _run(sol, mode=mode)
+    assert r.exit_code == 0 and not r.passed and r.tests_passed in (None, 0)
+
+
+@BOTH_MODES
+def test_swapping_the_test_module_for_passing_tests_fails(mode):
+    """Same test names, same count: the collected tests are not the code of the test file."""
+    sol = WRONG + (
+        "import sys, types\n_fake = types.ModuleType('test_solution')\n"
+        "_fake.__file__ = sys.modules['test_solution'].__file__\n"
+        "exec(compile('def test_small():\\n    pass\\n\\ndef test_zero():\\n    pass\\n', _fake.__file__, 'exec'), _fake.__dict__)\n"
+        "sys.modules['test_solution'] = _fake\n"
+    )
+    r = _run(sol, mode=mode)
+    assert not r.passed and "test file" in r.verdict_error
+
+
+@BOTH_MODES
+def test_hiding_tests_fails(mode):
+    """One of two declared tests is removed before collection: fewer collected than declared."""
+    sol = WRONG + (
+        "import sys, types\n_fake = types.ModuleType('test_solution')\n"
+        "_fake.__file__ = sys.modules['test_solution'].__file__\n"
+        "exec(compile('def test_zero():\\n    pass\\n', _fake.__file__, 'exec'), _fake.__dict__)\n"
+        "sys.modules['test_solution'] = _fake\n"
+    )
+    r = _run(sol, mode=mode)
+    assert not r.passed and r.verdict_error
+
+
+PATCH_CALL_AND_REPORT = WRONG + """
+import _pytest.runner as _runner
+_orig = _runner.call_and_report
+def _flip(item, when, log=True, **kw):
+    rep = _orig(item, when, log=False, **kw)
+    if rep.failed:
+        rep.outcome, rep.longrepr = "passed", None
+    if log:
+        item.ihook.pytest_runtest_logreport(report=rep)
+    return rep
+_runner.call_and_report = _flip
+"""
+
+
+@BOTH_MODES
+def test_flipping_failed_reports_to_passed_fails(mode):
+    r = _run(PATCH_CALL_AND_REPORT, mode=mode)
+    assert "2 passed" in r.stdout  # pytest itself was fooled
+    assert not r.passed and r.tests_failed == 1  # the makereport hookwrapper saw the real exception
+    assert "_pytest.runner.call_and_report" in r.verdict_error  # and the patch itself was noticed
+
+
+@needs_bwrap
+def test_patching_pytest_internals_is_noticed():
+    """CallInfo.from_call patched to drop every exception: the hookwrapper is blind, the integrity check is not."""
+    sol = WRONG + (
+        "import _pytest.runner as _runner\n_orig = _runner.CallInfo.from_call.__func__\n"
+        "def _quiet(cls, func, when, reraise=None):\n    info = _orig(cls, func, when, reraise)\n"
+        "    info.excinfo = None\n    return info\n"
+        "_runner.CallInfo.from_call = classmethod(_quiet)\n"
+    )
+    r = _run(sol)
+    assert not r.passed and "CallInfo" in r.verdict_error
+
+
+@needs_bwrap
+def test_builtins_patched_by_the_solution_are_noticed():
+    r = _run(GOOD + "import builtins\nbuiltins.len = lambda x: 2\n")
+    assert not r.passed and "builtins.len" in r.verdict_error
+
+
+# ---------------------------------------------------------------- the audit hook (bwrap and rlimits-only)
+
+def _blocked_test(body: str) -> str:
+    return f"import pytest\n\ndef test_blocked():\n    with pytest.raises((RuntimeError, PermissionError)):\n{body}\n"
+
+
+@BOTH_MODES
+@pytest.mark.parametrize("body", [
+    "        import gc\n        [o for o in gc.get_objects() if isinstance(o, str) and len(o) == 32]",
+    "        import gc, sys\n        gc.get_referrers(sys.modules[__name__])",
+    "        import gc, sys\n        gc.get_referents(sys.modules[__name__].__dict__)",
+    "        import ctypes\n        ctypes.CDLL(None).getpid()",
+    "        import sys\n        sys.settrace(lambda *a: None)",
+    "        import sys\n        sys.setprofile(lambda *a: None)",
+    "        open('/proc/self/mem', 'rb')",
+    "        import os, tempfile\n        link = os.path.join(tempfile.mkdtemp(), 'm')\n"
+    "        os.symlink('/proc/self/mem', link)\n        open(link, 'rb')",
+    "        import os\n        os.open('mem', os.O_RDONLY, dir_fd=os.open('/proc/self', os.O_RDONLY))",
+    "        import os\n        os.open('task/%d/mem' % os.getpid(), os.O_RDONLY, dir_fd=os.open('/proc/self', os.O_RDONLY))",
+], ids=["gc.get_objects", "gc.get_referrers", "gc.get_referents", "ctypes", "settrace", "setprofile", "proc-mem",
+        "proc-mem-symlink", "proc-mem-dirfd", "task-mem-dirfd"])
+def test_interpreter_scans_are_refused(mode, body):
+    r = _run("", _blocked_test(body), mode=mode)
+    assert r.passed, r.stdout[-1500:]
+
+
+@needs_bwrap
+def test_memory_of_the_harness_is_not_readable_by_a_child_process():
+    """The harness is not dumpable: a fresh child (no audit hook) cannot read its memory in /proc/<ppid>/mem."""
+    tests = (
+        "import os, subprocess, sys\n\ndef test_child_reads_parent():\n"
+        "    code = 'import os; open(\"/proc/%d/mem\" % os.getppid(), \"rb\")'\n"
+        "    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)\n"
+        "    assert r.returncode != 0 and 'PermissionError' in r.stderr, r.stderr\n"
+    )
+    r = _run("", tests)
+    assert r.passed, r.stdout[-1500:]
+
+
+# ---------------------------------------------------------------- ordinary runs still pass or fail
+
+
+@BOTH_MODES
+def test_ordinary_pytest_features_still_pass(mode):
+    tests = (
+        "import unittest\n\nimport pytest\nfrom solution import add\n\n\n@pytest.fixture\ndef test_data():\n    return [(1, 2, 3), (2, 2, 4)]\n\n\n"
+        "@pytest.mark.parametrize('a,b,c', [(1, 1, 2), (2, 3, 5), (-1, 1, 0)])\ndef test_param(a, b, c):\n    assert add(a, b) == c\n\n\n"
+        "def test_fixture(test_data, tmp_path, capsys, monkeypatch):\n    monkeypatch.setenv('X', '1')\n"
+        "    for a, b, c in test_data:\n        assert add(a, b) == c\n    print('hello')\n"
+        "    assert capsys.readouterr().out == 'hello\\n'\n    (tmp_path / 'f').write_text('x')\n\n\n"
+        "def test_raises_and_approx():\n    with pytest.raises(TypeError):\n        add(1, 'x')\n"
+        "    assert add(0.1, 0.2) == pytest.approx(0.3)\n\n\n"
+        "class TestAdd:\n    def test_method(self):\n        assert add(2, 2) == 4\n\n"
+        "    @pytest.mark.parametrize('n', range(3))\n    def test_many(self, n):\n        assert add(n, 0) == n\n\n\n"
+        "class TestUnit(unittest.TestCase):\n    def test_unittest(self):\n        self.assertEqual(add(2, 5), 7)\n"
+    )
+    r = _run(GOOD, tests, mode=mode)
+    assert r.passed, (r.verdict_error, r.stdout[-2000:])
+    assert (r.tests_passed, r.tests_failed) == (10, 0) and r.verdict_error is None
+    bad = _run(WRONG, tests, mode=mode)
+    assert not bad.passed and (bad.tests_passed, bad.tests_failed) == (3, 7) and bad.exit_code == 1
+
+
+@BOTH_MODES
+def test_normal_pass_and_fail_in_both_runners(mode):
+    ok, bad = _run(GOOD, mode=mode), _run(WRONG, mode=mode)
+    assert ok.passed and (ok.tests_passed, ok.tests_failed) == (2, 0) and ok.verdict_error is None
+    assert not bad.passed and (bad.tests_passed, bad.tests_failed) == (1, 1)
+    sok, sbad = _run(GOOD, SCRIPT, mode=mode), _run(WRONG, SCRIPT, mode=mode)
+    assert sok.passed and sok.verdict_error is None and sok.runner == "script"
+    assert not sbad.passed and sbad.exit_code == 1 and "AssertionError" in sbad.stderr
+
+
+@needs_bwrap
+def test_skipped_and_errored_tests_do_not_pass():
+    skip = "import pytest\nfrom solution import add\n\ndef test_a():\n    assert add(1, 1) == 2\n\n@pytest.mark.skip\ndef test_b():\n    pass\n"
+    err = "import pytest\nfrom solution import add\n\n@pytest.fixture\ndef boom():\n    raise ValueError\n\ndef test_a(boom):\n    pass\n\ndef test_b():\n    assert add(1, 1) == 2\n"
+    r = _run(GOOD, skip)
+    assert r.exit_code == 0 and not r.passed and r.tests_passed == 1
+    r = _run(GOOD, err)
+    assert not r.passed and (r.tests_passed, r.tests_failed) == (1, 1)
+    xfail = "import pytest\nfrom solution import add\n\n@pytest.mark.xfail\ndef test_a():\n    assert add(1, 1) == 3\n"
+    r = _run(GOOD, xfail)  # pytest exits 0 ("1 xfailed"), but an expected failure checks nothing
+    assert r.exit_code == 0 and not r.passed and r.tests_failed == 1
+
+
+@BOTH_MODES
+def test_flooding_the_result_channel_hits_the_output_cap(mode):
+    """The channel's descriptor is no secret (it is in argv); what is written to it counts against the cap."""
+    sol = GOOD + "import os, sys\nfor _ in range(8):\n    os.write(int(sys.argv[2]), b'x' * 65536)\n"
+    r = _run(sol, mode=mode, wall_timeout_seconds=10)
+    assert not r.passed and r.killed_reason == "output_cap" and len(r.stdout) + len(r.stderr) < 200_000
+
+
+# ---------------------------------------------------------------- the host's reading of the channel (pure)
+
+NONCE = "ab" * 16
+
+
+def _rec(**kw) -> bytes:
+    rec = {"nonce": NONCE, "kind": "final", "runner": "pytest", "collected": 2, "passed": 2, "failed": 0, "errors": 0,
+           "skipped": 0, "exitstatus": 0, "tampered": []} | kw
+    return (json.dumps(rec) + "\n").encode()
+
+
+def test_judge_accepts_exactly_one_good_record():
+    v = judge(_rec(), NONCE, "pytest", declared=2)
+    assert v.ok and v.error is None and (v.tests_passed, v.tests_failed) == (2, 0)
+    assert judge(_rec(collected=3, passed=3), NONCE, "pytest", declared=2).ok  # parametrized: more items than defs
+
+
+@pytest.mark.parametrize("raw,needle", [
+    (b"", "no result record"),
+    (_rec() + _rec(), "2 records"),
+    (_rec(nonce="cd" * 16), "nonce"),
+    (_rec() + (json.dumps({"nonce": GUESS}) + "\n").encode(), "nonce"),
+    (b"garbage\n" + _rec(), "nonce"),
+    (_rec()[:-1], "incomplete"),
+    (_rec()[:-5] + b"\n", "malformed"),
+    (_rec(passed=1), "passed 1 of 2"),
+    (_rec(failed=1), "failed"),
+    (_rec(errors=1), "error"),
+    (_rec(collected=0, passed=0), "no tests"),
+    (_rec(collected=1, passed=1), "declares 2"),
+    (_rec(exitstatus=1), "exit status"),
+    (_rec(tampered=["_pytest.runner.call_and_report"]), "call_and_report"),
+    (_rec(passed=True), "malformed"),
+    (_rec(passed="2"), "malformed"),
+    (_rec(kind="progress"), "final"),
+    (_rec(runner="script"), "runner"),
+    (_rec(untrusted_module=False), "malformed"),
+])
+def test_judge_rejects(raw, needle):
+    v = judge(raw, NONCE, "pytest", declared=2)
+    assert not v.ok and needle in v.error, v.error
+
+
+def test_judge_script_records():
+    ok = (json.dumps({"nonce": NONCE, "kind": "final", "runner": "script", "completed": True}) + "\n").encode()
+    assert judge(ok, NONCE, "script", declared=0).ok
+    assert not judge(b"", NONCE, "script", declared=0).ok
+    assert not judge(ok + ok, NONCE, "script", declared=0).ok
+    assert not judge(ok.replace(b"true", b"false"), NONCE, "script", declared=0).ok
+
+
+def test_declared_tests_counts_what_pytest_collects():
+    code = (
+        "import pytest\n\ndef test_a():\n    pass\n\nasync def test_async():\n    pass\n\ndef test_a():\n    pass\n\n"
+        "def helper():\n    pass\n\n@pytest.fixture\ndef test_data():\n    return 1\n\n@pytest.fixture()\ndef test_more():\n    return 1\n\n"
+        "class TestX:\n    def test_m(self):\n        pass\n\n    def helper(self):\n        pass\n\n"
+        "class Helper:\n    def test_not_collected(self):\n        pass\n\nif True:\n    def test_nested():\n        pass\n"
+    )
+    assert declared_tests(code) == 3  # test_a (once), test_async, TestX.test_m
+    assert declared_tests("def broken(:\n") == 0
