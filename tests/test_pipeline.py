@@ -18,8 +18,10 @@ def test_pipeline_evolve_then_synthesize(tmp_path, server):
         {"id": "c1", "instruction": "Write a function that adds two numbers.", "domain": "code"},
         {"id": "m1", "instruction": "A shop sells 3 boxes of 4 apples each. How many apples?", "domain": "math"},
     ]) + "\n")
+    # the scripted model is priced here: synthesis counts a task with unpriced calls as over its USD budget
+    price = {"pricing": {"overrides": {"smollm2-135m-instruct": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}}}}
     done = pipeline_flow(PipelineParams(seeds=str(seeds), out=str(tmp_path / "p"), rounds=1, reward=False,
-                                        base_url=server.base_url))
+                                        base_url=server.base_url, overrides=price))
     assert set(done) == {"evolve", "synthesize"}
     assert (tmp_path / "p" / "evolve" / "dataset" / "evolved.parquet").exists()
     tasks = pl.read_parquet(tmp_path / "p" / "synthesize" / "tasks.parquet")
