@@ -148,6 +148,15 @@ def cmd_synthesize(args) -> int:
                                                        base_url=args.base_url, model=args.model))
 
 
+def cmd_trajectories(args) -> int:
+    from evolforge.flows.trajectories import TrajectoriesParams, trajectories_flow
+
+    return _run_flow(trajectories_flow, TrajectoriesParams(
+        proxy_out=args.proxy_out, out=args.out, rewards=args.rewards, tokenizer=args.tokenizer,
+        include_unfinished=args.include_unfinished, dedup=not args.no_dedup, tokens=not args.no_tokens,
+        config=args.config))
+
+
 def cmd_pipeline(args) -> int:
     from evolforge.flows.pipeline import PipelineParams, pipeline_flow
 
@@ -345,6 +354,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config")
     p.add_argument("--model", help="model for --check (default: models.default)")
     p.set_defaults(fn=cmd_proxy)
+
+    p = sub.add_parser("trajectories", help="agent traffic recorded by the proxy -> SFT conversations, "
+                       "per-call transitions and token-level samples")
+    p.add_argument("--proxy-out", required=True, help="the recording proxy's folder (evolforge proxy --out)")
+    p.add_argument("--out", required=True, help="output folder (sft.jsonl, transitions.parquet, tokens.parquet, ...)")
+    p.add_argument("--rewards", help="jsonl / csv / parquet with session and reward columns (wins over reward events)")
+    p.add_argument("--include-unfinished", action="store_true",
+                   help="also export sessions without a finish event that are not idle yet")
+    p.add_argument("--tokenizer", help="model folder or GGUF for the token-level samples (default: the embedded model's)")
+    p.add_argument("--no-tokens", action="store_true", help="skip the token-level samples")
+    p.add_argument("--no-dedup", action="store_true", help="keep conversations whose prompt repeats another session's")
+    p.add_argument("--config")
+    p.set_defaults(fn=cmd_trajectories)
 
     p = sub.add_parser("costs", help="cost totals from the ledger of an output folder")
     p.add_argument("--out", required=True)

@@ -1,0 +1,10 @@
+"""Agent traffic recorded by the proxy -> training data (the `trajectories` stage; Prefect-free).
+
+- sessions: which sessions are finished (a finish event, idle for proxy.session_idle_seconds, or an
+  ancestor's finish event), their rewards (reward events and/or a rewards file; the file wins), and a
+  session's calls split into conversations (prefix-extensions of one message list; branches apart).
+- samples:  messages in the OpenAI form, SFT rows (TRL SFTTrainer), per-call transitions (GRPO / RLOO).
+- tokens:   token-level samples: chat-template rendering per prefix, the assistant loss mask, turn
+            boundaries, the upstream's own token ids spliced in, drift flagged.
+- export:   the four steps the flow runs (collect, dedup, tokens, publish), through storage/trajectory_sets.
+"""

@@ -1,0 +1,248 @@
+"""The sample kinds built from one session's records: conversations (SFT) and per-call transitions.
+
+`build_session(records, ctx)` takes a finished session's records (in the order their calls started) and
+returns its conversation candidates, its transitions and the calls it skipped, with reasons:
+
+- Model calls are the `chat.completions` and `completions` routes; other routes (models, ...) are not data.
+- A failed call (HTTP status other than 200, or an error such as a stream cut before [DONE]) is skipped.
+- Chat calls are split into conversations (see sessions.assign_conversations). A conversation is its last
+  call's prompt messages plus that call's response, in the OpenAI form (samples.openai_message): assistant
+  tool calls as `tool_calls` with JSON-string arguments, tool results as role `tool` with `tool_call_id`.
+- Every successful call is a transition: its own prompt, its completion, the session's reward.
+- Completions-route calls are transitions only (prompt_text / completion_text): they have no messages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+from evolforge.tasks.trajectories.sessions import Reward, assign_conversations, message_key
+
+MODEL_ROUTES = ("chat.completions", "completions")
+
+
+def text_of(content) -> tuple[str, int]:
+    """A message content as text, and how many non-text parts (images, audio) were left out."""
+    if content is None:
+        return "", 0
+    if isinstance(content, str):
+        return content, 0
+    if isinstance(content, list):
+        texts, dropped = [], 0
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                texts.append(str(part.get("text") or ""))
+            elif isinstance(part, str):
+                texts.append(part)
+            else:
+                dropped += 1
+        return "".join(texts), dropped
+    return str(content), 0
+
+
+def tool_call(tc: dict, i: int) -> dict:
+    fn = tc.get("function") or {}
+    args = fn.get("arguments")
+    if args is None:
+        args = "{}"
+    elif not isinstance(args, str):
+        args = json.dumps(args, ensure_ascii=False)
+    return {"id": tc.get("id") or f"call_{i}", "type": tc.get("type") or "function",
+            "function": {"name": fn.get("name") or "", "arguments": args}}
+
+
+def openai_message(m: dict) -> tuple[dict, int]:
+    """A recorded message in the OpenAI form (only the keys that apply), and its non-text parts left out."""
+    role = m.get("role") or "user"
+    content, dropped = text_of(m.get("content"))
+    out: dict = {"role": role, "content": content}
+    if role == "assistant":
+        calls = m.get("tool_calls") or []
+        if not calls and isinstance(m.get("function_call"), dict):  # the legacy single function call
+            calls = [{"type": "function", "function": m["function_call"]}]
+        if calls:
+            out["tool_calls"] = [tool_call(tc, i) for i, tc in enumerate(calls) if isinstance(tc, dict)]
+        if m.get("reasoning_content"):
+            out["reasoning_content"] = str(m["reasoning_content"])
+    if role == "tool" and m.get("tool_call_id") is not None:
+        out["tool_call_id"] = str(m["tool_call_id"])
+    if m.get("name"):
+        out["name"] = str(m["name"])
+    return out, dropped
+
+
+def response_message(resp: dict) -> dict:
+    msg, _ = openai_message({"role": "assistant", "content": resp.get("content"), "tool_calls": resp.get("tool_calls"),
+                             "reasoning_content": resp.get("reasoning_content")})
+    return msg
+
+
+def first_user_text(messages: list[dict]) -> str | None:
+    return next((m["content"] for m in messages if m["role"] == "user"), None)
+
+
+def _ids(v) -> list[int] | None:
+    return v if isinstance(v, list) and v and all(isinstance(i, int) for i in v) else None
+
+
+def _logprobs(lp) -> list[float] | None:
+    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+        vals = [x.get("logprob") for x in lp["content"] if isinstance(x, dict)]
+        if vals and all(isinstance(v, (int, float)) for v in vals):
+            return [float(v) for v in vals]
+    return None
+
+
+def tools_json(tools) -> str | None:
+    return json.dumps(tools, ensure_ascii=False) if tools else None
+
+
+@dataclass
+class SessionContext:
+    session: str
+    parent_session: str | None
+    root_session: str
+    finished_by: str | None
+    reward: Reward
+
+
+@dataclass
+class SessionBuild:
+    conversations: list[dict] = field(default_factory=list)
+    transitions: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)
+    failed_by_status: Counter = field(default_factory=Counter)
+
+
+@dataclass
+class _Call:
+    rec: dict
+    index: int
+    prompt: list[dict] | None = None
+    prompt_text: str | None = None
+    response: dict | None = None
+
+
+def build_session(records: list[dict], ctx: SessionContext) -> SessionBuild:
+    out = SessionBuild()
+    calls: list[_Call] = []
+    index = 0
+    for rec in records:
+        route = rec.get("route")
+        if route not in MODEL_ROUTES:
+            out.counts["other_route_calls"] += 1
+            continue
+        call = _Call(rec, index)
+        index += 1
+        out.counts["model_calls"] += 1
+        status, error = rec.get("status"), rec.get("error")
+        if status != 200 or error:
+            out.counts["failed_calls"] += 1
+            out.failed_by_status[str(status or "none")] += 1
+            out.skipped.append(_skip("call", ctx, rec, call.index, "failed_call",
+                                     f"HTTP {status or '-'}: {error or 'no error message'}"))
+            continue
+        req, resp = rec.get("request") or {}, rec.get("response")
+        if not isinstance(resp, dict):
+            out.skipped.append(_skip("call", ctx, rec, call.index, "no_response", "the record holds no response"))
+            out.counts["unusable_calls"] += 1
+            continue
+        if route == "chat.completions":
+            msgs = req.get("messages")
+            if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+                out.skipped.append(_skip("call", ctx, rec, call.index, "no_messages",
+                                         "a chat call whose request has no message list"))
+                out.counts["unusable_calls"] += 1
+                continue
+            call.prompt = []
+            for m in msgs:
+                nm, dropped = openai_message(m)
+                call.prompt.append(nm)
+                out.counts["non_text_parts_dropped"] += dropped
+            call.response = response_message(resp)
+        else:
+            prompt = req.get("prompt")
+            call.prompt_text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
+            call.response = {"role": "assistant", "content": resp.get("content") or ""}
+        calls.append(call)
+
+    chat = [c for c in calls if c.prompt is not None]
+    placed = assign_conversations([c.prompt for c in chat], [c.response for c in chat])
+    by_conv: dict[int, list[tuple[_Call, int]]] = {}
+    for c, (conv, turn) in zip(chat, placed):
+        by_conv.setdefault(conv, []).append((c, turn))
+    conv_of: dict[int, tuple[str, int, bool]] = {}
+    for conv, members in sorted(by_conv.items()):
+        conv_id = f"{ctx.session}#{conv}"
+        out.conversations.append(_conversation(conv_id, [c for c, _ in members], ctx))
+        for c, turn in members:
+            conv_of[id(c)] = (conv_id, turn, turn == len(members) - 1)
+    if len(by_conv) > 1:
+        out.counts["sessions_with_several_conversations"] += 1
+    for c in calls:
+        conv_id, turn, last = conv_of.get(id(c), (None, None, None))
+        out.transitions.append(_transition(c, ctx, conv_id, turn, last))
+    out.counts["completions_route_calls"] += sum(1 for c in calls if c.prompt is None)
+    return out
+
+
+def _skip(kind: str, ctx: SessionContext, rec: dict | None, call_index: int | None, reason: str, detail: str) -> dict:
+    return {"kind": kind, "session": ctx.session, "record_id": (rec or {}).get("record_id"), "call_index": call_index,
+            "reason": reason, "detail": detail}
+
+
+def _conversation(conv_id: str, members: list[_Call], ctx: SessionContext) -> dict:
+    last = members[-1]
+    messages = last.prompt + [last.response]
+    turn_calls = []
+    for c in members:
+        at = len(c.prompt)
+        resp = c.rec.get("response") or {}
+        turn_calls.append({"message_index": at, "record_id": c.rec.get("record_id"),
+                           "response_matches": message_key(messages[at]) == message_key(c.response),
+                           "token_ids": _ids(resp.get("token_ids")),
+                           "prompt_token_ids": _ids(resp.get("prompt_token_ids"))})
+    req = last.rec.get("request") or {}
+    return {
+        "conversation_id": conv_id, "session": ctx.session, "parent_session": ctx.parent_session,
+        "root_session": ctx.root_session, "agent_role": last.rec.get("role"),
+        "model": (last.rec.get("response") or {}).get("model") or last.rec.get("model"),
+        "messages": messages, "tools": tools_json(req.get("tools")),
+        "reward": ctx.reward.value, "reward_source": ctx.reward.source, "calls": len(members),
+        "finished_by": ctx.finished_by, "started_at": members[0].rec.get("ts"), "ended_at": last.rec.get("ts"),
+        "prompt_key": first_user_text(messages), "turn_calls": turn_calls,
+    }
+
+
+SFT_INTERNAL = ("prompt_key", "turn_calls")
+
+
+def sft_row(candidate: dict) -> dict:
+    """The SFT line of a conversation candidate: messages, tools and provenance."""
+    return {k: v for k, v in candidate.items() if k not in SFT_INTERNAL}
+
+
+def _transition(c: _Call, ctx: SessionContext, conv_id: str | None, turn: int | None, last: bool | None) -> dict:
+    rec = c.rec
+    req, resp = rec.get("request") or {}, rec.get("response") or {}
+    usage = resp.get("usage") or {}
+    chat = c.prompt is not None
+    return {
+        "transition_id": f"{ctx.session}@{c.index}", "session": ctx.session, "parent_session": ctx.parent_session,
+        "root_session": ctx.root_session, "conversation_id": conv_id, "call_index": c.index, "turn_index": turn,
+        "record_id": rec.get("record_id"), "ts": rec.get("ts"), "route": rec.get("route"),
+        "agent_role": rec.get("role"), "model": resp.get("model") or rec.get("model"),
+        "prompt": c.prompt if chat else None, "completion": [c.response] if chat else None,
+        "prompt_text": c.prompt_text, "completion_text": c.response.get("content"),
+        "tools": tools_json(req.get("tools")), "finish_reason": resp.get("finish_reason"),
+        "reward": ctx.reward.value, "reward_source": ctx.reward.source,
+        "reward_details": json.dumps(ctx.reward.details, ensure_ascii=False, default=str)
+        if ctx.reward.details is not None else None,
+        "prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
+        "latency_s": rec.get("latency_s"), "prompt_token_ids": _ids(resp.get("prompt_token_ids")),
+        "completion_token_ids": _ids(resp.get("token_ids")), "completion_logprobs": _logprobs(resp.get("logprobs")),
+        "last_in_conversation": last,
+    }
