@@ -134,6 +134,14 @@ def _run_flow(fn, params) -> int:
     return 0
 
 
+def cmd_modules(args) -> int:
+    from evolforge.flows.modules import ModulesParams, modules_flow
+
+    return _run_flow(modules_flow, ModulesParams(input=args.input, out=args.out, max_items=args.max_items,
+                                                 aggregation=args.aggregation, ablation=args.ablation,
+                                                 config=args.config, base_url=args.base_url, model=args.model))
+
+
 def cmd_dedup(args) -> int:
     from evolforge.flows.dedup import DedupParams, dedup_flow
 
@@ -314,6 +322,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     common(p)
     p.set_defaults(fn=cmd_synthesize)
+
+    p = sub.add_parser("modules", help="module-DAG reasoning (DeCoRL): questions through a graph of modules, "
+                       "per-module contribution rewards and PRM rows (resumes over the same --out)")
+    p.add_argument("--input", required=True, help="jsonl / csv / parquet with a question (or instruction) field")
+    p.add_argument("--out", required=True, help="output folder (items.parquet, prm_steps.parquet, summary.json)")
+    p.add_argument("--max-items", type=int, help="use at most this many questions (default: modules.max_items)")
+    p.add_argument("--aggregation", choices=["integrate", "concat"], help="default: modules.aggregation")
+    p.add_argument("--ablation", choices=["mask", "recompute"], help="default: modules.ablation")
+    common(p)
+    p.set_defaults(fn=cmd_modules)
 
     p = sub.add_parser("pipeline", help="evolve -> synthesize -> reward data -> reward models [-> PPO]")
     p.add_argument("--seeds", default=str(SAMPLE_SEEDS))

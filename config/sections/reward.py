@@ -40,11 +40,13 @@ class RewardSettings(Section):
     )
     judge_temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature of the judge's ranking and labelling calls.")
     # --- PRM data: step-by-step answers labelled step by step
-    step_label_method: Literal["judge", "decorl", "math_shepherd"] = Field(
+    step_label_method: Literal["judge", "decorl", "math_shepherd", "modules"] = Field(
         "judge",
         description="judge: the judge labels each step correct/incorrect (JSON); decorl: counterfactual contribution "
         "(judge score of the whole answer minus its score with step i removed); math_shepherd: share of sampled "
-        "completions from each step prefix that reach the known final answer (math only).",
+        "completions from each step prefix that reach the known final answer (math only); modules: the instruction "
+        "is reasoned through the [modules] graph and each non-exit module is a step labelled by its contribution "
+        "(> modules.margin; the row's answer is not used).",
     )
     reask_unstepped: bool = Field(True, description="Re-ask an answer not in 'Step 1: ... Step 2: ...' form once with a stricter prompt (else it is rejected).")
     min_steps: int = Field(2, ge=2, description="Fewer steps than this is not step form (never labelled as one step).")

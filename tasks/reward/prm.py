@@ -11,6 +11,8 @@ For one answer (`label_answer`, a plain function a test calls with any gateway):
      - judge: one JSON call, {"labels": [true, false, ...]}, one per step;
      - decorl: the judge scores the whole answer and the answer with step i removed (0-10, JSON);
        contribution_i = full - ablated_i, label = contribution_i > contribution_threshold;
+     - modules: not a split of the answer: the instruction runs through the module graph of [modules]
+       (tasks/modules/run.py), each non-exit module is a step, labelled contribution > modules.margin;
      - math_shepherd (math with a known final answer): `rollouts_per_step` completions sampled from each
        step prefix; a step's score is the share that reaches the known answer, label = share > threshold
        (final answers extracted and compared by tasks/text/answers.py: `extract_answer`, `answers_match`).
@@ -26,6 +28,7 @@ import re
 from evolforge.config.settings import Settings
 from evolforge.storage.journal import CallJournal
 from evolforge.tasks.core.gateway import Gateway
+from evolforge.tasks.modules.run import label_with_modules
 from evolforge.tasks.reward.prompts import continue_messages, score_messages, step_label_messages, strict_steps_messages
 from evolforge.tasks.text.answers import answers_match, extract_answer
 from evolforge.tasks.text.steps import steps_or_reason
@@ -128,6 +131,8 @@ def _shepherd_labels(problem, steps, gw, settings, task_id, journal, reference):
 
 def label_answer(row: dict, gw: Gateway, settings: Settings, journal: CallJournal | None = None) -> dict:
     cfg, method = settings.reward, settings.reward.step_label_method
+    if method == "modules":  # the module graph reasons on the instruction: one step per module (tasks/modules)
+        return label_with_modules(row, gw, settings, journal)
     task_id, problem = f"prm-{row['id']}", row["instruction"]
     out = {"id": row["id"], "status": "ok", "reason": None, "method": method, "prompt": problem,
            "completions": None, "labels": None, "raw_scores": None, "scores": None, "reasked": False, "calls": 0}

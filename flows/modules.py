@@ -1,0 +1,121 @@
+"""Module-DAG reasoning flow (DeCoRL): questions -> module outputs, final answers, per-module contributions, PRM rows.
+
+Reads top to bottom like the stage it runs:
+  settings (the module graph is checked at load) -> output folder -> snapshot of the questions (row group = batch)
+  -> model endpoint (embedded or configured) -> pre-flight of the judge and every module model -> one Prefect
+  task per batch (inside: each question's modules run along the dependency graph, then 1 + k judge calls) ->
+  items.parquet, prm_steps.parquet (TRL stepwise form), graph.md + markdown artifact (the Mermaid graph with mean
+  latency and mean contribution per module) -> summary.json.
+
+Re-running over the same output folder resumes: finished batches are skipped, a killed batch replays its
+journaled calls (no finished module or judge call is sent twice).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.runtime import flow_run
+from pydantic import Field
+
+from evolforge.flows._fanout import BATCH_TASK_OPTIONS, run_batches
+from evolforge.flows._params import EndpointParams, endpoint_label, model_endpoint
+from evolforge.flows._runners import build_task_runner
+from evolforge.storage import module_sets as store
+from evolforge.storage.fs import exists, read_text, write_json_atomic
+from evolforge.storage.layout import RunLayout
+from evolforge.storage.ledger import read_ledger
+from evolforge.tasks.core.batch import close_gateways, gateway_for, settings_from_json
+from evolforge.tasks.core.reporting import cost_summary
+from evolforge.tasks.modules.batch import assemble, run_modules_batch
+from evolforge.tasks.modules.run import judge_model, module_models
+
+
+class ModulesParams(EndpointParams):
+    """Parameters of the modules flow (the form the Prefect UI shows)."""
+
+    input: str = Field(..., description="Questions: jsonl / csv / parquet with a `question` field (modules.question_field; "
+                       "else `instruction`, so an evolve run's dataset/evolved.parquet works).")
+    out: str = Field("runs/modules", description="Output folder; running again over it resumes.")
+    max_items: int | None = Field(None, ge=1, description="Use at most this many questions (default: modules.max_items).")
+    aggregation: Literal["integrate", "concat"] | None = Field(None, description="Φ: the answer the judge scores (default: modules.aggregation).")
+    ablation: Literal["mask", "recompute"] | None = Field(None, description="What the dependants of a removed module see (default: modules.ablation).")
+
+    def stage_overrides(self) -> dict[str, Any]:
+        mods: dict[str, Any] = {}
+        for key in ("max_items", "aggregation", "ablation"):
+            if getattr(self, key):
+                mods[key] = getattr(self, key)
+        return {"modules": mods} if mods else {}
+
+
+@task(name="modules-batch", **BATCH_TASK_OPTIONS)
+def modules_batch_task(out_dir: str, batch: int, settings_json: str, base_url: str, run_id: str) -> dict:
+    logger = get_run_logger()
+
+    def progress(done: int, total: int) -> None:
+        logger.info("modules batch %d: %d/%d questions done", batch, done, total)
+
+    return run_modules_batch(out_dir, batch, settings_from_json(settings_json), base_url, run_id, progress)
+
+
+@flow(name="modules", log_prints=True)
+def modules_flow(params: ModulesParams) -> dict:
+    logger = get_run_logger()
+    settings = params.settings()
+    cfg = settings.modules
+    layout = store.ModulesLayout(params.out).ensure()
+    run_layout = RunLayout(params.out).ensure()  # ledger and logs live where every flow keeps them
+    run_id = flow_run.id or f"local-{int(time.time())}"
+    t_start = time.time()
+
+    if not exists(layout.input):
+        n = store.build_input(params.input, layout.input, cfg.batch_size, cfg.question_field, cfg.id_field,
+                              cfg.max_items)
+        logger.info("took %d questions from %s", n, params.input)
+
+    try:
+        with model_endpoint(settings, run_layout) as base_url, build_task_runner(settings.runner) as runner:
+            gw = gateway_for(settings, base_url, run_id, layout.root)
+            gw.check_reachable(("judge",), tuple(sorted({judge_model(settings), *module_models(settings).values()})))
+            logger.info("model endpoint %s; %d modules, exit %s, aggregation %s, ablation %s", gw.describe(),
+                        len(cfg.graph), cfg.exit_module.id, cfg.aggregation, cfg.ablation)
+            settings_json = settings.model_dump_json()
+            batches = run_batches(
+                runner, modules_batch_task,
+                [(f"modules-batch-{b:05d}", dict(out_dir=str(layout.root), batch=b, settings_json=settings_json,
+                                                 base_url=base_url, run_id=run_id))
+                 for b in range(store.batch_count(layout))],
+                what="modules", checkpoints=layout.root, progress_key="modules-progress")
+            gateway_stats = gw.stats.as_dict()
+    finally:
+        close_gateways(run_id)
+
+    sets = assemble(layout.root, settings)
+    create_markdown_artifact(key="modules-graph", markdown=read_text(layout.graph_md),
+                             description="Module graph with mean latency and mean contribution per module")
+    summary = {
+        "run_id": run_id, "out_dir": str(layout.root), "input": params.input,
+        "endpoint": endpoint_label(settings, base_url), **sets,
+        "batches": {"total": len(batches), "skipped": sum(1 for b in batches if b["skipped"]),
+                    "replayed_calls": sum(b.get("replayed_calls", 0) for b in batches)},
+        "gateway": gateway_stats, "cost": cost_summary(read_ledger(layout.root)),
+        "wall_seconds": round(time.time() - t_start, 2),
+        "datasets": {"items": str(layout.items), "prm_steps": str(layout.prm_steps),
+                     "prm_rejected": str(layout.prm_rejected), "graph": str(layout.graph_md)},
+    }
+    write_json_atomic(layout.summary, summary)
+    create_table_artifact(key="modules-counts", table=[{"status": k, "questions": v} for k, v in sets["by_status"].items()],
+                          description="Module-DAG reasoning: questions by status")
+    logger.info("done: %d questions (%s), %d PRM rows; summary %s", sets["items"],
+                ", ".join(f"{k} {v}" for k, v in sets["by_status"].items()), sets["prm"]["rows"], layout.summary)
+    return summary
+
+
+if __name__ == "__main__":
+    import sys
+
+    modules_flow(ModulesParams(input=sys.argv[1], out=sys.argv[2] if len(sys.argv) > 2 else "runs/modules"))
