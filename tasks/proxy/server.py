@@ -43,11 +43,22 @@ def _config(app, host: str, port: int):
                           timeout_keep_alive=30)
 
 
+def _quiet_gc() -> None:
+    """A long-running server of many small short-lived objects: move what start-up made out of the
+    collector's sight and collect the young generation less often (fewer pauses in the tail latency)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 50)
+
+
 def serve(settings: Settings, upstream: str, out: str, embedded_models: set[str] | None = None) -> None:
     """Serve until interrupted (SIGINT / SIGTERM): records are flushed on the way out."""
     import uvicorn
 
     state = _state(settings, upstream, out, embedded_models)
+    _quiet_gc()
     uvicorn.Server(_config(build_app(state), settings.proxy.host, settings.proxy.port)).run()
 
 
