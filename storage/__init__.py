@@ -2,7 +2,11 @@
 
 - fs:              local folders and fsspec URLs alike: the one atomic writer (`atomic_output`, and the
                    `write_*_atomic` helpers on it), `atomic_dir` / `publish_dir` for folders, parquet I/O,
-                   append logs (one object per flush on object stores), local copies of remote folders.
+                   local copies of remote folders.
+- logs:            append-only logs (journal, ledger, proxy records): O_APPEND locally, one object per
+                   flush on object stores; refused writes are kept and raised, never dropped.
+- locks:           inter-process locks (fcntl locally, exclusively created objects on fsspec stores).
+- run_record:      run.json: the run's inputs, checked on resume.
 - layout:          where every file of an evolve run lives (RunLayout), and the pipeline, dedup-index and
                    dedup-output layouts.
 - schemas:         schemas shared by several modules (the lineage of every evolution attempt).
@@ -15,4 +19,7 @@
 - synthesis_sets:  the synthesis stage's files and task schema.
 - reward_sets:     the reward stage's files, schemas and model folders (META_FILE marks a complete model).
 - ppo:             the PPO stage's files and verl's data schema.
+- proxy_sets:      the recording proxy's records, session events and ledger.
+- trajectory_sets: the trajectories export (SFT conversations, transitions, token samples).
+- module_sets:     the module-DAG stage's outputs.
 """

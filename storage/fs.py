@@ -18,14 +18,11 @@ How the guarantees of a local folder carry over:
   fsynced and renamed into place; on a remote filesystem it is written to a
   temporary key and moved into place (an object store publishes an object only
   when its upload completes), so a reader never sees half a checkpoint;
-- append-only logs (call journal, cost ledger): a local log is one O_APPEND
-  file, durable line by line; object stores cannot append, so a remote log is
-  a prefix `NAME.d/` of small objects, each holding the entries of one flush.
-  Entries are flushed at most `flush_seconds` after they are written (a timer)
-  and always on close (a batch that ends or fails); `flush_seconds=0` writes one
-  object per entry. A hard kill of a remote run loses at most that window of
-  journal entries, whose calls are sent again on resume
-  (`storage.remote_log_flush_seconds`, 1 s by default).
+- append-only logs (call journal, cost ledger, proxy records): storage/logs.py
+  (one O_APPEND file locally, one object per flush on object stores; a hard
+  kill of a remote run loses at most `storage.remote_log_flush_seconds` of
+  journal entries, whose calls are sent again on resume);
+- locks on shared state (the dedup index): storage/locks.py.
 
 Nothing outside `storage/` calls this module's helpers on output paths except
 through the storage modules.
@@ -34,10 +31,8 @@ through the storage modules.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import tempfile
-import threading
 import uuid
 from pathlib import Path, PurePosixPath
 from typing import IO, Iterable, Iterator, Union
@@ -90,14 +85,14 @@ def is_remote(p: AnyPath) -> bool:
     return UPath is not None and isinstance(p, UPath) and getattr(p, "protocol", "") not in LOCAL_PROTOCOLS
 
 
-def _fs_path(p: AnyPath) -> tuple:
+def fs_path(p: AnyPath) -> tuple:
     return p.fs, p.path
 
 
 def ensure_dir(p: AnyPath) -> AnyPath:
     """mkdir -p for local folders; object stores have no folders (a no-op beyond the bucket)."""
     if is_remote(p):
-        fs, path = _fs_path(p)
+        fs, path = fs_path(p)
         with contextlib.suppress(FileExistsError):
             fs.makedirs(path, exist_ok=True)
     else:
@@ -108,7 +103,7 @@ def ensure_dir(p: AnyPath) -> AnyPath:
 def replace(src: AnyPath, dst: AnyPath) -> None:
     """Rename `src` to `dst` (a file or a folder), replacing a file at `dst`."""
     if is_remote(src):
-        fs, s = _fs_path(src)
+        fs, s = fs_path(src)
         fs.mv(s, dst.path, recursive=fs.isdir(s))
         fs.invalidate_cache()
     else:
@@ -117,7 +112,7 @@ def replace(src: AnyPath, dst: AnyPath) -> None:
 
 def unlink(p: AnyPath) -> None:
     if is_remote(p):
-        fs, path = _fs_path(p)
+        fs, path = fs_path(p)
         with contextlib.suppress(FileNotFoundError):
             fs.rm(path)
         fs.invalidate_cache()
@@ -127,7 +122,7 @@ def unlink(p: AnyPath) -> None:
 
 def exists(p: AnyPath) -> bool:
     if is_remote(p):
-        fs, path = _fs_path(p)
+        fs, path = fs_path(p)
         fs.invalidate_cache(path)
         return fs.exists(path)
     return p.exists()
@@ -136,7 +131,7 @@ def exists(p: AnyPath) -> bool:
 def list_files(folder: AnyPath, pattern: str) -> list[AnyPath]:
     """Files in `folder` matching the glob `pattern` (one level), sorted by name."""
     if is_remote(folder):
-        fs, path = _fs_path(folder)
+        fs, path = fs_path(folder)
         fs.invalidate_cache()
         found = fs.glob(f"{path.rstrip('/')}/{pattern}")
         return sorted((folder / PurePosixPath(f).name for f in found), key=lambda x: x.name)
@@ -154,7 +149,7 @@ def atomic_output(path: AnyPath, mode: str = "wb", encoding: str | None = "utf-8
     """
     text = "b" not in mode
     if is_remote(path):
-        fs, dest = _fs_path(path)
+        fs, dest = fs_path(path)
         tmp = f"{dest.rsplit('/', 1)[0]}/.{path.name}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             with fs.open(tmp, "wb") as raw:
@@ -212,7 +207,7 @@ def write_json_atomic(path: AnyPath, data) -> AnyPath:
 
 def read_bytes(path: AnyPath) -> bytes:
     if is_remote(path):
-        fs, p = _fs_path(path)
+        fs, p = fs_path(path)
         return fs.cat_file(p)
     return Path(path).read_bytes()
 
@@ -289,202 +284,6 @@ def parquet_writer(path: AnyPath, schema: pa.Schema, **kw) -> Iterator[pq.Parque
             yield writer
 
 
-# ---------------------------------------------------------------- append-only logs
-class LogFlushError(RuntimeError):
-    """Entries of a remote log could not be written to the object store (after bounded retries).
-
-    The entries are kept (and sent again, under the same object names, on the next flush), so nothing is
-    lost; the error fails the batch that writes the log, which the orchestrator retries. Not an OSError
-    and not fatal: a refused or failed PUT is transient as far as the run is concerned.
-    """
-
-
-class AppendLog:
-    """An append-only log of lines (jsonl).
-
-    Local: one file opened O_APPEND; each entry is one `write`, durable at once,
-    and a kill leaves at most a torn last line. Remote: `PATH.d/` holds objects
-    of one or more entries each (object stores cannot append), each published
-    whole; entries are flushed within `flush_seconds` and on close.
-
-    A remote flush whose PUT fails is retried (`put_attempts` attempts, backoff from
-    `put_backoff_seconds`); when every attempt fails its entries are kept, in order and
-    under the same object name (a PUT that landed although it reported a failure is then
-    overwritten, never duplicated), and sent again by the next flush. The failure is never
-    silent: `flush`/`close` raise `LogFlushError` while entries stay undelivered, and a
-    failure of the background flush timer is raised by the next `write` (a later
-    `flush`/`close` that delivers everything has lost nothing and does not raise).
-    """
-
-    put_attempts = 3
-    put_backoff_seconds = 0.2
-    # Entries of remote logs closed while the store refused them, by log URL: a log opened again on the same
-    # URL in this process (its batch retried) adopts them, so they still arrive, under their own object names.
-    _UNSENT: dict[str, list[tuple[str, list[bytes]]]] = {}
-    _UNSENT_LOCK = threading.Lock()
-
-    def __init__(self, path: AnyPath, flush_seconds: float = 1.0):
-        self.path = path
-        self.remote = is_remote(path)
-        self._fd = -1
-        if self.remote:
-            self._dir = f"{path.path}.d"
-            self._fs = path.fs
-            self._prefix = f"{int.from_bytes(os.urandom(4), 'big'):08x}"
-            self._seq = itertools.count(1)
-            self.flush_seconds = flush_seconds
-            self._buffer: list[bytes] = []
-            self._lock = threading.Lock()         # the buffer, the timer and the pending error
-            self._flush_lock = threading.Lock()   # one flush at a time (the timer, close, an explicit flush)
-            self._timer: threading.Timer | None = None
-            self._error: LogFlushError | None = None  # a background flush failure not yet raised to a caller
-            with self._UNSENT_LOCK:  # entries an earlier writer of this log could not deliver (closed failing)
-                self._unsent: list[tuple[str, list[bytes]]] = self._UNSENT.pop(str(path), [])
-            self.objects_written = 0
-            self.failed_puts = 0
-        else:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def write(self, line: bytes) -> None:
-        """Append one entry (thread-safe). Raises `LogFlushError` when a background flush failed since the
-        last call (the entry itself is kept)."""
-        if not self.remote:
-            os.write(self._fd, line)
-            return
-        if self.flush_seconds <= 0:
-            with self._lock:
-                self._buffer.append(line)
-            self.flush()
-            return
-        with self._lock:
-            self._buffer.append(line)
-            if self._timer is None:
-                self._timer = threading.Timer(self.flush_seconds, self._flush_in_background)
-                self._timer.daemon = True
-                self._timer.start()
-            error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    def pending_lines(self) -> list[bytes]:
-        """Entries written but not (known to be) in the store yet, oldest first."""
-        if not self.remote:
-            return []
-        with self._lock:
-            return [e for _, entries in self._unsent for e in entries] + list(self._buffer)
-
-    def flush(self) -> None:
-        """Send every buffered or undelivered entry now; raises `LogFlushError` if some stay undelivered."""
-        if not self.remote:
-            return
-        self._flush()
-
-    def _flush_in_background(self) -> None:
-        try:
-            self._flush()
-        except LogFlushError as e:  # kept for the next write (never lost with the timer thread)
-            import logging
-
-            logging.getLogger("evolforge.storage").warning("%s (raised by the next write)", e)
-            with self._lock:
-                self._error = e
-        except Exception as e:  # noqa: BLE001 - anything else: the same, wrapped
-            with self._lock:
-                self._error = LogFlushError(f"log {self.path}: background flush failed ({type(e).__name__}: {e})")
-
-    def _flush(self) -> None:
-        with self._flush_lock:
-            with self._lock:
-                timer, self._timer = self._timer, None
-                if self._buffer:  # the entries get their object name now, and keep it through every retry
-                    self._unsent.append((self._object_name(), self._buffer))
-                    self._buffer = []
-                unsent = list(self._unsent)
-            if timer is not None:
-                timer.cancel()
-            for name, entries in unsent:
-                self._put_retrying(name, entries)  # stops at the first object that cannot be delivered
-                with self._lock:
-                    self._unsent.pop(0)
-            with self._lock:  # everything delivered: an earlier background failure lost nothing
-                self._error = None
-
-    def _object_name(self) -> str:
-        return f"{self._dir}/{self._prefix}-{next(self._seq):09d}.jsonl"
-
-    def _put_retrying(self, name: str, entries: list[bytes]) -> None:
-        import random
-        import time
-
-        data = b"".join(e if e.endswith(b"\n") else e + b"\n" for e in entries)
-        for attempt in range(1, self.put_attempts + 1):
-            try:
-                self._fs.pipe_file(name, data)
-                self.objects_written += 1
-                return
-            except Exception as e:  # noqa: BLE001 - retried, then raised as LogFlushError
-                self.failed_puts += 1
-                if attempt == self.put_attempts:
-                    raise LogFlushError(
-                        f"log {self.path}: {len(entries)} entries could not be written to the object store "
-                        f"({self.put_attempts} attempts; last: {type(e).__name__}: {e}). They are kept and sent "
-                        "again by the next flush; the batch fails so that it is retried."
-                    ) from e
-                delay = self.put_backoff_seconds * 2 ** (attempt - 1)
-                time.sleep(random.uniform(delay / 2, delay))
-
-    def close(self) -> None:
-        if self.remote:
-            try:
-                self.flush()
-            except LogFlushError:
-                with self._flush_lock, self._lock, self._UNSENT_LOCK:  # adopted by this log's next writer here
-                    if self._buffer:
-                        self._unsent.append((self._object_name(), self._buffer))
-                        self._buffer = []
-                    self._UNSENT.setdefault(str(self.path), []).extend(self._unsent)
-                    self._unsent = []
-                raise
-        elif self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-
-def read_log_lines(paths: Iterable[AnyPath]) -> Iterator[bytes]:
-    """Every line of the given logs (as written by AppendLog), log by log.
-
-    An object that cannot be read is an error (never silently skipped); one deleted
-    between listing and reading is skipped.
-    """
-    for path in paths:
-        if is_remote(path):
-            fs, p = _fs_path(path)
-            fs.invalidate_cache()
-            entries = sorted(fs.glob(f"{p}.d/*.jsonl"))
-            if not entries:
-                continue
-            for name, data in sorted(fs.cat(entries, on_error="return").items()):
-                if isinstance(data, FileNotFoundError):
-                    continue
-                if isinstance(data, BaseException):
-                    raise OSError(f"cannot read log object {name} of {path}: {type(data).__name__}: {data}") from data
-                yield from data.splitlines(keepends=True)
-        elif Path(path).exists():
-            with open(path, "rb") as fh:
-                yield from fh
-
-
-def list_logs(folder: AnyPath, pattern: str = "*.jsonl") -> list[AnyPath]:
-    """The logs in `folder` (local files, or remote `NAME.d/` prefixes) matching `pattern`."""
-    if is_remote(folder):
-        fs, path = _fs_path(folder)
-        fs.invalidate_cache()
-        names = {PurePosixPath(f).parent.name[:-2] for f in fs.glob(f"{path.rstrip('/')}/{pattern}.d/*.jsonl")}
-        return [folder / n for n in sorted(names)]
-    return list_files(folder, pattern)
-
-
 # ---------------------------------------------------------------- whole folders (trained models)
 def scratch_dir(kind: str, remote: AnyPath) -> Path:
     """A local folder standing in for a remote one (same remote URL: same folder)."""
@@ -514,7 +313,7 @@ def local_copy(src: AnyPath, marker: str | None = None) -> Path:
     dest = scratch_dir("download", src)
     if marker and (dest / marker).exists() and exists(src / marker) and (dest / marker).read_bytes() == read_bytes(src / marker):
         return dest
-    fs, path = _fs_path(src)
+    fs, path = fs_path(src)
     fs.invalidate_cache()
     if not fs.exists(path):
         raise FileNotFoundError(f"{src} not found")
@@ -525,159 +324,3 @@ def local_copy(src: AnyPath, marker: str | None = None) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(fs.cat_file(f))
     return dest
-
-
-# ---------------------------------------------------------------- inter-process locks
-def lock_holder(path: AnyPath) -> dict | None:
-    """Who holds the lock at `path` ({"host", "pid", "time", "since", "token"}), {} if unreadable, None if free."""
-    import json
-
-    try:
-        raw = read_bytes(path)
-    except (FileNotFoundError, IsADirectoryError):
-        return None
-    try:
-        holder = json.loads(raw.decode("utf-8")) if raw.strip() else {}
-    except ValueError:
-        holder = {}
-    return holder if isinstance(holder, dict) else {}
-
-
-def describe_lock_holder(holder: dict | None) -> str:
-    import time
-
-    if not holder:
-        return "an unknown holder" if holder is not None else "nobody (just released)"
-    age = time.time() - float(holder.get("time", time.time()))
-    return f"host {holder.get('host', '?')} pid {holder.get('pid', '?')} since {holder.get('since', '?')} ({age:.0f} s ago)"
-
-
-@contextlib.contextmanager
-def lock_file(path: AnyPath, timeout: float, stale_seconds: float = 3600.0, what: str | None = None,
-              poll_seconds: float = 0.1) -> Iterator[dict]:
-    """Hold an exclusive lock shared by every process and machine that reaches `path`; yields the holder record.
-
-    Waits up to `timeout` seconds for another holder, then raises TimeoutError naming `what` and the
-    holder (host, pid, since when). Not reentrant: a second `lock_file` on the same path in the same
-    process waits like any other holder.
-
-    - Local path: `fcntl.flock` on the file (created if missing, never deleted). The OS releases the lock
-      when the holder dies, so a local lock is never stale. Works on a shared NFS folder (Linux emulates
-      flock with NFS byte-range locks).
-    - fsspec URL: the lock is an object created exclusively (`open(path, "xb")`: on S3 a conditional PUT
-      with If-None-Match: *, on GCS a generation-match precondition, on memory:// an existence check),
-      holding the holder record, and deleted on release. A holder that died leaves its object: a lock
-      older than `stale_seconds` (measured from its creation, with the holder's clock) is taken to be
-      stale and broken by the next process that waits for it, so `stale_seconds` must be longer than
-      any holder keeps the lock. Exclusive creation is only as atomic as the filesystem makes it.
-    """
-    what = what or str(path)
-    if is_remote(path):
-        release, holder = _lock_remote(path, timeout, stale_seconds, what, poll_seconds)
-    else:
-        release, holder = _lock_local(Path(path), timeout, what, poll_seconds)
-    try:
-        yield holder
-    finally:
-        release()
-
-
-def _lock_record() -> dict:
-    import datetime as dt
-    import socket
-    import threading
-    import time
-
-    now = time.time()
-    return {"host": socket.gethostname(), "pid": os.getpid(), "thread": threading.get_ident(), "time": now,
-            "since": dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(timespec="seconds"),
-            "token": uuid.uuid4().hex}
-
-
-def _lock_timeout(what: str, path: AnyPath, timeout: float, holder: dict | None) -> TimeoutError:
-    return TimeoutError(f"{what} is locked by {describe_lock_holder(holder)}; waited {timeout:g} s for it "
-                        f"(lock: {path})")
-
-
-def _lock_local(path: Path, timeout: float, what: str, poll: float):
-    import fcntl
-    import json
-    import time
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = time.monotonic() + max(0.0, timeout)
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise _lock_timeout(what, path, timeout, lock_holder(path)) from None
-                time.sleep(poll)
-        record = _lock_record()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode(), 0)
-    except BaseException:
-        os.close(fd)
-        raise
-
-    def release() -> None:
-        try:
-            os.ftruncate(fd, 0)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-
-    return release, record
-
-
-def _lock_remote(path: AnyPath, timeout: float, stale_seconds: float, what: str, poll: float):
-    import json
-    import logging
-    import time
-
-    log = logging.getLogger("evolforge.storage")
-    fs, p = _fs_path(path)
-    ensure_dir(path.parent)
-    deadline = time.monotonic() + max(0.0, timeout)
-    record = _lock_record()
-    data = json.dumps(record).encode()
-    while True:
-        try:
-            with fs.open(p, "xb") as fh:
-                fh.write(data)
-            fs.invalidate_cache()
-            if (lock_holder(path) or {}).get("token") == record["token"]:
-                break  # ours (the read-back catches a store that let a concurrent create overwrite it)
-            continue
-        except FileExistsError:
-            pass
-        except (NotImplementedError, ValueError, TypeError) as e:
-            raise OSError(f"{what}: cannot lock {path}: the {path.protocol}:// filesystem cannot create a file "
-                          f"exclusively ({e})") from e
-        holder = lock_holder(path)
-        if holder and time.time() - float(holder.get("time", time.time())) > stale_seconds:
-            if (lock_holder(path) or {}).get("token") == holder.get("token"):
-                log.warning("%s: breaking a stale lock %s held by %s (older than %g s)", what, path,
-                            describe_lock_holder(holder), stale_seconds)
-                with contextlib.suppress(FileNotFoundError):
-                    fs.rm(p)
-                fs.invalidate_cache()
-            continue
-        if time.monotonic() >= deadline:
-            raise _lock_timeout(what, path, timeout, holder)
-        time.sleep(poll)
-
-    def release() -> None:
-        current = lock_holder(path)
-        if current is not None and current.get("token") == record["token"]:
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm(p)
-            fs.invalidate_cache()
-        else:
-            log.warning("%s: the lock %s was taken over by %s while this process held it (stale timeout %g s "
-                        "too short?)", what, path, describe_lock_holder(current), stale_seconds)
-
-    return release, record

@@ -5,7 +5,7 @@ so a SIGKILL leaves at most a torn last line, which is ignored on load). When a
 killed batch runs again, calls whose key is in the journal are replayed from it
 instead of being sent again: a resumed run repeats at most the calls that were
 in flight when it died. On a remote output folder the journal is a prefix with
-one object per flush (see storage/fs.py, AppendLog). The journal holds responses only, never request
+one object per flush (see storage/logs.py, AppendLog). The journal holds responses only, never request
 headers or keys.
 
 A remote journal whose entries the store refuses keeps them and raises `LogFlushError` (from `put` after a
@@ -21,12 +21,13 @@ import itertools
 import json
 import threading
 
-from evolforge.storage.fs import AnyPath, AppendLog, read_log_lines
+from evolforge.storage.fs import AnyPath
+from evolforge.storage.logs import AppendLog, read_log_lines
 
 
 class CallJournal:
     def __init__(self, path: AnyPath, flush_seconds: float = 1.0):
-        """`flush_seconds`: how late entries may reach a remote store (see storage/fs.py AppendLog)."""
+        """`flush_seconds`: how late entries may reach a remote store (see storage/logs.py AppendLog)."""
         self.path = path
         self._lock = threading.Lock()
         self._entries: dict[str, dict] = {}

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import polars as pl
 
-from evolforge.storage.fs import AnyPath, AppendLog, list_logs, location, read_log_lines
+from evolforge.storage.fs import AnyPath, location
 from evolforge.storage.layout import RunLayout
+from evolforge.storage.logs import AppendLog, list_logs, read_log_lines
 
 LEDGER_SCHEMA: dict[str, pl.DataType] = {
     "ts": pl.Float64,

@@ -22,8 +22,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator
 
-from evolforge.storage.fs import AnyPath, AppendLog, list_logs, read_log_lines
+from evolforge.storage.fs import AnyPath
 from evolforge.storage.layout import OutputFolder
+from evolforge.storage.logs import AppendLog, list_logs, read_log_lines
 
 
 @dataclass(frozen=True, init=False)

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from evolforge.config.sections.dedup import DedupSettings
-from evolforge.storage.fs import location, lock_file, lock_holder
+from evolforge.storage.fs import location
+from evolforge.storage.locks import lock_file, lock_holder
 from evolforge.tasks.dedup import dedup
 from evolforge.tasks.dedup.index import DedupIndex, IndexLocked, IndexMismatch, index_lock, rollback_index
 

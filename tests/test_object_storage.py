@@ -25,6 +25,7 @@ import pytest
 from evolforge.cli import main as cli_main
 from evolforge.flows.evolve import EvolveParams, evolve_flow
 from evolforge.storage import fs as store
+from evolforge.storage import logs
 from evolforge.storage.journal import CallJournal
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import LedgerWriter, read_ledger
@@ -107,7 +108,7 @@ def test_storage_primitives_on_remote_filesystems(root, request):
     assert read_ledger(base).height == 1  # w2 writes row by row; w1 buffers its rows for up to a second
     w1.flush()
     assert read_ledger(base).height == 3 and w1._log.objects_written == 1  # w1's two rows: one object
-    assert len(store.list_logs(base / "ledger")) == 2
+    assert len(logs.list_logs(base / "ledger")) == 2
     w3 = LedgerWriter(base / "ledger", "run", flush_seconds=0.2)
     w3.record(stage="evolve", task_id="t", outcome="ok")
     deadline = time.time() + 10
@@ -246,7 +247,7 @@ def flaky_s3(s3, monkeypatch):
     fsspec.config.conf["s3"] = {**saved, "endpoint_url": proxy.url,
                                 "config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}}}
     s3fs.S3FileSystem.clear_instance_cache()
-    monkeypatch.setattr(store.AppendLog, "put_backoff_seconds", 0.01)
+    monkeypatch.setattr(logs.AppendLog, "put_backoff_seconds", 0.01)
     try:
         yield proxy
     finally:
@@ -256,16 +257,16 @@ def flaky_s3(s3, monkeypatch):
 
 
 def _lines(log_url) -> list[bytes]:
-    return list(store.read_log_lines([store.location(log_url)]))
+    return list(logs.read_log_lines([store.location(log_url)]))
 
 
 def test_refused_log_puts_keep_their_entries_which_arrive_once_under_their_own_name(flaky_s3):
     url = "s3://evolforge/flaky/refused/batch_00000.jsonl"
-    log = store.AppendLog(store.location(url), flush_seconds=60)
+    log = logs.AppendLog(store.location(url), flush_seconds=60)
     log.write(b'{"n": 1}\n')
     log.write(b'{"n": 2}\n')
     flaky_s3.down = True
-    with pytest.raises(store.LogFlushError, match=r"log s3://evolforge/flaky/refused/batch_00000\.jsonl: 2 entries "
+    with pytest.raises(logs.LogFlushError, match=r"log s3://evolforge/flaky/refused/batch_00000\.jsonl: 2 entries "
                                                   r"could not be written .*3 attempts; last: OSError.*Service unavailable"):
         log.flush()
     assert log.failed_puts == log.put_attempts and _lines(url) == []
@@ -282,11 +283,11 @@ def test_refused_log_puts_keep_their_entries_which_arrive_once_under_their_own_n
 
 def test_a_put_that_landed_but_reported_a_failure_is_overwritten_not_duplicated(flaky_s3):
     url = "s3://evolforge/flaky/landed/ledger.jsonl"
-    log = store.AppendLog(store.location(url), flush_seconds=60)
+    log = logs.AppendLog(store.location(url), flush_seconds=60)
     flaky_s3.land_then_fail = True  # moto stores every object, the client is told 503
     log.write(b'{"row": 1}\n')
     log.write(b'{"row": 2}\n')
-    with pytest.raises(store.LogFlushError, match="ledger.jsonl: 2 entries"):
+    with pytest.raises(logs.LogFlushError, match="ledger.jsonl: 2 entries"):
         log.flush()
     assert _lines(url) == [b'{"row": 1}\n', b'{"row": 2}\n']  # they did land
     flaky_s3.land_then_fail = False
@@ -298,14 +299,14 @@ def test_a_put_that_landed_but_reported_a_failure_is_overwritten_not_duplicated(
 
 def test_the_flush_timers_failure_is_raised_by_the_next_write(flaky_s3):
     url = "s3://evolforge/flaky/timer/batch_00001.jsonl"
-    log = store.AppendLog(store.location(url), flush_seconds=0.05)
+    log = logs.AppendLog(store.location(url), flush_seconds=0.05)
     flaky_s3.down = True
     log.write(b'{"k": "a"}\n')
     deadline = time.time() + 20
     while log._error is None:  # the timer thread's flush exhausted its attempts
         assert time.time() < deadline, "the flush timer never tried"
         time.sleep(0.02)
-    with pytest.raises(store.LogFlushError, match="timer/batch_00001.jsonl: 1 entries could not be written"):
+    with pytest.raises(logs.LogFlushError, match="timer/batch_00001.jsonl: 1 entries could not be written"):
         log.write(b'{"k": "b"}\n')
     assert log.pending_lines() == [b'{"k": "a"}\n', b'{"k": "b"}\n']  # the entry that raised is kept too
     flaky_s3.down = False
@@ -336,7 +337,7 @@ def test_a_store_refusing_the_journal_fails_the_batch_visibly_and_the_retry_lose
                      concurrency=2)
     settings = make_settings("http://127.0.0.1:9/v1", storage={"remote_log_flush_seconds": 30})
     flaky_s3.down = True
-    with pytest.raises(store.LogFlushError, match="journal/batch_00000.jsonl: 4 entries could not be written") as e:
+    with pytest.raises(logs.LogFlushError, match="journal/batch_00000.jsonl: 4 entries could not be written") as e:
         run_batch(spec, settings, "http://127.0.0.1:9/v1", "flaky-run", tmp_path)
     assert not part.exists() and sorted(computed) == list("abcd")
     # transient, not fatal: the batch task's retry policy retries it

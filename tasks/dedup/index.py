@@ -44,18 +44,9 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 
 from evolforge.config.sections.dedup import DedupSettings
-from evolforge.storage.fs import (
-    AnyPath,
-    atomic_output,
-    ensure_dir,
-    exists,
-    location,
-    lock_file,
-    read_bytes,
-    read_text,
-    unlink,
-)
+from evolforge.storage.fs import AnyPath, atomic_output, ensure_dir, exists, location, read_bytes, read_text, unlink
 from evolforge.storage.layout import IndexLayout
+from evolforge.storage.locks import lock_file
 from evolforge.tasks.dedup.minhash import Sketches, empty_sketches
 
 FORMAT = 2          # 2: per-file "entries" (records, run, round) and a "next" file number; 1 still loads
@@ -83,7 +74,7 @@ def index_lock(folder: str | Path | AnyPath, settings: DedupSettings | None = No
     Reentrant within a thread. Another holder (process, machine, or thread) is waited for up to
     `index_lock_timeout_seconds`, then IndexLocked names the index and the holder. Locally the lock is
     a flock on INDEX/manifest.lock; on an object store an object created exclusively, broken when older
-    than `index_lock_stale_seconds` (storage/fs.py `lock_file`).
+    than `index_lock_stale_seconds` (storage/locks.py `lock_file`).
     """
     s = settings or DedupSettings()
     folder = location(folder)
