@@ -3,7 +3,7 @@
 One tree, one source of truth. The root (`Settings`), the loader and its precedence are here; each
 section is defined and documented field by field in its own file under `config/sections/`
 (gateway and models, evolve and input, runtime: embedded model / runner / storage / schedule, dedup,
-synthesis, sandbox, reward, ppo, proxy). `config/default.toml` holds the defaults a run starts from.
+synthesis, sandbox, reward, ppo, proxy, modules). `config/default.toml` holds the defaults a run starts from.
 
 Precedence (later wins):
   1. the defaults in this file,

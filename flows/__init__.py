@@ -8,6 +8,8 @@
 - train_reward:  the IRM and the PRM.
 - ppo:           verl data + config (Ray job) and a local GRPO smoke run with r = rI * rA.
 - pipeline:      all of the above in order (PPO off by default).
+- trajectories:  the recording proxy's finished sessions -> SFT conversations, transitions, token samples.
+- modules:       questions -> the module graph (DeCoRL) -> answers, per-module contribution rewards, PRM rows.
 
 Shared by the flows:
 - _params:   StageParams / EndpointParams (the UI form's common fields) -> settings; the model endpoint.

@@ -39,7 +39,9 @@ class RewardDataParams(EndpointParams):
 
     evolve_out: str = Field(..., description="Output folder of a finished evolve run (its dataset/evolved.parquet is read).")
     out: str = Field("runs/reward", description="Output folder; running again over it resumes.")
-    method: Literal["judge", "decorl", "math_shepherd"] | None = Field(None, description="PRM step-label method (default: reward.step_label_method).")
+    method: Literal["judge", "decorl", "math_shepherd", "modules"] | None = Field(
+        None, description="PRM step-label method (default: reward.step_label_method); modules: per-module "
+        "contribution rewards of the module graph ([modules]).")
     max_instructions: int | None = Field(None, ge=1, description="Use at most this many instructions (default: reward.max_instructions).")
     kinds: list[Literal["irm", "prm"]] = Field(["irm", "prm"], description="Which data to make: IRM pairs, PRM step labels, or both.")
 

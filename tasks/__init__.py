@@ -10,6 +10,9 @@
 - sandbox/    the bubblewrap sandbox that runs generated code, and its limits.
 - reward/     RLEIF reward models: IRM pairs, PRM step labels, health checks, training, scoring.
 - ppo/        PPO data, the r = rI * rA reward, verl config and job, the local GRPO run.
+- proxy/      the recording proxy between an agent and its model endpoint.
+- trajectories/  recorded agent sessions -> SFT conversations, transitions, token-level samples.
+- modules/    module-DAG reasoning (DeCoRL): the graph, schema-checked module outputs, contribution rewards.
 
 The Prefect tasks that wrap these functions live beside their flows in flows/; nothing here imports
 flows/, and storage/ is the only place that knows paths and file formats.

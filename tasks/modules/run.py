@@ -32,7 +32,6 @@ running out raise (the batch is retried; finished calls replay from the journal)
 from __future__ import annotations
 
 import json
-import re
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ from evolforge.tasks.modules.prompts import (
     trace_line,
 )
 from evolforge.tasks.modules.schema import validate_reply
+from evolforge.tasks.text.scores import parse_score
 
 STAGE = "modules"              # ledger stage of the module calls
 JUDGE_STAGE = "modules-judge"  # ledger stage of the contribution judge
@@ -222,16 +222,6 @@ def aggregate(graph: ModuleGraph, lines: dict[str, str], final_text: str, aggreg
         return joined, joined
     trace = "\n".join(lines[m] for m in graph.non_exit)
     return final_text, f"Final answer: {final_text}\n\nModule trace:\n{trace}"
-
-
-def parse_score(value: object) -> float | None:
-    raw = value.get("score", value.get("rating")) if isinstance(value, dict) else value
-    if isinstance(raw, str):
-        m = re.match(r"\s*(\d+(?:\.\d+)?)", raw)
-        raw = float(m.group(1)) if m else None
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-        return None
-    return float(raw) if 0.0 <= raw <= 10.0 else None
 
 
 def judge(item: Item, answer: str, purpose: str) -> tuple[float | None, str | None]:

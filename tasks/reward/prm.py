@@ -31,6 +31,7 @@ from evolforge.tasks.core.gateway import Gateway
 from evolforge.tasks.modules.run import label_with_modules
 from evolforge.tasks.reward.prompts import continue_messages, score_messages, step_label_messages, strict_steps_messages
 from evolforge.tasks.text.answers import answers_match, extract_answer
+from evolforge.tasks.text.scores import parse_score
 from evolforge.tasks.text.steps import steps_or_reason
 
 _TRUE = {"true", "correct", "yes", "y", "1", "+", "right", "valid", "good"}
@@ -68,16 +69,6 @@ def parse_step_labels(value: object, n: int) -> tuple[list[bool] | None, str | N
     if any(v is None for v in labels):
         return None, f"labels that are not true/false: {raw!r}"[:300]
     return labels, None
-
-
-def parse_score(value: object) -> float | None:
-    raw = value.get("score", value.get("rating")) if isinstance(value, dict) else value
-    if isinstance(raw, str):
-        m = re.match(r"\s*(\d+(?:\.\d+)?)", raw)
-        raw = float(m.group(1)) if m else None
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-        return None
-    return float(raw) if 0.0 <= raw <= 10.0 else None
 
 
 class LabelFailure(Exception):

@@ -4,6 +4,7 @@
 - answers:   the one final-answer extractor and comparison (`extract_answer`, `answers_match`, `answer_correct`).
 - encoding:  the one reward-model encoding (`encode_irm`, `encode_prm`): how an instruction, and a prompt with
              its steps, become token ids, for training and for scoring.
+- scores:    a judge's 0-10 score from its JSON reply (`parse_score`: PRM labels, the module-graph judge).
 
 tasks/ppo/reward.py, which verl loads by file path, loads these three files by location where evolforge is not
 installed, so none of them imports evolforge (and this __init__ imports nothing).
