@@ -139,7 +139,8 @@ def cmd_modules(args) -> int:
 
     return _run_flow(modules_flow, ModulesParams(input=args.input, out=args.out, max_items=args.max_items,
                                                  aggregation=args.aggregation, ablation=args.ablation,
-                                                 config=args.config, base_url=args.base_url, model=args.model))
+                                                 compare=args.compare, config=args.config,
+                                                 base_url=args.base_url, model=args.model))
 
 
 def cmd_dedup(args) -> int:
@@ -330,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-items", type=int, help="use at most this many questions (default: modules.max_items)")
     p.add_argument("--aggregation", choices=["integrate", "concat"], help="default: modules.aggregation")
     p.add_argument("--ablation", choices=["mask", "recompute"], help="default: modules.ablation")
+    p.add_argument("--compare", action="store_true", help="also answer each question single-shot and judge both with "
+                   "the same judge: graph win rate overall and by difficulty (comparison.parquet, summary.json)")
     common(p)
     p.set_defaults(fn=cmd_modules)
 

@@ -6,6 +6,9 @@ Reads top to bottom like the stage it runs:
   task per batch (inside: each question's modules run along the dependency graph, then 1 + k judge calls) ->
   items.parquet, prm_steps.parquet (TRL stepwise form), graph.md + markdown artifact (the Mermaid graph with mean
   latency and mean contribution per module) -> summary.json.
+With `compare` (modules.compare, `--compare`), the same Prefect task then answers every question of its batch
+single-shot and judges it with the same judge (tasks/modules/compare.py) -> comparison.parquet, summary.json
+`comparison` (graph win rate overall and by difficulty) and the `modules-comparison` table artifact.
 
 Re-running over the same output folder resumes: finished batches are skipped, a killed batch replays its
 journaled calls (no finished module or judge call is sent twice).
@@ -31,6 +34,7 @@ from evolforge.storage.ledger import read_ledger
 from evolforge.tasks.core.batch import close_gateways, gateway_for, settings_from_json
 from evolforge.tasks.core.reporting import cost_summary
 from evolforge.tasks.modules.batch import assemble, run_modules_batch
+from evolforge.tasks.modules.compare import assemble_comparison, comparison_table, run_compare_batch, single_shot_model
 from evolforge.tasks.modules.run import judge_model, module_models
 
 
@@ -43,10 +47,12 @@ class ModulesParams(EndpointParams):
     max_items: int | None = Field(None, ge=1, description="Use at most this many questions (default: modules.max_items).")
     aggregation: Literal["integrate", "concat"] | None = Field(None, description="Φ: the answer the judge scores (default: modules.aggregation).")
     ablation: Literal["mask", "recompute"] | None = Field(None, description="What the dependants of a removed module see (default: modules.ablation).")
+    compare: bool = Field(False, description="Also answer every question single-shot and judge both answers with the "
+                          "same judge: graph win rate overall and by difficulty (true here or modules.compare).")
 
     def stage_overrides(self) -> dict[str, Any]:
         mods: dict[str, Any] = {}
-        for key in ("max_items", "aggregation", "ablation"):
+        for key in ("max_items", "aggregation", "ablation", "compare"):
             if getattr(self, key):
                 mods[key] = getattr(self, key)
         return {"modules": mods} if mods else {}
@@ -59,7 +65,11 @@ def modules_batch_task(out_dir: str, batch: int, settings_json: str, base_url: s
     def progress(done: int, total: int) -> None:
         logger.info("modules batch %d: %d/%d questions done", batch, done, total)
 
-    return run_modules_batch(out_dir, batch, settings_from_json(settings_json), base_url, run_id, progress)
+    settings = settings_from_json(settings_json)
+    stats = run_modules_batch(out_dir, batch, settings, base_url, run_id, progress)
+    if settings.modules.compare:  # after the batch's graph: it reuses the graph's judge scores
+        stats["compare"] = run_compare_batch(out_dir, batch, settings, base_url, run_id)
+    return stats
 
 
 @flow(name="modules", log_prints=True)
@@ -80,7 +90,10 @@ def modules_flow(params: ModulesParams) -> dict:
     try:
         with model_endpoint(settings, run_layout) as base_url, build_task_runner(settings.runner) as runner:
             gw = gateway_for(settings, base_url, run_id, layout.root)
-            gw.check_reachable(("judge",), tuple(sorted({judge_model(settings), *module_models(settings).values()})))
+            models = {judge_model(settings), *module_models(settings).values()}
+            if cfg.compare:
+                models.add(single_shot_model(settings))
+            gw.check_reachable(("judge",), tuple(sorted(models)))
             logger.info("model endpoint %s; %d modules, exit %s, aggregation %s, ablation %s", gw.describe(),
                         len(cfg.graph), cfg.exit_module.id, cfg.aggregation, cfg.ablation)
             settings_json = settings.model_dump_json()
@@ -101,12 +114,23 @@ def modules_flow(params: ModulesParams) -> dict:
         "run_id": run_id, "out_dir": str(layout.root), "input": params.input,
         "endpoint": endpoint_label(settings, base_url), **sets,
         "batches": {"total": len(batches), "skipped": sum(1 for b in batches if b["skipped"]),
-                    "replayed_calls": sum(b.get("replayed_calls", 0) for b in batches)},
+                    "replayed_calls": sum(b.get("replayed_calls", 0) + b.get("compare", {}).get("replayed_calls", 0)
+                                          for b in batches)},
         "gateway": gateway_stats, "cost": cost_summary(read_ledger(layout.root)),
         "wall_seconds": round(time.time() - t_start, 2),
         "datasets": {"items": str(layout.items), "prm_steps": str(layout.prm_steps),
                      "prm_rejected": str(layout.prm_rejected), "graph": str(layout.graph_md)},
     }
+    if cfg.compare:
+        summary["comparison"] = assemble_comparison(layout.root, settings)
+        summary["datasets"]["comparison"] = str(layout.comparison)
+        create_table_artifact(key="modules-comparison", table=comparison_table(summary["comparison"]),
+                              description="Module graph vs single-shot, same judge: graph wins, single-shot wins and "
+                              "ties by difficulty; win rate = graph wins / n")
+        overall = summary["comparison"]["overall"]
+        logger.info("comparison: graph wins %d, single-shot wins %d, ties %d of %d (win rate %s)",
+                    overall["graph_wins"], overall["single_shot_wins"], overall["ties"], overall["n"],
+                    overall["win_rate"])
     write_json_atomic(layout.summary, summary)
     create_table_artifact(key="modules-counts", table=[{"status": k, "questions": v} for k, v in sets["by_status"].items()],
                           description="Module-DAG reasoning: questions by status")

@@ -1,9 +1,13 @@
 """Module-DAG reasoning (DeCoRL) on disk: where every file lives, the parquet schemas, readers and writers.
 
     OUT/                              a modules output folder
-      modules_input.parquet           the questions (id, question); row group = batch, fixed on the first run
+      modules_input.parquet           the questions (id, question[, difficulty]); row group = batch, fixed on
+                                      the first run (difficulty: see `difficulty_of`)
       parts/batch_00000.parquet       one atomic part per finished batch: one row per question (ITEM_SCHEMA)
       journal/batch_00000.jsonl       model calls finished inside the batch (replayed on resume)
+      compare/batch_00000.parquet     --compare: one atomic part per batch, one row per question (COMPARE_SCHEMA)
+      journal/compare_00000.jsonl     --compare: the batch's single-shot and comparison-judge calls
+      comparison.parquet              --compare: every question's single-shot answer, both scores, winner
       items.parquet                   every question: module outputs, final answer, contributions, latencies
       prm_steps.parquet               TRL stepwise-supervision form, one step per non-exit module (PRM_SCHEMA of
                                       storage/reward_sets.py, the form the reward stage writes)
@@ -29,6 +33,17 @@ ITEM_SCHEMA, field by field:
   wall_s (the item, judging included), forward_s (the module graph alone), chain_s (the longest dependency
   chain of the measured module latencies: the floor of forward_s), levels_s (the sum over dependency levels of
   the slowest module in the level: what lock-step rounds would take).
+
+COMPARE_SCHEMA (modules.compare / `--compare`: the same question single-shot and through the graph, one judge):
+- id, difficulty (see `difficulty_of`), graph_status (the item's status);
+- single_status: ok | error (the endpoint rejected the single-shot call) | judge_failed (no 0-10 score in the
+  judge's reply); single_answer: the `answer` stage model's single-shot reply; single_model;
+- graph_score / single_score: the judge's 0-10 scores (graph_score is the item's own judge_full when it has one);
+  graph_score_reused: true when judge_full was reused (no new call);
+- winner: graph | single_shot | tie | null (not compared: a judge reply without a score, or no answer on both
+  sides); a side without an answer (the graph's exit module failed, or the endpoint rejected a call) loses;
+- reason: why a side has no score; single_calls (0-1 answer calls), judge_calls (1 + 1 when the graph's judge_full
+  was missing but it has an answer: at most 2 per question).
 """
 
 from __future__ import annotations
@@ -46,6 +61,9 @@ from evolforge.storage.parts import num_row_groups, read_part, read_row_group, w
 from evolforge.storage.reward_sets import PRM_COLUMNS, PRM_SCHEMA, STEP_ROW_SCHEMA
 
 INPUT_SCHEMA = pa.schema([("id", pa.string()), ("question", pa.string())])
+# the input with a difficulty per question (written when the source has a `difficulty` or `generation` column)
+INPUT_DIFFICULTY_SCHEMA = pa.schema([*INPUT_SCHEMA, ("difficulty", pa.string())])
+DIFFICULTIES = ("easy", "medium", "hard", "unknown")  # the report's row order (other labels follow, sorted)
 
 MODULE_STRUCT = pa.struct([
     ("id", pa.string()), ("output_type", pa.string()), ("status", pa.string()), ("reason", pa.string()),
@@ -63,6 +81,13 @@ ITEM_SCHEMA = pa.schema([
     ("wall_s", pa.float64()), ("forward_s", pa.float64()), ("chain_s", pa.float64()), ("levels_s", pa.float64()),
 ])
 
+COMPARE_SCHEMA = pa.schema([
+    ("id", pa.string()), ("difficulty", pa.string()), ("graph_status", pa.string()), ("status", pa.string()),
+    ("single_status", pa.string()), ("single_answer", pa.string()), ("single_model", pa.string()),
+    ("graph_score", pa.float64()), ("single_score", pa.float64()), ("graph_score_reused", pa.bool_()),
+    ("winner", pa.string()), ("reason", pa.string()), ("single_calls", pa.int32()), ("judge_calls", pa.int32()),
+])  # `status` (= the winner, or "not_compared") is what the batch runtime counts
+
 # PRM rows are built in the reward stage's step-row form (STEP_ROW_SCHEMA), written in its trainer form (PRM_SCHEMA)
 REJECTED_SCHEMA = pa.schema([("id", pa.string()), ("status", pa.string()), ("reason", pa.string()),
                              ("prompt", pa.string())])
@@ -78,6 +103,7 @@ class ModulesLayout(OutputFolder):
     prm_rejected = property(lambda self: self.root / "prm_rejected.parquet")
     summary = property(lambda self: self.root / "summary.json")
     graph_md = property(lambda self: self.root / "graph.md")
+    comparison = property(lambda self: self.root / "comparison.parquet")
 
     def part(self, batch: int) -> AnyPath:
         return self.root / "parts" / f"batch_{batch:05d}.parquet"
@@ -85,16 +111,41 @@ class ModulesLayout(OutputFolder):
     def journal(self, batch: int) -> AnyPath:
         return self.root / "journal" / f"batch_{batch:05d}.jsonl"
 
+    def compare_part(self, batch: int) -> AnyPath:
+        return self.root / "compare" / f"batch_{batch:05d}.parquet"
+
+    def compare_journal(self, batch: int) -> AnyPath:
+        return self.root / "journal" / f"compare_{batch:05d}.jsonl"
+
     def ensure(self) -> "ModulesLayout":
         ensure_dir(self.root)
         return self
+
+
+def difficulty_of(difficulty: object = None, generation: object = None) -> str:
+    """A question's difficulty for the comparison report. The rule:
+    1. the input's `difficulty` value when present and not empty (synthesis tasks carry easy / medium / hard),
+       lower-cased;
+    2. else the evolve lineage's `generation` (how many evolutions from its seed): 0 (a seed) -> easy,
+       1 -> medium, 2 or more -> hard;
+    3. else unknown."""
+    if difficulty is not None and str(difficulty).strip():
+        return str(difficulty).strip().lower()
+    if generation is not None:
+        try:
+            g = int(generation)
+        except (TypeError, ValueError):
+            return "unknown"
+        return "easy" if g <= 0 else "medium" if g == 1 else "hard"
+    return "unknown"
 
 
 def build_input(source: str | Path, dest: AnyPath, batch_size: int, question_field: str = "question",
                 id_field: str = "id", max_items: int = 0) -> int:
     """Snapshot the questions of a jsonl / csv / parquet file into `dest` (row group = batch), so batches are
     stable on resume. The question is `question_field`, else `instruction` (an evolve run's evolved.parquet,
-    whose eliminated rows are left out); ids are `id_field`, else row numbers."""
+    whose eliminated rows are left out); ids are `id_field`, else row numbers. When the source has a
+    `difficulty` or `generation` column, each question's difficulty (`difficulty_of`) is kept too."""
     df, _ = read_any_table(source)
     field = question_field if question_field in df.columns else "instruction" if "instruction" in df.columns else None
     if field is None:
@@ -104,14 +155,21 @@ def build_input(source: str | Path, dest: AnyPath, batch_size: int, question_fie
         df = df.filter(pl.col("status").is_null() | pl.col("status").is_in(["seed", "accepted"]))
     ids = (df[id_field].cast(pl.String) if id_field in df.columns
            else pl.Series([f"q{i:05d}" for i in range(df.height)], dtype=pl.String))
-    df = pl.DataFrame({"id": ids, "question": df[field].cast(pl.String)})
+    levels = None
+    if "difficulty" in df.columns or "generation" in df.columns:
+        diff = df["difficulty"].to_list() if "difficulty" in df.columns else [None] * df.height
+        gen = df["generation"].to_list() if "generation" in df.columns else [None] * df.height
+        levels = pl.Series([difficulty_of(d, g) for d, g in zip(diff, gen)], dtype=pl.String)
+    df = pl.DataFrame({"id": ids, "question": df[field].cast(pl.String),
+                       **({"difficulty": levels} if levels is not None else {})})
     df = df.filter(pl.col("question").is_not_null() & (pl.col("question").str.strip_chars() != ""))
     df = df.filter(pl.col("id").is_not_null()).unique(subset=["id"], keep="first", maintain_order=True)
     if max_items:
         df = df.head(max_items)
     if df.height == 0:
         raise ValueError(f"{source} holds no usable question")
-    write_table_atomic(df.to_arrow().cast(INPUT_SCHEMA), dest, row_group_size=batch_size)
+    schema = INPUT_DIFFICULTY_SCHEMA if levels is not None else INPUT_SCHEMA
+    write_table_atomic(df.to_arrow().cast(schema), dest, row_group_size=batch_size)
     return df.height
 
 
@@ -126,6 +184,21 @@ def read_batch(layout: ModulesLayout, batch: int) -> list[dict]:
 def concat_parts(layout: ModulesLayout) -> pa.Table:
     tables = [read_part(layout.part(b)).select(ITEM_SCHEMA.names).cast(ITEM_SCHEMA) for b in range(batch_count(layout))]
     return pa.concat_tables(tables) if tables else ITEM_SCHEMA.empty_table()
+
+
+def read_part_rows(layout: ModulesLayout, batch: int) -> list[dict]:
+    """A finished batch's item rows (ITEM_SCHEMA)."""
+    return read_part(layout.part(batch)).select(ITEM_SCHEMA.names).to_pylist()
+
+
+def concat_compare_parts(layout: ModulesLayout) -> pa.Table:
+    tables = [read_part(layout.compare_part(b)).select(COMPARE_SCHEMA.names).cast(COMPARE_SCHEMA)
+              for b in range(batch_count(layout)) if exists(layout.compare_part(b))]
+    return pa.concat_tables(tables) if tables else COMPARE_SCHEMA.empty_table()
+
+
+def write_comparison(table: pa.Table, layout: ModulesLayout) -> AnyPath:
+    return write_table_atomic(table.replace_schema_metadata(None), layout.comparison)
 
 
 def write_items(items: pa.Table, layout: ModulesLayout) -> AnyPath:

@@ -146,8 +146,15 @@ MODULE_FAULTS = ("invalid_json", "missing_fields", "wrong_content", "bad_confide
 _MODULE_HEAD = re.compile(re.escape(MODULE_MARKER) + r" (\S+) \(output: (\w+)\)")
 
 
+def _penalty(table: dict[str, float] | None, question: str) -> float:
+    """The points of the longest key of `table` found in the question ("" matches every question), else 0."""
+    keys = [k for k in (table or {}) if k in question]
+    return float(table[max(keys, key=len)]) if keys else 0.0
+
+
 def module_reply(body: dict, corrupt_module: str | None = None, fault_rate: float = 0.0,
-                 truncate_below: int = 0) -> tuple[str, str] | None:
+                 truncate_below: int = 0, plain_penalty: dict[str, float] | None = None,
+                 graph_penalty: dict[str, float] | None = None) -> tuple[str, str] | None:
     """(text, finish_reason) for the module-DAG prompts (tasks/modules/prompts.py), else None.
 
     A module prompt (first line `### evolforge module: ID (output: TYPE)`, also on a re-ask) gets a valid
@@ -156,13 +163,18 @@ def module_reply(body: dict, corrupt_module: str | None = None, fault_rate: floa
     schema faults: invalid JSON, missing fields, content of the wrong type, or a confidence over 1. A reply whose
     max_tokens is under `truncate_below` is cut in half with finish_reason 'length'.
     The judge prompt (`### evolforge module-judge`) scores the text between #Answer# and #End of answer#:
-    10 - 1 per '[module X removed]' - 5 when it says CORRUPTED, clipped to 0..10."""
+    10 - 1 per '[module X removed]' - 5 when it says CORRUPTED, clipped to 0..10. For the comparison
+    (tasks/modules/compare.py) it also takes off `graph_penalty[key]` from an answer with a "Module trace" (the
+    graph's) and `plain_penalty[key]` from one without (the single-shot's), key: the longest key found in the
+    judged question ("" matches all); both empty by default."""
     msgs = body.get("messages") or []
     prompt = str(msgs[-1].get("content", "")) if msgs else ""
     if prompt.startswith(JUDGE_MARKER):
         answer = prompt.split("#Answer#", 1)[-1].split("#End of answer#", 1)[0]
         removed = len(re.findall(r"\[module \S+ removed\]", answer))
         score = 10 - removed - (5 if "CORRUPTED" in answer else 0)
+        question = prompt.split("#Question#", 1)[-1].split("#Answer#", 1)[0]
+        score -= _penalty(graph_penalty if "Module trace" in answer else plain_penalty, question)
         return json.dumps({"score": max(0, min(10, score))}), "stop"
     head = _MODULE_HEAD.match(prompt)
     if not head:
@@ -229,6 +241,10 @@ class ScriptedServer:
         self.module_fault_rate = 0.0
         self.module_truncate_below = 0
         self.module_latency: dict[str, float] = {}
+        # the comparison's judge: points off a single-shot answer (no "Module trace") / a graph answer, per
+        # question substring ("" for every question; the longest key found wins); see module_reply
+        self.judge_plain_penalty: dict[str, float] = {}
+        self.judge_graph_penalty: dict[str, float] = {}
         self.lock = threading.Lock()
         self.log_path = log_path
         self._log_fh = open(log_path, "a", buffering=1) if log_path else None
@@ -333,7 +349,8 @@ class ScriptedServer:
                                 text = value
                 resp = completion(body, text)
                 module = None if action.startswith("text:") else module_reply(
-                    body, outer.corrupt_module, outer.module_fault_rate, outer.module_truncate_below)
+                    body, outer.corrupt_module, outer.module_fault_rate, outer.module_truncate_below,
+                    outer.judge_plain_penalty, outer.judge_graph_penalty)
                 if module is not None:
                     resp = completion(body, module[0])
                     resp["choices"][0]["finish_reason"] = module[1]

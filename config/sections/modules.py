@@ -206,6 +206,17 @@ class ModulesSettings(Section):
                                 "asked again with the budget doubled, up to this cap; past it the module is truncated.")
     margin: float = Field(0.0, ge=-10, le=10, description="PRM label of a module step: contribution > margin "
                           "(judge scores 0-10).")
+    compare: bool = Field(False, description="Also run every question single-shot (one call to `single_shot_model` "
+                          "with a plain 'answer step by step' prompt) and judge it with the same judge "
+                          "(`judge_model`): per question the single-shot answer, both scores, the winner and the "
+                          "difficulty (comparison.parquet); the graph's win rate overall and by difficulty "
+                          "(summary.json `comparison`). At most 2 judge calls per question: the single-shot answer, "
+                          "and the graph's answer only when its own full-graph judge score is missing.")
+    single_shot_model: str = Field("answer", description="The single-shot baseline of `compare`: a stage name of "
+                                   "[models] or a model name; empty: the judge stage's model.")
+    single_shot_temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature of the single-shot "
+                                           "call.")
+    single_shot_max_tokens: int = Field(1024, ge=16, le=32768, description="Completion cap of the single-shot call.")
     question_field: str = Field("question", description="Input column with the question; when missing, "
                                 "`instruction` is used (an evolve run's evolved.parquet).")
     id_field: str = Field("id", description="Input column with the item id (missing: row numbers).")

@@ -8,4 +8,6 @@
             and its PRM step row (also the reward stage's `step_label_method = "modules"`).
 - batch:    one batch of questions on the batch runtime, and the assembly of items, PRM rows and the summary.
 - report:   per-module statistics and the Mermaid graph annotated with mean latency and mean contribution.
+- compare:  `modules.compare`: each question also single-shot, both answers scored by the same judge; the graph's
+            win rate overall and by difficulty (its own batch part and journal, in the same batch task).
 """

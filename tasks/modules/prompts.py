@@ -5,6 +5,8 @@
 - REASK: DSPy-style re-ask of a reply that failed the schema: the reply stays in the conversation, and the next
   user turn (same marker line) quotes the validation error and the form again.
 - JUDGE: the contribution judge scores one answer 0-10 (JSON); first line `### evolforge module-judge`.
+- SINGLE_SHOT: the baseline of the comparison (`modules.compare`): the question in one plain call, "answer step
+  by step" (judged with JUDGE, the same template as the graph's answer).
 
 A module's output appears to its dependants and in the judge's trace as one line:
   `[ID] (TYPE) CONTENT`, or `[ID] [module ID removed]` (ablated), or `[ID] [module ID failed: REASON]`.
@@ -58,6 +60,12 @@ JUDGE_HOW = {
 }
 
 
+SINGLE_SHOT = (
+    "Answer the question below. Think step by step, then state the final answer.\n\n"
+    "#Question#\n{question}"
+)
+
+
 def content_text(content: object) -> str:
     if isinstance(content, str):
         return content
@@ -101,3 +109,7 @@ def reask_messages(messages: list[dict], reply: str, module_id: str, output_type
 def judge_messages(question: str, answer: str, aggregation: str) -> list[dict]:
     return [{"role": "user", "content": JUDGE.format(marker=JUDGE_MARKER, how=JUDGE_HOW[aggregation],
                                                      question=question, answer=answer)}]
+
+
+def single_shot_messages(question: str) -> list[dict]:
+    return [{"role": "user", "content": SINGLE_SHOT.format(question=question)}]
