@@ -45,6 +45,7 @@ def pipeline_flow(params: PipelineParams = PipelineParams()) -> dict:
     common = dict(config=params.config, overrides=params.overrides)
     endpoint = dict(base_url=params.base_url, model=params.model)
     done: dict[str, Any] = {}
+    tasks = None  # the synthesis stage's tasks.parquet: verified ground truth for the PPO prompts
 
     evolve = evolve_flow(EvolveParams(seeds=params.seeds, out=str(lay.evolve), rounds=params.rounds,
                                       **endpoint, **common))
@@ -54,6 +55,7 @@ def pipeline_flow(params: PipelineParams = PipelineParams()) -> dict:
     if params.synthesize:
         synth = synthesize_flow(SynthesizeParams(seeds=evolved, out=str(lay.synthesize), **endpoint, **common))
         done["synthesize"] = {k: synth[k] for k in ("proposed", "kept", "yield")}
+        tasks = synth["datasets"]["tasks"]
 
     if params.reward or params.ppo:
         data = reward_data_flow(RewardDataParams(evolve_out=str(lay.evolve), out=str(lay.reward),
@@ -63,7 +65,7 @@ def pipeline_flow(params: PipelineParams = PipelineParams()) -> dict:
         done["train_reward"] = {k: v for k, v in trained.items() if k in ("irm", "prm", "metrics")}
 
     if params.ppo:
-        done["ppo"] = ppo_flow(PPOParams(evolved=evolved, reward_dir=str(lay.reward), out=str(lay.ppo),
+        done["ppo"] = ppo_flow(PPOParams(evolved=evolved, tasks=tasks, reward_dir=str(lay.reward), out=str(lay.ppo),
                                          **common))
     logger.info("pipeline done: %s", ", ".join(done))
     return done

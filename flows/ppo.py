@@ -38,6 +38,7 @@ class PPOParams(StageParams):
     """Parameters of the PPO flow (the form the Prefect UI shows)."""
 
     evolved: str = Field(description="An evolve run's dataset/evolved.parquet, or the evolve run's output folder.")
+    tasks: str | None = Field(None, description="The synthesis stage's tasks.parquet, or its output folder: kept math tasks (majority-verified answers) and code tasks (their tests) become prompts with a verified ground truth.")
     reward_dir: str = Field(description="The reward-model stage's output folder: IRM and PRM folders and health.json.")
     out: str = Field("runs/ppo", description="Output folder of this stage.")
     irm_dir: str | None = Field(None, description="IRM folder (default: reward_dir / ppo.irm_subdir).")
@@ -69,9 +70,11 @@ def resolve(p: PPOParams) -> tuple[PPOSettings, Any, Path, Path]:
 
 @task(name="ppo-prompt-data")
 def prompt_data_task(evolved: str, train: str, test: str, test_fraction: float, split_seed: int,
-                     answer_in_steps: bool) -> dict:
-    train_rows, test_rows, counts = build_prompt_rows(store.read_evolved(evolved), test_fraction, split_seed,
-                                                      answer_in_steps)
+                     answer_in_steps: bool, tasks: str | None = None,
+                     unverified_ground_truth: str = "exclude") -> dict:
+    train_rows, test_rows, counts = build_prompt_rows(
+        store.read_evolved(evolved), test_fraction, split_seed, answer_in_steps,
+        tasks=store.read_tasks(tasks) if tasks else None, unverified_ground_truth=unverified_ground_truth)
     if not train_rows:
         raise ValueError(f"{evolved} yields no training prompts ({counts})")
     store.write_prompt_parquet(train_rows, Path(train))
@@ -134,7 +137,8 @@ def _verl_job(cfg: PPOSettings, lay: store.PPOLayout, policy: str, irm: Path, pr
 
 def _markdown(summary: dict) -> str:
     lines = ["# PPO stage", "", f"Prompts: {summary['data']['train']} train, {summary['data']['test']} held-out "
-             f"({summary['data']['with_ground_truth']} with a ground truth).",
+             f"({summary['data']['with_ground_truth']} with a ground truth; by source: "
+             + ", ".join(f"{k} {v}" for k, v in summary["ground_truth_sources"].items()) + ").",
              f"Reward health: {'healthy' if summary['preflight']['healthy'] else 'UNHEALTHY (overridden)'}.",
              f"verl job: {summary['verl']['submission_id'] or 'not submitted'}; command in `{summary['paths']['submit']}`."]
     local = summary.get("local")
@@ -163,8 +167,9 @@ def ppo_flow(params: PPOParams) -> dict:
     lay = store.PPOLayout(params.out).ensure()
 
     counts = prompt_data_task(str(evolved), str(lay.train), str(lay.test), cfg.test_fraction, cfg.split_seed,
-                              cfg.answer_in_steps)
-    logger.info("prompt data: %d train, %d test -> %s", counts["train"], counts["test"], lay.data_dir)
+                              cfg.answer_in_steps, params.tasks, cfg.unverified_ground_truth)
+    logger.info("prompt data: %d train, %d test -> %s; ground truth by source: %s", counts["train"], counts["test"],
+                lay.data_dir, counts["ground_truth_sources"])
 
     needs_sft = cfg.local_steps > 0 or not cfg.policy_path
     sft_dir = sft_policy_task(cfg.policy_gguf, str(lay.sft_policy)) if needs_sft else None
@@ -177,7 +182,8 @@ def ppo_flow(params: PPOParams) -> dict:
                               description="Local GRPO smoke run: reward, KL, loss and seconds per step")
 
     summary = {
-        "run_id": flow_run.id or f"local-{int(t0)}", "evolved": str(evolved), "preflight": health, "data": counts,
+        "run_id": flow_run.id or f"local-{int(t0)}", "evolved": str(evolved), "tasks": params.tasks,
+        "preflight": health, "data": counts, "ground_truth_sources": counts["ground_truth_sources"],
         "verl": job, "local": local, "wall_seconds": round(time.time() - t0, 2),
         "paths": {"train": str(lay.train), "test": str(lay.test), "verl_config": str(lay.verl_config),
                   "submit": str(lay.submit_script), "sft_policy": sft_dir,

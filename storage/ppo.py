@@ -40,7 +40,8 @@ VERL_SCHEMA = pa.schema([
     ("ability", pa.string()),
     ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
     ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64()), ("question", pa.string()),
-                              ("answer", pa.string()), ("domain", pa.string()), ("lineage", LINEAGE)])),
+                              ("answer", pa.string()), ("domain", pa.string()),
+                              ("ground_truth_source", pa.string()), ("lineage", LINEAGE)])),
 ])
 
 
@@ -121,6 +122,14 @@ def read_health(reward_dir: str | Path) -> dict | None:
         return json.loads(read_text(path))
     except (OSError, json.JSONDecodeError) as e:
         return {"healthy": False, "error": f"unreadable {path}: {e}"}
+
+
+def read_tasks(path: str | Path) -> list[dict]:
+    """The kept tasks of a synthesis run (its tasks.parquet or output folder) whose verified answers or tests
+    become PPO ground truth (storage/synthesis_sets.py `read_kept_tasks`)."""
+    from evolforge.storage.synthesis_sets import read_kept_tasks
+
+    return read_kept_tasks(path)
 
 
 def read_evolved(path: Path) -> list[dict]:

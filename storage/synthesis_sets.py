@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from evolforge.storage.fs import AnyPath, list_files, read_parquet, write_bytes_atomic
+from evolforge.storage.fs import AnyPath, exists, list_files, location, read_parquet, write_bytes_atomic
 from evolforge.storage.layout import RunLayout
 
 TASK_SCHEMA = pa.schema([
@@ -53,6 +53,17 @@ class SynthLayout(RunLayout):
     def all_parts(self) -> pa.Table:
         files = list_files(self.root / "parts", "batch_*.parquet")
         return pa.concat_tables([read_parquet(f) for f in files]) if files else TASK_SCHEMA.empty_table()
+
+
+def read_kept_tasks(path: str | AnyPath) -> list[dict]:
+    """The kept tasks of a synthesis run as rows: its tasks.parquet, or the run's output folder (local or URL)."""
+    path = location(path)
+    if not str(path).endswith(".parquet"):
+        path = SynthLayout(path).tasks
+    if not exists(path):
+        raise FileNotFoundError(f"synthesized tasks not found: {path} (run the synthesize flow first, or pass its "
+                                "OUT/tasks.parquet)")
+    return [r for r in read_parquet(path).to_pylist() if (r.get("status") or "kept") == "kept"]
 
 
 def write_csv_atomic(df, path: AnyPath) -> AnyPath:

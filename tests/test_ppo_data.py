@@ -19,7 +19,8 @@ VERL_FIELDS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]
 @pytest.fixture
 def data(tmp_path):
     records = read_evolved(write_evolved(tmp_path / "run" / "dataset" / "evolved.parquet", n_seeds=6))
-    train, test, counts = build_prompt_rows(records, test_fraction=0.3, split_seed=7)
+    train, test, counts = build_prompt_rows(records, test_fraction=0.3, split_seed=7,
+                                            unverified_ground_truth="own_answer")  # the evolve answers as ground truth
     lay = PPOLayout(tmp_path / "ppo").ensure()
     write_prompt_parquet(train, lay.train)
     write_prompt_parquet(test, lay.test)

@@ -7,6 +7,12 @@
             rA = (1 - answer_weight) * aggregate(PRM step scores) + answer_weight * correct
         where correct is 1.0 when the response's final answer matches the ground truth, else 0.0.
         Without a ground truth (reward_model.style "model", or an empty ground_truth) rA is the PRM part alone.
+        Code rows (data_source "evolforge/code", ground truth JSON {"entry_point", "tests"}: a synthesized task's
+        own pytest tests, tasks/ppo/data.py): correct is whether the tests pass against the code extracted from
+        the response (tasks/synthesis/checks.py extract_code), run in the project's sandbox (tasks/sandbox/run.py
+        run_many, one call per batch; SandboxSettings from reward_kwargs["sandbox"], else the config's [sandbox]).
+        Those modules are imported only when a code row is scored; where evolforge is not importable a code row
+        scores with the PRM alone, and a warning says so once.
     Scores are probabilities in [0, 1], so r is in [0, 1]. An empty response has no steps: rA = 0.
 
 One module, three callers (each scores a batch with ONE forward pass per reward model):
@@ -31,10 +37,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import math
 import os
 import sys
 import threading
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -62,6 +70,7 @@ except ImportError:  # loaded by file path (verl's custom_reward_function) where
     HFInstructionScorer, HFStepScorer = _scorers.HFInstructionScorer, _scorers.HFStepScorer
 
 AGGREGATIONS = ("min", "product", "last")
+CODE_SOURCE = "evolforge/code"  # data_source of synthesized code tasks: checked by running their tests
 
 
 class InstructionScorer(Protocol):
@@ -119,12 +128,78 @@ def _ground_truth(reward_model: Any) -> str | None:
     return reward_model or None
 
 
+def _code_truth(ground_truth: Any) -> dict | None:
+    """A code row's ground truth {"entry_point", "tests"} (JSON), or None when it is not one."""
+    if not isinstance(ground_truth, str) or not ground_truth.strip().startswith("{"):
+        return None
+    try:
+        truth = json.loads(ground_truth)
+    except ValueError:
+        return None
+    return truth if isinstance(truth, dict) and isinstance(truth.get("tests"), str) and truth["tests"].strip() else None
+
+
+_WARNED: set[str] = set()
+_DEFAULT_SANDBOX: list = []  # the config's [sandbox] settings, loaded once per process
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _sandbox_tools():
+    """(extract_code, run_many, sandbox settings resolver), imported only when a code row is scored; None where
+    evolforge cannot be imported (this file loaded by path without the package)."""
+    try:
+        from evolforge.config.sections.sandbox import SandboxSettings
+        from evolforge.tasks.sandbox.run import run_many
+        from evolforge.tasks.synthesis.checks import extract_code
+    except ImportError:
+        return None
+
+    def settings(given: Any) -> Any:
+        if isinstance(given, SandboxSettings):
+            return given
+        if isinstance(given, dict):
+            return SandboxSettings.model_validate(dict(given))
+        if not _DEFAULT_SANDBOX:
+            from evolforge.config.settings import load_settings
+
+            _DEFAULT_SANDBOX.append(load_settings().sandbox)
+        return _DEFAULT_SANDBOX[0]
+
+    return extract_code, run_many, settings
+
+
+def code_checks(responses: Sequence[str], truths: Sequence[dict | None], sandbox: Any = None) -> list[bool | None]:
+    """Per response: whether its code passes the tests of its truth (None where it has no truth, or where the
+    sandbox cannot be imported). One sandbox `run_many` for the whole batch; correct = the verdict `passed`."""
+    out: list[bool | None] = [None] * len(responses)
+    jobs = [(i, t) for i, t in enumerate(truths) if t]
+    if not jobs:
+        return out
+    tools = _sandbox_tools()
+    if tools is None:
+        _warn_once("no-sandbox", "evolforge is not importable here: evolforge/code rows are scored by the PRM alone "
+                   "(their tests need the evolforge sandbox; install evolforge where verl's reward workers run)")
+        return out
+    extract_code, run_many, settings = tools
+    results = run_many([(extract_code(responses[i]), t["tests"]) for i, t in jobs], settings(sandbox))
+    for (i, _), res in zip(jobs, results):
+        out[i] = bool(res.passed)
+    return out
+
+
 class PPOReward:
     """r = rI * rA over a batch. Also a TRL GRPOTrainer reward function (see __call__).
     (A plain class, not a dataclass: verl executes this file without registering it in sys.modules.)"""
 
-    def __init__(self, irm: InstructionScorer, prm: StepScorer, aggregation: str = "min", answer_weight: float = 0.5):
+    def __init__(self, irm: InstructionScorer, prm: StepScorer, aggregation: str = "min", answer_weight: float = 0.5,
+                 sandbox: Any = None):
         self.irm, self.prm, self.aggregation, self.answer_weight = irm, prm, aggregation, answer_weight
+        self.sandbox = sandbox  # SandboxSettings (or a dict of them) for code rows; None: the config's [sandbox]
         self.__name__ = "ppo_reward"  # TRL names the logged reward column after this
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
@@ -132,25 +207,36 @@ class PPOReward:
             raise ValueError(f"answer_weight must be in [0, 1], got {self.answer_weight}")
 
     def details(self, questions: Sequence[str], responses: Sequence[str],
-                ground_truths: Sequence[str | None] | None = None) -> list[dict]:
-        """Per sample: r_i, step_scores, r_a_prm, correct, reward. One IRM and one PRM forward pass."""
+                ground_truths: Sequence[str | None] | None = None,
+                data_sources: Sequence[str | None] | None = None, sandbox: Any = None) -> list[dict]:
+        """Per sample: r_i, step_scores, r_a_prm, correct, check ("answer", "tests" or None), reward. One IRM and
+        one PRM forward pass, and one sandbox batch for the code rows (data_source "evolforge/code"; without
+        data_sources, a row whose ground truth is a code task's JSON). `sandbox`: settings of this call (else
+        the reward's own)."""
         if len(questions) != len(responses):
             raise ValueError(f"{len(questions)} questions but {len(responses)} responses")
-        gts = list(ground_truths) if ground_truths is not None else [None] * len(responses)
+        n = len(responses)
+        gts = list(ground_truths) if ground_truths is not None else [None] * n
+        sources = list(data_sources) if data_sources is not None else [None] * n
+        is_code = [src == CODE_SOURCE or (src is None and _code_truth(gt) is not None) for src, gt in zip(sources, gts)]
+        tests = code_checks(responses, [_code_truth(gt) if c else None for gt, c in zip(gts, is_code)],
+                            sandbox if sandbox is not None else self.sandbox)
         steps = [split_steps(r) for r in responses]
         r_i = self.irm(list(questions))
         step_scores = self.prm(list(questions), steps)
         out = []
-        for q, resp, gt, ri, ss in zip(questions, responses, gts, r_i, step_scores):
-            correct = answer_correct(resp, gt)
+        for resp, gt, code, passed, ri, ss in zip(responses, gts, is_code, tests, r_i, step_scores):
+            correct = passed if code else answer_correct(resp, gt)
             out.append({"r_i": float(ri), "step_scores": [float(s) for s in ss],
                         "r_a_prm": aggregate(ss, self.aggregation), "correct": correct,
+                        "check": None if correct is None else ("tests" if code else "answer"),
                         "reward": combine(ri, ss, correct, self.aggregation, self.answer_weight)})
         return out
 
     def score(self, questions: Sequence[str], responses: Sequence[str],
-              ground_truths: Sequence[str | None] | None = None) -> list[float]:
-        return [d["reward"] for d in self.details(questions, responses, ground_truths)]
+              ground_truths: Sequence[str | None] | None = None,
+              data_sources: Sequence[str | None] | None = None, sandbox: Any = None) -> list[float]:
+        return [d["reward"] for d in self.details(questions, responses, ground_truths, data_sources, sandbox)]
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         """TRL reward function: `reward(prompts, completions, **kwargs) -> list[float]`.
@@ -161,7 +247,7 @@ class PPOReward:
         extra = kwargs.get("extra_info") or [None] * n
         questions = [(e or {}).get("question") or _text_of(p) for p, e in zip(prompts, extra)]
         gts = kwargs.get("ground_truth") or [_ground_truth(rm) for rm in (kwargs.get("reward_model") or [None] * n)]
-        details = self.details(questions, [_text_of(c) for c in completions], gts)
+        details = self.details(questions, [_text_of(c) for c in completions], gts, kwargs.get("data_source"))
         log_metric = kwargs.get("log_metric")
         if callable(log_metric) and details:
             log_metric("reward/r_i", sum(d["r_i"] for d in details) / n)
@@ -205,10 +291,12 @@ def _question(extra_info: dict | None) -> str:
 
 def compute_score_batch(data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[str],
                         extra_infos: Sequence[dict | None], **reward_kwargs: Any) -> list[float]:
-    """verl batched reward function (BatchRewardManager signature): one forward pass per model."""
+    """verl batched reward function (BatchRewardManager signature): one forward pass per model, one sandbox batch
+    for the evolforge/code rows (SandboxSettings from reward_kwargs["sandbox"], else the config's [sandbox])."""
     reward = load_reward(**reward_kwargs)
     questions = [_question(e) for e in extra_infos]
-    return reward.score(questions, list(solution_strs), list(ground_truths))
+    return reward.score(questions, list(solution_strs), list(ground_truths), list(data_sources),
+                        sandbox=reward_kwargs.get("sandbox"))
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
