@@ -199,15 +199,18 @@ def cmd_serve_model(args) -> int:
 
 
 def preflight(settings, base_url: str, embedded: bool) -> list[dict]:
-    """One minimal completion per distinct model of every stage (and the reward stage's variant models)."""
+    """One minimal completion per distinct model of every stage, the reward stage's variant models and the
+    module graph's models (its judge included)."""
     from evolforge.tasks.core.gateway import Gateway
 
     gw = Gateway(settings.model_copy(update={"gateway": settings.gateway.model_copy(update={"max_retries": 0})}),
                  base_url=base_url, run_id="preflight",
                  embedded_models={settings.embedded.alias} if embedded else set())
+    from evolforge.tasks.modules.run import judge_model, module_models
+
+    extra = (*settings.reward.variant_models, judge_model(settings), *module_models(settings).values())
     try:
-        return gw.check_models(["evolve", "answer", "judge", "synthesize", "solver"],
-                               tuple(settings.reward.variant_models))
+        return gw.check_models(["evolve", "answer", "judge", "synthesize", "solver"], tuple(dict.fromkeys(extra)))
     finally:
         gw.close()
 

@@ -294,8 +294,9 @@ class Gateway:
         by_model: dict[str, list[str]] = {}
         for stage in stages:
             by_model.setdefault(self.model_for(stage), []).append(stage)
-        for model in extra_models:
-            by_model.setdefault(model, []).append("extra")
+        for model in extra_models:  # models no stage above uses (variant writers, module roles)
+            if model not in by_model:
+                by_model[model] = ["extra"]
         report = []
         for model, used_by in by_model.items():
             t0 = time.perf_counter()
