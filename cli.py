@@ -70,7 +70,7 @@ def _run_with(args, overrides: dict) -> int:
           f"total: {'unknown (unpriced model)' if cost is None else f'${cost:.6f}'}")
     for st in summary["cost"].get("by_stage", []):
         usd = "unpriced" if st["cost_usd"] is None or st["unpriced_calls"] else f"${st['cost_usd']:.6f}"
-        print(f"  stage {st['stage']:<8} {st['model']:<28} {st['calls']:>6} calls ({st['failed_attempts']} failed) "
+        print(f"  stage {st['stage']:<10} {st['model']:<28} {st['calls']:>6} calls ({st['failed_attempts']} failed) "
               f"{(st['prompt_tokens'] or 0) + (st['completion_tokens'] or 0):>9} tokens  {usd}")
     print(f"summary:                               {summary['out_dir'].rstrip('/')}/summary.json")
     print(f"per-stage costs: evolforge costs --out {args.out} --by stage")
