@@ -102,8 +102,9 @@ def check_bind(host: str, token: str | None) -> None:
             "X-Evolforge-Proxy-Token. Loopback (127.0.0.1) needs none.")
 
 
-def _error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+def _error(status: int, message: str, kind: str, background: BackgroundTask | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status,
+                        background=background)
 
 
 class Call:
@@ -212,10 +213,9 @@ async def proxy(request: Request) -> Response:
     call = Call(state, request, session if SESSION_RE.match(session or "") else "invalid", RECORDED_ROUTES.get(path, path))
 
     def refuse(status: int, message: str, kind: str) -> Response:
+        """A JSON error to the client, recorded as a failed call once it is sent."""
         call.status, call.error = status, message
-        return _error(status, message, kind) if status == 401 else JSONResponse(
-            {"error": {"message": message, "type": kind, "code": status}}, status_code=status,
-            background=BackgroundTask(call.after_response))
+        return _error(status, message, kind, BackgroundTask(call.after_response))
 
     if not _authorized(state, request):
         return _error(401, "missing or wrong proxy access token (X-Evolforge-Proxy-Token)", "unauthorized")
