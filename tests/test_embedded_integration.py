@@ -8,7 +8,7 @@ import httpx
 import polars as pl
 import pytest
 
-from evolforge.cli import preflight
+from evolforge.cli.services import preflight
 from evolforge.config.settings import load_settings
 from evolforge.flows.evolve import EvolveParams, evolve_flow
 from evolforge.storage.layout import RunLayout

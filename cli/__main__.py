@@ -1,0 +1,5 @@
+import sys
+
+from evolforge.cli import main
+
+sys.exit(main())

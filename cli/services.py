@@ -1,0 +1,136 @@
+"""Long-running and set-up commands: deploy, serve-model, preflight, proxy."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from evolforge.cli.common import add_endpoint_args, settings_or_exit
+
+
+def cmd_deploy(args) -> int:
+    settings = settings_or_exit(args)
+    from evolforge.deployments.deploy import deploy
+
+    return deploy(settings, pool=args.pool, schedule_active=False if args.no_schedule else None)
+
+
+def cmd_serve_model(args) -> int:
+    settings = settings_or_exit(args)
+    from evolforge.tasks.core.embedded_model import EmbeddedModelError, server_command
+
+    cfg = settings.embedded
+    port = args.port or cfg.port or 8080
+    try:
+        cmd = server_command(cfg, port)
+    except EmbeddedModelError as e:
+        print(f"evolforge: {e}", file=sys.stderr)
+        return 2
+    print(f"serving {cfg.alias} on http://{cfg.host}:{port}/v1  "
+          f"(use: EVOLFORGE__GATEWAY__BASE_URL=http://{cfg.host}:{port}/v1)", flush=True)
+    os.execv(cmd[0], cmd)
+    return 0  # pragma: no cover
+
+
+def preflight(settings, base_url: str, embedded: bool) -> list[dict]:
+    """One minimal completion per distinct model of every stage, the reward stage's variant models and the
+    module graph's models (its judge included)."""
+    from evolforge.tasks.core.gateway import Gateway
+
+    gw = Gateway(settings.model_copy(update={"gateway": settings.gateway.model_copy(update={"max_retries": 0})}),
+                 base_url=base_url, run_id="preflight",
+                 embedded_models={settings.embedded.alias} if embedded else set())
+    from evolforge.tasks.modules.run import judge_model, module_models
+
+    extra = (*settings.reward.variant_models, judge_model(settings), *module_models(settings).values())
+    try:
+        return gw.check_models(["evolve", "answer", "judge", "synthesize", "solver"], tuple(dict.fromkeys(extra)))
+    finally:
+        gw.close()
+
+
+def cmd_preflight(args) -> int:
+    settings = settings_or_exit(args)
+    import contextlib
+
+    from evolforge.tasks.core.embedded_model import embedded_server
+    from evolforge.tasks.core.gateway import InsecureKeyTransport, mask_secret, read_api_key
+
+    ctx = embedded_server(settings.embedded) if settings.uses_embedded_model else contextlib.nullcontext(
+        settings.gateway.base_url)
+    with ctx as base_url:
+        print(f"endpoint: {base_url}  key: {mask_secret(read_api_key())}")
+        try:
+            report = preflight(settings, base_url, settings.uses_embedded_model)
+        except InsecureKeyTransport as e:
+            print(f"evolforge: {e}", file=sys.stderr)
+            return 2
+    ok = True
+    for r in report:
+        if r["ok"]:
+            print(f"  OK    {r['model']:<40} {r['latency_s']:.2f}s  stages={','.join(r['stages'])}")
+        else:
+            ok = False
+            print(f"  FAIL  {r['model']:<40} stages={','.join(r['stages'])}\n        {r['error']}")
+    return 0 if ok else 1
+
+
+def cmd_proxy(args) -> int:
+    """Serve the recording proxy (foreground, no Prefect needed), or --check it once."""
+    import contextlib
+
+    from evolforge.tasks.core.embedded_model import embedded_server
+    from evolforge.tasks.proxy.app import ProxyConfigError
+    from evolforge.tasks.proxy.server import check, serve
+
+    proxy_overrides = {k: v for k, v in (("upstream", args.upstream), ("host", args.host), ("port", args.port))
+                       if v is not None}
+    settings = settings_or_exit(args, {"proxy": proxy_overrides})
+    upstream = settings.proxy.upstream
+    embedded = not upstream
+    ctx = embedded_server(settings.embedded) if embedded else contextlib.nullcontext(upstream)
+    try:
+        with ctx as url:
+            models = {settings.embedded.alias} if embedded else set()
+            if args.check:
+                res = check(settings, url, args.out, args.model or settings.models.default)
+                if res["ok"]:
+                    print(f"OK  {res['latency_s']:.3f}s through the proxy to {url}")
+                    return 0
+                print(f"FAIL HTTP {res.get('status', '-')}: {res['error']}\n     fix: {res['fix']}", file=sys.stderr)
+                return 1
+            cfg = settings.proxy
+            print(f"recording proxy on http://{cfg.host}:{cfg.port}/v1 -> {url}; records in {args.out}\n"
+                  f"  agents: set the base URL to http://{cfg.host}:{cfg.port}/s/SESSION/v1", flush=True)
+            serve(settings, url, args.out, models)
+    except ProxyConfigError as e:
+        print(f"evolforge: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("deploy", help="deploy every flow to a Prefect process work pool (schedule from config)")
+    p.add_argument("--config")
+    p.add_argument("--pool", help="work pool name (default: schedule.work_pool)")
+    p.add_argument("--no-schedule", action="store_true", help="deploy the nightly schedule switched off")
+    p.set_defaults(fn=cmd_deploy)
+
+    p = sub.add_parser("serve-model", help="serve the embedded model (foreground) for the UI and deployments")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--config")
+    p.set_defaults(fn=cmd_serve_model)
+
+    p = sub.add_parser("preflight", help="send one minimal request per configured model")
+    add_endpoint_args(p)
+    p.set_defaults(fn=cmd_preflight)
+
+    p = sub.add_parser("proxy", help="the recording proxy: an OpenAI-compatible endpoint that records agent traffic")
+    p.add_argument("--upstream", help="model endpoint to forward to (default: proxy.upstream; empty: embedded model)")
+    p.add_argument("--host", help="bind address (default: proxy.host, loopback)")
+    p.add_argument("--port", type=int, help="port (default: proxy.port)")
+    p.add_argument("--out", default="runs/proxy", help="folder the records, session events and ledger go to")
+    p.add_argument("--check", action="store_true", help="send one call through the proxy to the upstream and exit")
+    p.add_argument("--config")
+    p.add_argument("--model", help="model for --check (default: models.default)")
+    p.set_defaults(fn=cmd_proxy)
