@@ -25,9 +25,24 @@ from pydantic import Field, field_validator
 from evolforge.config.sections._base import Section
 
 
+class SandboxServiceSettings(Section):
+    """`evolforge sandbox-serve`: this sandbox behind SandboxFusion's HTTP API (`POST /run_code`), for verl."""
+
+    host: str = Field("127.0.0.1", description="Address to bind. Loopback by default; any other address needs an "
+                      "access token (token_env).")
+    port: int = Field(8080, ge=0, le=65535, description="Port to listen on (0: any free port).")
+    token_env: str = Field("EVOLFORGE_SANDBOX_TOKEN", description="Environment variable holding the access token. "
+                           "When set, every call must carry it: as `Authorization: Bearer TOKEN`, or in the path "
+                           "(`/t/TOKEN/run_code`, the form verl can send). Required when host is not loopback.")
+    max_concurrency: int = Field(2, ge=1, le=1024, description="Sandboxed runs in flight at once; further calls wait "
+                                 "(each run gets its own thread, uid and PID namespace).")
+    queue_timeout_seconds: float = Field(20.0, gt=0, description="How long a call may wait for a free run slot "
+                                         "before it is answered 504 (verl's client retries a 504 with back-off).")
+    max_body_bytes: int = Field(2_000_000, ge=1024, description="Largest request body accepted (413 above).")
+
+
 class SandboxSettings(Section):
     """Isolation mode, resource limits and parallelism of sandboxed test runs."""
-
 
     mode: Literal["bwrap", "rlimits-only"] = Field(
         "bwrap",
@@ -58,6 +73,11 @@ class SandboxSettings(Section):
         1_500_000, ge=1000, le=4_000_000_000,
         description="When started as root, each concurrent run gets its own unprivileged uid in [uid_base, uid_base + 65536) "
         "so RLIMIT_NPROC is enforced (root is exempt from it) and counted per run. Pick a range no host account uses.",
+    )
+    service: SandboxServiceSettings = Field(
+        default_factory=SandboxServiceSettings,
+        description="The SandboxFusion-compatible service (`evolforge sandbox-serve`); the limits above are its caps: "
+        "a call's run_timeout and memory_limit_MB can only tighten them.",
     )
 
     @field_validator("extra_ro_binds")

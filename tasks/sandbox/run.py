@@ -2,6 +2,12 @@
 
     result = run_python_tests(solution_code, test_code, SandboxSettings())
     results = run_many([(solution_code, test_code), ...], settings)
+    result = run_python_program(code, stdin, settings)   # a plain script: exit status and output only
+
+`run_python_program` (the SandboxFusion-compatible service, tasks/sandbox/service.py) runs `code` as
+`python main.py` in `/sandbox` with `stdin` (a host file opened read-only, never inside the sandbox's
+view) on its standard input: same isolation and limits, no harness and no result channel, so `passed`
+means only that it exited 0 and nothing killed it (the caller compares the output).
 
 Inside, the solution is `solution.py` and the tests `test_solution.py`, side by
 side in the working dir `/sandbox` (the tests `from solution import ...`).
@@ -105,11 +111,13 @@ from evolforge.tasks.sandbox.limits import (
 )
 from evolforge.tasks.sandbox.verdict import declared_tests, judge
 
-__all__ = ["SandboxResult", "SandboxUnavailable", "check_sandbox_available", "run_many", "run_python_tests"]
+__all__ = ["SandboxResult", "SandboxUnavailable", "check_sandbox_available", "run_many", "run_python_program",
+           "run_python_tests"]
 
 SOLUTION_FILE = "solution.py"
 TEST_FILE = "test_solution.py"
 HARNESS_FILE = "_evolforge_harness.py"  # tasks/sandbox/harness.py, written beside them
+PROGRAM_FILE = "main.py"  # run_python_program's script
 PYTEST_ARGS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", TEST_FILE]  # what the harness runs
 _HARNESS_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
 _PYTEST_STYLE = re.compile(r"^(?:async\s+)?def\s+test\w*\s*\(|^class\s+Test\w*|^\s*(?:import|from)\s+pytest\b", re.M)
@@ -131,7 +139,7 @@ class SandboxResult:
     stdout: str  # truncated to max_output_bytes (stdout and stderr together)
     stderr: str
     duration_s: float  # wall seconds from start to reap: the sandbox seconds charged to the task
-    runner: str = "pytest"  # "pytest" or "script"
+    runner: str = "pytest"  # "pytest", "script" or "raw" (run_python_program: no result channel)
     tests_passed: int | None = None  # from the result channel's record (None for scripts or without a valid record)
     tests_failed: int | None = None  # failed + errors, from the same record
     verdict_error: str | None = None  # why the result channel does not let the run pass (None when it does)
@@ -184,6 +192,12 @@ def run_python_tests(solution_code: str, test_code: str, settings: SandboxSettin
     files = {SOLUTION_FILE: solution_code, TEST_FILE: test_code, HARNESS_FILE: _harness_source()}
     declared = declared_tests(test_code) if runner == "pytest" else 0
     return _run(settings, files, options, runner, declared)
+
+
+def run_python_program(code: str, stdin: str | None, settings: SandboxSettings) -> SandboxResult:
+    """Run `code` as a script with `stdin` (None: empty) on its standard input; never raises for what the code does."""
+    check_sandbox_available(settings)
+    return _run(settings, {PROGRAM_FILE: code}, [PROGRAM_FILE], "raw", stdin=stdin)
 
 
 def run_many(jobs: Iterable[tuple[str, str]], settings: SandboxSettings) -> list[SandboxResult]:
@@ -243,8 +257,9 @@ class _Channel:
 
 
 def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runner: str,
-         declared: int = 0) -> SandboxResult:
-    """runner "pytest" / "script": through the harness and its result channel; "raw": `python *args` (the probe)."""
+         declared: int = 0, stdin: str | None = None) -> SandboxResult:
+    """runner "pytest" / "script": through the harness and its result channel; "raw": `python *args` (the probe,
+    run_python_program). `stdin` goes into a host file outside the sandbox's view, opened as its standard input."""
     hostdir = tempfile.mkdtemp(prefix="evolforge-sbx-")
     uid, channel = None, None
     try:
@@ -254,6 +269,11 @@ def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runn
             with open(paths[name], "w", encoding="utf-8") as f:
                 f.write(code)
             os.chmod(paths[name], 0o644)
+        stdin_path = None
+        if stdin is not None:
+            stdin_path = os.path.join(hostdir, ".stdin")  # not in `paths`: never bound into the sandbox
+            with open(stdin_path, "w", encoding="utf-8") as f:
+                f.write(stdin)
         if runner != "raw":
             channel = _Channel()
             args = channel.harness_args(runner) + args
@@ -271,7 +291,7 @@ def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runn
             marker = secrets.token_hex(8)
             env.update(HOME=hostdir, TMPDIR=hostdir, EVOLFORGE_SANDBOX_RUN=marker)
             argv, cwd, popen_env = limits_argv(settings) + [settings.python] + args, hostdir, env
-        return _execute(settings, argv, cwd, popen_env, marker, runner, info, channel, declared)
+        return _execute(settings, argv, cwd, popen_env, marker, runner, info, channel, declared, stdin_path)
     finally:
         if channel is not None:
             channel.close()
@@ -282,19 +302,23 @@ def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runn
 
 
 def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, marker: str, runner: str,
-             info: tuple[int, int] | None, channel: _Channel | None, declared: int) -> SandboxResult:
+             info: tuple[int, int] | None, channel: _Channel | None, declared: int,
+             stdin_path: str | None = None) -> SandboxResult:
     started = time.monotonic()
     state: dict = {"info_fd": info[0] if info else None, "info": b"", "ns_pidfd": None,
                    "result_fd": channel.fds["result_r"] if channel else None}
     pass_fds = (info[1:] if info else ()) + (channel.child_fds() if channel else ())
+    stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True, close_fds=True, pass_fds=pass_fds)
     except BaseException:
         if info:
             os.close(info[0])
         raise
     finally:
+        if stdin_path:
+            stdin.close()  # the sandbox holds its own copy of the descriptor
         if info:
             os.close(info[1])  # the write end now lives in bwrap only
         if channel:
