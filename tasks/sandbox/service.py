@@ -1,0 +1,278 @@
+"""The sandbox behind SandboxFusion's HTTP API, so verl's built-in code reward can use it unchanged.
+
+    evolforge sandbox-serve [--host 127.0.0.1] [--port 8080]
+    verl: reward_model.sandbox_fusion.url=http://HOST:PORT/run_code
+
+Routes (SandboxFusion's names and JSON, field for field):
+    POST /run_code     RunCodeRequest -> RunCodeResponse
+    GET  /v1/ping      "pong"
+    the same under /t/{token}/...  (the access token in the path: verl's client sends no headers of its own)
+
+A request's `run_timeout` (wall seconds; also the CPU-seconds limit, rounded up) and `memory_limit_MB`
+(RLIMIT_AS per process; <= 0: the server's) can only tighten the server's caps (`[sandbox]`: wall_timeout_seconds,
+cpu_seconds, memory_mb; output, processes, file size and isolation as configured). Python only: the code runs as
+`python main.py` with `stdin` on its standard input (tasks/sandbox/run.py run_python_program). Every other
+language of SandboxFusion is answered as SandboxFusion answers a sandbox-side failure (HTTP 200, status
+"SandboxError", a message; verl scores it -1, not as the model's fault), and so are non-empty `files` /
+`fetch_files` (not supported yet). A language SandboxFusion does not know, a malformed body or a wrong field
+gets FastAPI's 422 `{"detail": [...]}` as SandboxFusion's server would send; 401 / 404 / 413 / 504 carry
+`{"detail": "..."}`.
+
+Status mapping: wall or CPU limit -> run_result.status "TimeLimitExceeded" (return_code null), status "Failed";
+exit 0 -> "Finished" / "Success"; any other exit or kill (memory, processes, output cap, signal) ->
+"Finished" with its return code / "Failed", the kill reason in `message`.
+
+At most `sandbox.service.max_concurrency` runs at once, each in a worker thread (the event loop only parses and
+answers); a call that waits longer than `queue_timeout_seconds` for a slot gets 504, which verl's client retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import math
+import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator, Literal, Optional
+
+from pydantic import BaseModel, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from evolforge.config.sections.sandbox import SandboxSettings
+from evolforge.tasks.core.gateway import is_loopback
+from evolforge.tasks.sandbox.run import SandboxResult, check_sandbox_available, run_python_program
+
+# SandboxFusion's `Language` (sandbox/runners/types.py), in its order
+Language = Literal['python', 'cpp', 'nodejs', 'go', 'go_test', 'java', 'php', 'csharp', 'bash', 'typescript', 'sql',
+                   'rust', 'cuda', 'lua', 'R', 'perl', 'D_ut', 'ruby', 'scala', 'julia', 'pytest', 'junit',
+                   'kotlin_script', 'jest', 'verilog', 'python_gpu', 'lean', 'swift', 'racket']
+SUPPORTED_LANGUAGES = ("python",)
+MIN_MEMORY_MB = 64  # below this the interpreter cannot start; a smaller request gets this much
+TIMEOUT_KILLS = ("wall_timeout", "cpu_limit")
+
+
+class ServiceConfigError(ValueError):
+    """The service cannot start as configured (a public bind address without an access token)."""
+
+
+class RunCodeRequest(BaseModel):
+    """SandboxFusion's request (sandbox/server/sandbox_api.py); timeouts must also be finite, run_timeout > 0."""
+
+    compile_timeout: float = Field(10, ge=0, allow_inf_nan=False, description="compile timeout (no compile step for python)")
+    run_timeout: float = Field(10, gt=0, allow_inf_nan=False, description="code run timeout (wall seconds)")
+    memory_limit_MB: int = Field(-1, description="maximum memory allowed in megabytes (<= 0: the server's cap)")
+    code: str = Field(..., description="the code to run")
+    stdin: Optional[str] = Field(None, description="optional string to pass into stdin")
+    language: Language = Field(..., description="the language or execution mode to run the code")
+    files: dict[str, Optional[str]] = Field({}, description="file path -> base64 content (not supported: must be empty)")
+    fetch_files: list[str] = Field([], description="files to fetch after the run (not supported: must be empty)")
+
+
+def _response(status: str, message: str = "", run_result: dict | None = None) -> dict:
+    """SandboxFusion's RunCodeResponse; status is a RunStatus: Success, Failed or SandboxError."""
+    return {"status": status, "message": message, "compile_result": None, "run_result": run_result,
+            "executor_pod_name": None, "files": {}}
+
+
+def command_result(r: SandboxResult) -> dict:
+    """SandboxFusion's CommandRunResult of one run; status is a CommandRunStatus."""
+    timed_out = r.killed_reason in TIMEOUT_KILLS
+    return {"status": "TimeLimitExceeded" if timed_out else "Finished", "execution_time": r.duration_s,
+            "return_code": None if timed_out else r.exit_code, "stdout": r.stdout, "stderr": r.stderr}
+
+
+def run_code_response(r: SandboxResult) -> dict:
+    run = command_result(r)
+    ok = run["status"] == "Finished" and run["return_code"] == 0 and r.killed_reason is None
+    return _response("Success" if ok else "Failed", f"killed: {r.killed_reason}" if r.killed_reason else "", run)
+
+
+def run_limits(req: RunCodeRequest, caps: SandboxSettings) -> SandboxSettings:
+    """The server's sandbox settings, tightened by the request's run_timeout and memory_limit_MB (never loosened)."""
+    wall = min(caps.wall_timeout_seconds, req.run_timeout)
+    memory = caps.memory_mb if req.memory_limit_MB <= 0 else min(caps.memory_mb, max(MIN_MEMORY_MB, req.memory_limit_MB))
+    cpu = min(caps.cpu_seconds, max(1, math.ceil(wall)))
+    return caps.model_copy(update={"wall_timeout_seconds": wall, "memory_mb": memory, "cpu_seconds": cpu})
+
+
+def check_bind(host: str, token: str | None) -> None:
+    if not is_loopback(host) and not token:
+        raise ServiceConfigError(
+            f"refusing to serve the sandbox on {host} without an access token: set the environment variable named by "
+            "sandbox.service.token_env (default EVOLFORGE_SANDBOX_TOKEN); clients then call http://HOST:PORT/t/TOKEN/"
+            "run_code or send `Authorization: Bearer TOKEN`. Loopback (127.0.0.1) needs none.")
+
+
+class ServiceState:
+    def __init__(self, sandbox: SandboxSettings, token: str | None):
+        self.sandbox = sandbox
+        self.token = token
+        cfg = sandbox.service
+        self.slots = asyncio.Semaphore(cfg.max_concurrency)
+        self.pool = ThreadPoolExecutor(max_workers=cfg.max_concurrency, thread_name_prefix="sandbox-service")
+
+
+def _detail(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=status)
+
+
+def _validation_error(errors: list[dict]) -> JSONResponse:
+    """FastAPI's 422 body: the input is echoed only when it is short (never a whole program back)."""
+    out = []
+    for e in errors:
+        item = {"type": e["type"], "loc": ["body", *e.get("loc", ())], "msg": e["msg"]}
+        if isinstance(e.get("input"), (str, int, float, bool)) and len(str(e["input"])) <= 200:
+            item["input"] = e["input"]
+        if e.get("ctx"):
+            item["ctx"] = {k: str(v) for k, v in e["ctx"].items()}
+        out.append(item)
+    return JSONResponse({"detail": out}, status_code=422)
+
+
+def _authorized(state: ServiceState, request: Request) -> bool:
+    if not state.token:
+        return True
+    given = request.path_params.get("token")
+    if given is None:
+        auth = request.headers.get("authorization", "")
+        given = auth[7:] if auth.lower().startswith("bearer ") else None
+    return given is not None and hmac.compare_digest(given.encode(), state.token.encode())
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The body, or None once it is over `limit` bytes (stops reading there)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_request(raw: bytes) -> RunCodeRequest | JSONResponse:
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        return _validation_error([{"type": "json_invalid", "loc": (getattr(e, "pos", 0),), "msg": "JSON decode error",
+                                   "ctx": {"error": str(e)[:200] or type(e).__name__}}])
+    try:
+        return RunCodeRequest.model_validate(data)
+    except ValidationError as e:
+        return _validation_error(e.errors(include_url=False))
+
+
+async def run_code(request: Request) -> JSONResponse:
+    state: ServiceState = request.app.state.sandbox
+    cfg = state.sandbox.service
+    if not _authorized(state, request):
+        return _detail(401, "missing or wrong sandbox access token (path /t/TOKEN/run_code or Authorization: Bearer)")
+    raw = await _read_body(request, cfg.max_body_bytes)
+    if raw is None:
+        return _detail(413, f"request body over sandbox.service.max_body_bytes ({cfg.max_body_bytes} bytes)")
+    req = parse_request(raw)
+    if isinstance(req, JSONResponse):
+        return req
+    if req.language not in SUPPORTED_LANGUAGES:
+        return JSONResponse(_response("SandboxError", f"language {req.language!r} is not supported by this sandbox "
+                                      f"(evolforge sandbox-serve runs {', '.join(SUPPORTED_LANGUAGES)} only)"))
+    if req.files or req.fetch_files:
+        return JSONResponse(_response("SandboxError", "`files` and `fetch_files` are not supported by this sandbox "
+                                      "(evolforge sandbox-serve): send them empty"))
+    try:
+        await asyncio.wait_for(state.slots.acquire(), cfg.queue_timeout_seconds)
+    except asyncio.TimeoutError:
+        return _detail(504, f"all {cfg.max_concurrency} sandbox slots stayed busy for {cfg.queue_timeout_seconds} s")
+    try:
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(state.pool, run_python_program, req.code, req.stdin,
+                                            run_limits(req, state.sandbox))
+    except Exception as e:  # noqa: BLE001 - a sandbox-side failure is an answer, never a dead server
+        return JSONResponse(_response("SandboxError", f"sandbox failure: {type(e).__name__}: {e}"[:2000]))
+    finally:
+        state.slots.release()
+    return JSONResponse(run_code_response(result))
+
+
+async def ping(request: Request) -> JSONResponse:
+    if not _authorized(request.app.state.sandbox, request):
+        return _detail(401, "missing or wrong sandbox access token")
+    return JSONResponse("pong")
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    return _detail(exc.status_code, exc.detail)
+
+
+def build_app(state: ServiceState) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        state.pool.shutdown(wait=False, cancel_futures=True)
+
+    routes = [Route("/run_code", run_code, methods=["POST"]), Route("/t/{token}/run_code", run_code, methods=["POST"]),
+              Route("/v1/ping", ping, methods=["GET"]), Route("/t/{token}/v1/ping", ping, methods=["GET"])]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    app.state.sandbox = state
+    return app
+
+
+def make_state(sandbox: SandboxSettings, host: str) -> ServiceState:
+    """Check the bind address and the sandbox itself (SandboxUnavailable names the fix) before serving."""
+    token = os.environ.get(sandbox.service.token_env) or None
+    check_bind(host, token)
+    check_sandbox_available(sandbox)
+    return ServiceState(sandbox, token)
+
+
+def _server(state: ServiceState, host: str, port: int):
+    import uvicorn
+
+    return uvicorn.Server(uvicorn.Config(build_app(state), host=host, port=port, log_level="warning",
+                                         access_log=False, lifespan="on", timeout_keep_alive=30))
+
+
+def serve(sandbox: SandboxSettings, state: ServiceState | None = None) -> None:
+    """Serve on sandbox.service.host:port until interrupted (`state`: from make_state, else made here)."""
+    cfg = sandbox.service
+    _server(state or make_state(sandbox, cfg.host), cfg.host, cfg.port).run()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_service(sandbox: SandboxSettings, port: int | None = None) -> Iterator[str]:
+    """The service on loopback in a background thread; yields its run_code URL (http://127.0.0.1:PORT/run_code)."""
+    port = port or free_port()
+    server = _server(make_state(sandbox, "127.0.0.1"), "127.0.0.1", port)
+    thread = threading.Thread(target=server.run, name="evolforge-sandbox-service", daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        if not thread.is_alive() or time.time() > deadline:
+            raise RuntimeError("the sandbox service did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}/run_code"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
