@@ -9,17 +9,15 @@ goes to `rejects.jsonl` with its line number and the reason; the run goes on.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import re
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 
-from evolforge.storage.fs import AnyPath, atomic_output, exists, location, parquet_file, parquet_writer, read_parquet
+from evolforge.storage.fs import AnyPath, atomic_output, exists, location, parquet_writer, read_parquet
+from evolforge.storage.inputs import SUPPORTED, SeedFileError, iter_rows  # noqa: F401 - SUPPORTED, SeedFileError: part of this module's API
 from evolforge.storage.parts import write_table_atomic
 
 POOL_SCHEMA = pa.schema(
@@ -32,11 +30,6 @@ POOL_SCHEMA = pa.schema(
     ]
 )
 
-SUPPORTED = (".jsonl", ".json", ".ndjson", ".parquet", ".csv")
-
-
-class SeedFileError(ValueError):
-    pass
 
 
 _MATH = re.compile(r"\b(how many|how much|total|sum|each|per|percent|cost|calculate|solve|equation|average)\b", re.I)
@@ -54,38 +47,6 @@ def guess_domain(text: str) -> str:
 def text_id(text: str, prefix: str = "s") -> str:
     norm = " ".join(text.split()).lower()
     return f"{prefix}-{hashlib.sha1(norm.encode()).hexdigest()[:12]}"
-
-
-def _iter_raw_rows(path: AnyPath) -> Iterator[tuple[int, dict | None, str | None]]:
-    """Yield (line_no, row or None, error) for each row of the file (local path or URL)."""
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        with io.TextIOWrapper(path.open("rb"), encoding="utf-8", errors="replace") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    yield n, None, f"not valid JSON: {e.msg} at column {e.colno}"
-                    continue
-                if not isinstance(row, dict):
-                    yield n, None, f"expected a JSON object, got {type(row).__name__}"
-                    continue
-                yield n, row, None
-    elif suffix == ".csv":
-        with io.TextIOWrapper(path.open("rb"), encoding="utf-8", errors="replace", newline="") as fh:
-            for n, row in enumerate(csv.DictReader(fh), 2):
-                yield n, row, None
-    elif suffix == ".parquet":
-        pf = parquet_file(path)
-        n = 0
-        for batch in pf.iter_batches(batch_size=4096):
-            for row in batch.to_pylist():
-                n += 1
-                yield n, row, None
-    else:
-        raise SeedFileError(f"unsupported seed file type {path.suffix!r}: use one of {', '.join(SUPPORTED)}")
 
 
 def import_seeds(
@@ -137,7 +98,7 @@ def _import_rows(path: AnyPath, rej, writer, instruction_field: str, id_field: s
         rej.write(json.dumps({"source": str(path), "line": line_no, "reason": reason, "row": row},
                              ensure_ascii=False, default=str) + "\n")
 
-    for line_no, row, err in _iter_raw_rows(path):
+    for line_no, row, err in iter_rows(path):
         if err:
             reject(line_no, err, None)
             continue
