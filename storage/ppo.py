@@ -11,6 +11,10 @@
       local/policy/                 the policy after the local GRPO steps
       local/metrics.jsonl           one line per logged GRPO step: reward, kl, loss, step seconds, ...
       local/comparison.json         SFT vs trained mean reward on the held-out prompts
+      local/health.json             reward health during the GRPO steps (share of rA < 0.5, reward drift)
+      local/run.json                the GRPO smoke run's result (what the flow reports), also when run as a Ray job
+      local/grpo_job.json           the smoke run's settings and paths, read by the Ray job that runs it
+      ray_job.log                   the submitted Ray job's log, fetched when the flow waited for the job
       summary.json                  what the run did, with paths and figures
 
 The reward-model stage's folder holds `health.json` ({"data": report, "model": report}, see
@@ -78,6 +82,10 @@ class PPOLayout:
     policy = property(lambda self: self.local_dir / "policy")
     metrics = property(lambda self: self.local_dir / "metrics.jsonl")
     comparison = property(lambda self: self.local_dir / "comparison.json")
+    local_health = property(lambda self: self.local_dir / "health.json")
+    local_run = property(lambda self: self.local_dir / "run.json")
+    grpo_job_spec = property(lambda self: self.local_dir / "grpo_job.json")
+    ray_job_log = property(lambda self: self.root / "ray_job.log")
     summary = property(lambda self: self.root / "summary.json")
 
 
@@ -107,6 +115,10 @@ def write_lines(path: Path, lines: Iterable[str]) -> Path:
 
 def write_jsonl(path: Path, rows: Iterable[dict]) -> Path:
     return write_text_atomic(path, "".join(json.dumps(r, default=str) + "\n" for r in rows))
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def read_jsonl(path: Path) -> list[dict]:
