@@ -40,61 +40,21 @@ from evolforge.config.settings import Settings
 from evolforge.storage.journal import CallJournal
 from evolforge.storage.ledger import LedgerWriter
 from evolforge.tasks.core.json_parse import JSONParseFailure, extract_json
+from evolforge.tasks.core.keys import (  # noqa: F401 - re-exported: the gateway's key API
+    API_KEY_ENV,
+    NO_KEY,
+    InsecureKeyTransport,
+    check_key_transport,
+    is_loopback,
+    mask_secret,
+    read_api_key,
+)
 from evolforge.tasks.core.pricing import PriceBook
 
 log = logging.getLogger("evolforge.gateway")
 
-API_KEY_ENV = ("EVOLFORGE_API_KEY", "OPENAI_API_KEY")
-NO_KEY = "sk-no-key-required"
 PREFLIGHT_PROMPT = "Reply with the word OK."  # the pre-flight probe: one minimal completion per model
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
-
-
-def read_api_key(environ: dict | None = None) -> str | None:
-    environ = os.environ if environ is None else environ
-    for name in API_KEY_ENV:
-        if environ.get(name):
-            return environ[name]
-    return None
-
-
-LOOPBACK_HOSTS = {"localhost", "ip6-localhost", "ip6-loopback"}
-
-
-class InsecureKeyTransport(ValueError):
-    """An API key would travel over plain http to a host that is not this machine."""
-
-
-def is_loopback(host: str) -> bool:
-    import ipaddress
-
-    host = (host or "").strip("[]").lower()
-    if host in LOOPBACK_HOSTS:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_key_transport(base_url: str, api_key: str | None, allow_http: bool) -> None:
-    """Refuse to send a key over plain http to a non-loopback host unless explicitly allowed."""
-    if not api_key or api_key == NO_KEY or allow_http:
-        return
-    url = httpx.URL(base_url)
-    if url.scheme == "http" and not is_loopback(url.host):
-        raise InsecureKeyTransport(
-            f"refusing to send the API key over plain http to {url.host} ({base_url}): use https, or set "
-            "gateway.allow_key_over_http = true (EVOLFORGE__GATEWAY__ALLOW_KEY_OVER_HTTP=true) for a trusted "
-            "private network, or unset EVOLFORGE_API_KEY / OPENAI_API_KEY if the endpoint needs no key")
-
-
-def mask_secret(secret: str | None) -> str:
-    if not secret:
-        return "(none)"
-    if len(secret) <= 8:
-        return "****"
-    return f"{secret[:3]}...{secret[-2:]} ({len(secret)} chars)"
 
 
 class GatewayError(RuntimeError):

@@ -1,0 +1,62 @@
+"""The API key: where it comes from, where it may go, how it is shown (light imports: the fail-fast checks
+use it before anything heavy is loaded; tasks/core/gateway.py re-exports it).
+
+The key comes from EVOLFORGE_API_KEY, else OPENAI_API_KEY (never from a file, never logged: `mask_secret` is
+the only way it is ever shown); it goes over plain http only to a loopback host unless
+`gateway.allow_key_over_http` says otherwise (`check_key_transport`).
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+API_KEY_ENV = ("EVOLFORGE_API_KEY", "OPENAI_API_KEY")
+NO_KEY = "sk-no-key-required"
+
+
+def read_api_key(environ: dict | None = None) -> str | None:
+    environ = os.environ if environ is None else environ
+    for name in API_KEY_ENV:
+        if environ.get(name):
+            return environ[name]
+    return None
+
+
+LOOPBACK_HOSTS = {"localhost", "ip6-localhost", "ip6-loopback"}
+
+
+class InsecureKeyTransport(ValueError):
+    """An API key would travel over plain http to a host that is not this machine."""
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    host = (host or "").strip("[]").lower()
+    if host in LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_key_transport(base_url: str, api_key: str | None, allow_http: bool) -> None:
+    """Refuse to send a key over plain http to a non-loopback host unless explicitly allowed."""
+    if not api_key or api_key == NO_KEY or allow_http:
+        return
+    url = urlsplit(base_url)
+    if url.scheme == "http" and not is_loopback(url.hostname or ""):
+        raise InsecureKeyTransport(
+            f"refusing to send the API key over plain http to {url.hostname} ({base_url}): use https, or set "
+            "gateway.allow_key_over_http = true (EVOLFORGE__GATEWAY__ALLOW_KEY_OVER_HTTP=true) for a trusted "
+            "private network, or unset EVOLFORGE_API_KEY / OPENAI_API_KEY if the endpoint needs no key")
+
+
+def mask_secret(secret: str | None) -> str:
+    if not secret:
+        return "(none)"
+    if len(secret) <= 8:
+        return "****"
+    return f"{secret[:3]}...{secret[-2:]} ({len(secret)} chars)"
