@@ -30,7 +30,7 @@ import polars as pl
 
 from evolforge.storage.fs import AnyPath, location
 from evolforge.storage.layout import RunLayout
-from evolforge.storage.logs import AppendLog, list_logs, read_log_lines
+from evolforge.storage.logs import AppendLog, json_line, list_logs, read_log_lines
 
 LEDGER_SCHEMA: dict[str, pl.DataType] = {
     "ts": pl.Float64,
@@ -65,7 +65,7 @@ class LedgerWriter:
         full = {k: row.get(k) for k in LEDGER_SCHEMA}
         full["ts"] = full["ts"] or time.time()
         full["run_id"] = full["run_id"] or self.run_id
-        line = (json.dumps(full, ensure_ascii=False) + "\n").encode()
+        line = json_line(full)
         with self._lock:
             self.rows_written += 1
         self._log.write(line)  # remote: raises LogFlushError after a failed background flush (the row is kept)

@@ -12,12 +12,29 @@ small objects on an object store (which cannot append).
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import threading
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
+
+import orjson
 
 from evolforge.storage.fs import AnyPath, fs_path, is_remote, list_files
+
+
+def json_bytes(obj: Any) -> bytes:
+    """UTF-8 JSON of one entry (orjson; what it refuses, an int over 64 bits or a NaN, goes through the
+    standard library, non-JSON values as their str)."""
+    try:
+        return orjson.dumps(obj, default=str)
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(obj, ensure_ascii=False, default=str).encode()
+
+
+def json_line(obj: Any) -> bytes:
+    """One jsonl line (no newline inside: JSON escapes them)."""
+    return json_bytes(obj) + b"\n"
 
 
 class LogFlushError(RuntimeError):

@@ -24,7 +24,7 @@ from typing import Iterator
 
 from evolforge.storage.fs import AnyPath
 from evolforge.storage.layout import OutputFolder
-from evolforge.storage.logs import AppendLog, list_logs, read_log_lines
+from evolforge.storage.logs import AppendLog, json_line, list_logs, read_log_lines
 
 
 @dataclass(frozen=True, init=False)
@@ -48,10 +48,10 @@ class RecordLog:
         self.events = AppendLog(layout.events_dir / name, flush_seconds)
 
     def record(self, rec: dict) -> None:
-        self.records.write((json.dumps(rec, ensure_ascii=False, default=str) + "\n").encode())
+        self.records.write(json_line(rec))
 
     def event(self, ev: dict) -> None:
-        self.events.write((json.dumps(ev, ensure_ascii=False, default=str) + "\n").encode())
+        self.events.write(json_line(ev))
 
     def flush(self) -> None:
         self.records.flush()

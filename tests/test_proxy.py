@@ -150,6 +150,36 @@ def test_bad_input_gets_a_json_error_is_recorded_and_the_proxy_keeps_serving(pro
     assert by_status == [200, 400, 400, 413, 500, 502] and all(r["error"] for r in recs if r["status"] != 200)
 
 
+def test_dot_segments_never_reach_the_upstream(proxy, upstream):
+    url, layout = proxy
+    before = len(upstream.received)
+    with httpx.Client(base_url=url, timeout=10) as c:
+        for path in ("/v1/../admin", "/s/a/v1/./chat/../../secret", "/v1/%2E%2E/admin"):
+            r = c.post(path, json={"model": "m", "messages": []})
+            assert r.status_code in (400, 404), path
+            if r.status_code == 400:
+                assert r.json()["error"]["type"] == "invalid_path"
+    assert len(upstream.received) == before  # nothing was forwarded
+
+
+def test_a_client_leaving_mid_stream_is_recorded_and_the_proxy_keeps_serving(tmp_path):
+    import socket
+
+    with AgentUpstream(delay=0.05) as up, running_proxy(make_settings(), up.base_url, str(tmp_path / "rec")) as url:
+        host, port = url.removeprefix("http://").split(":")
+        body = json.dumps({"model": "m", "stream": True,
+                           "messages": [{"role": "user", "content": "a long answer please " * 5}]}).encode()
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(b"POST /s/leaver/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+                      b"\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")  # the first chunk came through, then we leave
+        (rec,) = _records(ProxyLayout(tmp_path / "rec"), 1, timeout=10)
+        assert rec["session"] == "leaver" and rec["error"] == "client disconnected mid-stream"
+        r = httpx.post(f"{url}/s/next/v1/chat/completions", json={"model": "m", "messages": [{"role": "user",
+                                                                                              "content": "still there?"}]})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "Echo: still there?"
+
+
 def test_upstream_down_is_a_502_and_sub_agent_sessions_form_a_tree(tmp_path):
     with running_proxy(make_settings(), "http://127.0.0.1:9/v1", str(tmp_path / "rec")) as url:
         with httpx.Client(base_url=url, timeout=10) as c:

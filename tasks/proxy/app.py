@@ -32,12 +32,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 import aiohttp
+import yarl
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from evolforge.config.settings import Settings
@@ -45,7 +46,7 @@ from evolforge.storage.ledger import LedgerWriter
 from evolforge.storage.proxy_sets import ProxyLayout, RecordLog
 from evolforge.tasks.core.gateway import is_loopback, read_api_key
 from evolforge.tasks.core.pricing import PriceBook
-from evolforge.tasks.proxy.recording import StreamAssembler, request_part, response_part
+from evolforge.tasks.proxy.recording import StreamAssembler, dumps, loads, request_part, response_part
 
 SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 RECORDED_ROUTES = {"chat/completions": "chat.completions", "completions": "completions"}
@@ -102,22 +103,21 @@ def check_bind(host: str, token: str | None) -> None:
             "X-Evolforge-Proxy-Token. Loopback (127.0.0.1) needs none.")
 
 
-def _error(status: int, message: str, kind: str, background: BackgroundTask | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status,
-                        background=background)
+def _error(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse(_error_payload(status, message, kind), status_code=status)
 
 
 class Call:
     """One proxied call's bookkeeping, finished into a record after the response has gone out."""
 
-    def __init__(self, state: ProxyState, request: Request, session: str, route: str):
+    def __init__(self, state: ProxyState, request: Incoming, session: str, route: str):
         self.state = state
         self.t0 = time.perf_counter()
         self.ts = time.time()
         self.session = session
         self.route = route
         self.method = request.method
-        self.path = request.url.path
+        self.path = request.path
         self.parent = request.headers.get("x-evolforge-parent-session")
         self.role = request.headers.get("x-evolforge-role") or request.headers.get("x-openforge-role")
         self.body: dict | None = None
@@ -128,13 +128,9 @@ class Call:
         self.ttft_s: float | None = None
         self.latency_s: float | None = None
 
-    async def after_response(self) -> None:
-        """Starlette runs this once the response has gone out: on the event loop, no thread hop per call (two
-        appends of one line each: O_APPEND writes locally, a buffer on object stores)."""
-        self.finish()
-
     def finish(self) -> None:
-        """Write the record and its ledger row."""
+        """Write the record and its ledger row, once the response has gone out: on the event loop, no thread
+        hop per call (two appends of one line each: O_APPEND writes locally, a buffer on object stores)."""
         st = self.state
         latency = self.latency_s if self.latency_s is not None else time.perf_counter() - self.t0
         resp = self.response or {}
@@ -160,11 +156,24 @@ class Call:
             st.calls += 1
 
 
-def _session_of(request: Request) -> str | None:
+class Incoming:
+    """What the hot path needs of an ASGI request: method, path, query and lower-cased headers."""
+
+    __slots__ = ("method", "path", "query", "headers", "path_params")
+
+    def __init__(self, scope: dict, session: str | None):
+        self.method = scope["method"]
+        self.path = scope["path"]
+        self.query = scope.get("query_string") or b""
+        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        self.path_params = {"session": session} if session is not None else {}
+
+
+def _session_of(request) -> str | None:
     return request.path_params.get("session") or request.headers.get("x-evolforge-session") or "default"
 
 
-def _authorized(state: ProxyState, request: Request) -> bool:
+def _authorized(state: ProxyState, request) -> bool:
     if not state.token:
         return True
     given = request.headers.get("x-evolforge-proxy-token")
@@ -174,9 +183,9 @@ def _authorized(state: ProxyState, request: Request) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), state.token.encode())
 
 
-def _forward_headers(state: ProxyState, request: Request) -> dict[str, str]:
+def _forward_headers(state: ProxyState, request) -> dict[str, str]:
     out = {k: v for k, v in request.headers.items()
-           if k.lower() not in HOP_HEADERS and not k.lower().startswith(OWN_HEADERS) and k.lower() != "authorization"}
+           if k not in HOP_HEADERS and not k.startswith(OWN_HEADERS) and k != "authorization"}
     out["accept-encoding"] = "identity"  # bytes pass through as sent, and records parse them
     if state.env_key:
         out["authorization"] = f"Bearer {state.env_key}"
@@ -187,6 +196,9 @@ def _forward_headers(state: ProxyState, request: Request) -> dict[str, str]:
 
 def _claim_session(state: ProxyState, session: str, parent: str | None) -> str | None:
     """Register the session's parent; an error message when the call would mix the tree."""
+    known = state.parents.get(session, ...)
+    if known is not ... and parent is None:  # the common case: a known session, no parent named
+        return None
     if parent is not None and not SESSION_RE.match(parent):
         return "bad parent session name (letters, digits, . _ : - ; at most 128)"
     if parent == session:
@@ -206,89 +218,148 @@ def _claim_session(state: ProxyState, session: str, parent: str | None) -> str |
     return None
 
 
-async def proxy(request: Request) -> Response:
-    state: ProxyState = request.app.state.proxy
-    path = request.path_params["path"].strip("/")
+async def _read_body(receive, limit: int) -> tuple[bytes, int]:
+    """The request body, or (b"", size seen) once it passes `limit` (the rest is drained, not kept)."""
+    parts: list[bytes] = []
+    size, more = 0, True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size <= limit:
+            parts.append(chunk)
+        more = message.get("more_body", False)
+    if size > limit:
+        return b"", size
+    return parts[0] if len(parts) == 1 else b"".join(parts), size
+
+
+async def _send_json(send, status: int, payload: dict, headers: list | None = None) -> None:
+    body = dumps(payload)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(headers or ())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _error_payload(status: int, message: str, kind: str) -> dict:
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
+async def proxy_call(state: ProxyState, scope: dict, receive, send, session: str | None, path: str) -> None:
+    """One call under /v1 or /s/{session}/v1: forwarded, answered, then recorded (raw ASGI, the hot path)."""
+    request = Incoming(scope, session)
+    path = path.strip("/")
     session = _session_of(request)
     call = Call(state, request, session if SESSION_RE.match(session or "") else "invalid", RECORDED_ROUTES.get(path, path))
 
-    def refuse(status: int, message: str, kind: str) -> Response:
+    async def refuse(status: int, message: str, kind: str) -> None:
         """A JSON error to the client, recorded as a failed call once it is sent."""
         call.status, call.error = status, message
-        return _error(status, message, kind, BackgroundTask(call.after_response))
+        await _send_json(send, status, _error_payload(status, message, kind))
+        call.finish()
 
     if not _authorized(state, request):
-        return _error(401, "missing or wrong proxy access token (X-Evolforge-Proxy-Token)", "unauthorized")
+        await _send_json(send, 401, _error_payload(401, "missing or wrong proxy access token (X-Evolforge-Proxy-Token)",
+                                                   "unauthorized"))
+        return
     if not SESSION_RE.match(session or ""):
-        return refuse(400, "bad session name: letters, digits, . _ : - ; at most 128, starting with a letter or digit",
-                      "invalid_session")
+        return await refuse(400, "bad session name: letters, digits, . _ : - ; at most 128, starting with a letter "
+                            "or digit", "invalid_session")
     problem = _claim_session(state, session, call.parent)
     if problem:
-        return refuse(409, problem, "session_conflict")
-    raw = await request.body()
-    if len(raw) > state.settings.proxy.max_body_bytes:
-        return refuse(413, f"request body of {len(raw)} bytes is over proxy.max_body_bytes "
-                      f"({state.settings.proxy.max_body_bytes})", "body_too_large")
-    if raw and request.method == "POST" and path in RECORDED_ROUTES:
+        return await refuse(409, problem, "session_conflict")
+    limit = state.settings.proxy.max_body_bytes
+    raw, size = await _read_body(receive, limit)
+    if size > limit:
+        return await refuse(413, f"request body of {size} bytes is over proxy.max_body_bytes ({limit})",
+                            "body_too_large")
+    recorded = path in RECORDED_ROUTES and request.method == "POST"
+    if raw and recorded:
         try:
-            call.body = json.loads(raw)
+            call.body = loads(raw)
         except ValueError as e:
-            return refuse(400, f"request body is not valid JSON: {e}", "invalid_json")
+            return await refuse(400, f"request body is not valid JSON: {e}", "invalid_json")
         if not isinstance(call.body, dict):
-            return refuse(400, "request body must be a JSON object", "invalid_json")
+            return await refuse(400, "request body must be a JSON object", "invalid_json")
         call.stream = bool(call.body.get("stream"))
-    url = f"{state.upstream}/{path}"
+    if any(part in (".", "..") for part in path.split("/")):
+        return await refuse(400, "dot segments are not allowed in the path", "invalid_path")
+    url = f"{state.upstream}/{quote(path, safe=PATH_SAFE)}"
+    if request.query:
+        url += "?" + request.query.decode("latin-1")
     try:
-        resp = await state.client.request(request.method, url, params=list(request.query_params.multi_items()),
-                                          data=raw or None, headers=_forward_headers(state, request))
+        resp = await state.client.request(request.method, yarl.URL(url, encoded=True), data=raw or None,
+                                          headers=_forward_headers(state, request))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-        return refuse(502, f"upstream {state.upstream} unreachable: {type(e).__name__}", "upstream_unreachable")
+        return await refuse(502, f"upstream {state.upstream} unreachable: {type(e).__name__}", "upstream_unreachable")
     call.status = resp.status
-    headers = {k: v for k, v in resp.headers.items() if k.lower() in PASS_BACK}
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.items()
+               if k.lower() in PASS_BACK]
     if call.stream and resp.status == 200:
-        return StreamingResponse(_relay(resp, call), status_code=200, headers=headers,
-                                 background=BackgroundTask(call.after_response))
+        await _relay(resp, call, receive, send, headers)
+        call.finish()
+        return
     try:
         data = await resp.read()
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         resp.release()
-        return refuse(502, f"upstream {state.upstream} failed mid-response: {type(e).__name__}", "upstream_error")
+        return await refuse(502, f"upstream {state.upstream} failed mid-response: {type(e).__name__}", "upstream_error")
     resp.release()
     call.latency_s = time.perf_counter() - call.t0
-    if path in RECORDED_ROUTES and request.method == "POST":
+    if recorded:
         try:
-            parsed = json.loads(data)
+            parsed = loads(data)
         except ValueError:
             parsed = None
         if resp.status == 200 and not isinstance(parsed, dict):
-            return refuse(502, f"upstream {state.upstream} returned a body that is not JSON "
-                          f"({len(data)} bytes)", "upstream_invalid_response")
+            return await refuse(502, f"upstream {state.upstream} returned a body that is not JSON "
+                                f"({len(data)} bytes)", "upstream_invalid_response")
         if resp.status == 200:
             call.response = response_part(parsed)
         else:
             call.error = _upstream_message(parsed, resp.status)
     elif resp.status != 200:
         call.error = f"upstream answered HTTP {resp.status}"
-    return Response(content=data, status_code=resp.status, headers=headers,
-                    background=BackgroundTask(call.after_response))
+    await send({"type": "http.response.start", "status": resp.status,
+                "headers": [*headers, (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+    call.finish()  # after the response has gone out: recording never delays the agent
 
 
-async def _relay(resp: aiohttp.ClientResponse, call: Call):
-    """Yield the upstream's bytes as they come; assemble the record on the side."""
+async def _relay(resp: aiohttp.ClientResponse, call: Call, receive, send, headers: list) -> None:
+    """Send the upstream's bytes as they come (no buffering); assemble the record on the side. A client that
+    goes away stops the relay (and the upstream call) at once."""
     asm = StreamAssembler(call.t0)
+    gone = asyncio.ensure_future(_disconnected(receive))
     try:
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         async for chunk in resp.content.iter_any():
             asm.feed(chunk)
-            yield chunk
+            if gone.done():
+                call.error = "client disconnected mid-stream"
+                break
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        else:
+            await send({"type": "http.response.body", "body": b""})
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         call.error = f"upstream stream broke: {type(e).__name__}"
+        await send({"type": "http.response.body", "body": b""})
     finally:
+        gone.cancel()
         resp.release()
         call.latency_s = time.perf_counter() - call.t0
         call.ttft_s = asm.ttft_s
         call.response = asm.response_part()
         if not asm.done and not call.error:
             call.error = "stream ended without [DONE]"
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _upstream_message(parsed, status: int) -> str:
@@ -328,8 +399,13 @@ async def health(request: Request) -> Response:
     return JSONResponse({"ok": True, "upstream": state.upstream, "calls": state.calls})
 
 
-def build_app(state: ProxyState) -> Starlette:
-    methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+PATH_SAFE = "/:@!$&'()*+,;=-._~"
+HOT_PATH = re.compile(r"^/(?:s/([^/]*)/)?v1/(.*)$", re.S)
+
+
+def build_app(state: ProxyState):
+    """The ASGI app: calls under /v1 and /s/{session}/v1 go straight to the raw hot path; session events,
+    health and lifespan go through Starlette."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -339,11 +415,18 @@ def build_app(state: ProxyState) -> Starlette:
         finally:  # records and ledger rows reach the store before the process exits
             await state.aclose()
 
-    app = Starlette(routes=[
+    rest = Starlette(routes=[
         Route("/healthz", health, methods=["GET"]),
         Route("/s/{session}/{kind:str}", session_event, methods=["POST"]),
-        Route("/s/{session}/v1/{path:path}", proxy, methods=methods),
-        Route("/v1/{path:path}", proxy, methods=methods),
     ], lifespan=lifespan)
-    app.state.proxy = state
+    rest.state.proxy = state
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            m = HOT_PATH.match(scope["path"])
+            if m:
+                return await proxy_call(state, scope, receive, send, m.group(1), m.group(2))
+        return await rest(scope, receive, send)
+
+    app.state = rest.state
     return app

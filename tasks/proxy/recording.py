@@ -17,7 +17,19 @@ import json
 import time
 from typing import Any
 
+import orjson
+
+from evolforge.storage.logs import json_bytes as dumps  # noqa: F401  (the proxy's one JSON writer)
+
 CONTENT_KEYS = ("messages", "prompt", "tools", "tool_choice", "functions")
+
+
+def loads(raw: bytes | str) -> Any:
+    """JSON as the standard library reads it (NaN and Infinity included), at orjson's speed where it can."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)  # raises ValueError where the standard library does too
 
 
 def request_part(body: dict) -> dict:
@@ -96,7 +108,7 @@ class StreamAssembler:
             self.done = True
             return
         try:
-            obj = json.loads(data)
+            obj = loads(data)
         except ValueError:
             self.malformed += 1
             return
