@@ -130,8 +130,10 @@ def _validation_error(errors: list[dict]) -> JSONResponse:
     out = []
     for e in errors:
         item = {"type": e["type"], "loc": ["body", *e.get("loc", ())], "msg": e["msg"]}
-        if isinstance(e.get("input"), (str, int, float, bool)) and len(str(e["input"])) <= 200:
-            item["input"] = e["input"]
+        given = e.get("input")
+        if isinstance(given, (str, int, bool)) or (isinstance(given, float) and math.isfinite(given)):
+            if len(str(given)) <= 200:
+                item["input"] = given
         if e.get("ctx"):
             item["ctx"] = {k: str(v) for k, v in e["ctx"].items()}
         out.append(item)
@@ -219,6 +221,10 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return _detail(exc.status_code, exc.detail)
 
 
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    return _detail(500, f"internal error: {type(exc).__name__}")  # SandboxFusion's form, without the traceback
+
+
 def build_app(state: ServiceState) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -227,7 +233,7 @@ def build_app(state: ServiceState) -> Starlette:
 
     routes = [Route("/run_code", run_code, methods=["POST"]), Route("/t/{token}/run_code", run_code, methods=["POST"]),
               Route("/v1/ping", ping, methods=["GET"]), Route("/t/{token}/v1/ping", ping, methods=["GET"])]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error, Exception: _internal_error})
     app.state.sandbox = state
     return app
 
