@@ -28,9 +28,11 @@ from pydantic import Field
 from evolforge.config.settings import SAMPLE_SEEDS, Settings
 from evolforge.flows._fanout import BATCH_TASK_OPTIONS, run_batches
 from evolforge.flows._params import EndpointParams, endpoint_label, model_endpoint
+from evolforge.flows._report import attach_card, attach_plots
 from evolforge.flows._runners import build_task_runner
 from evolforge.storage import rounds as round_store
 from evolforge.storage import run_record
+from evolforge.storage.cards import write_sft_view
 from evolforge.storage.datasets import import_seeds
 from evolforge.storage.fs import exists, location, read_parquet
 from evolforge.storage.layout import RunLayout
@@ -39,6 +41,8 @@ from evolforge.tasks.core.batch import close_gateways, gateway_for, settings_fro
 from evolforge.tasks.core.reporting import CostTally, cost_summary, markdown_summary, round_rows
 from evolforge.tasks.evolve.batch import run_evolve_batch
 from evolforge.tasks.evolve.dedup_round import dedup_round, index_seeds
+from evolforge.tasks.report.card import evolve_card
+from evolforge.tasks.report.plots import evolve_plots
 
 
 class EvolveParams(EndpointParams):
@@ -183,6 +187,7 @@ def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, 
 
     rounds_done = list(range(1, cfg.rounds + 1)) + kept
     counts = round_store.write_final_datasets(layout, rounds_done, cfg.batch_size)
+    counts["sft"] = write_sft_view(layout.evolved, layout.sft)  # TRL SFTTrainer conversations
     ledger = read_ledger(layout.root)
     round_store.compact_ledger(layout, ledger)
     lineage = pl.from_arrow(read_parquet(layout.lineage, columns=["id", "round"]))
@@ -201,10 +206,14 @@ def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, 
         "gateway": gw.stats.as_dict(),
         "cost": cost_summary(ledger, lineage),
         "wall_seconds": round(time.time() - t_start, 2),
-        "datasets": {"evolved": str(layout.evolved), "lineage": str(layout.lineage),
+        "datasets": {"sft": str(layout.sft), "evolved": str(layout.evolved), "lineage": str(layout.lineage),
                      "final_pool": str(layout.final_pool), "cost_ledger": str(layout.ledger_parquet),
                      "rejects": str(layout.rejects)},
     }
+    summary["plots"] = attach_plots(layout, "evolve-plots", "Evol-Instruct plots", lambda: evolve_plots(summary))
+    summary["card"] = attach_card(layout.dataset_dir, {"sft": layout.sft, "evolved": layout.evolved,
+                                                       "lineage": layout.lineage, "final_pool": layout.final_pool},
+                                  evolve_card(summary, settings.fingerprint()))
     round_store.write_json_atomic(layout.summary, summary)
     markdown = markdown_summary(summary) + (f"\n\n**Note:** {rounds_note}" if rounds_note else "")
     create_markdown_artifact(key="evolve-summary", markdown=markdown,

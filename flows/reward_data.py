@@ -23,6 +23,7 @@ from pydantic import Field
 from evolforge.config.settings import Settings
 from evolforge.flows._fanout import BATCH_TASK_OPTIONS, run_batches
 from evolforge.flows._params import EndpointParams, endpoint_label, model_endpoint
+from evolforge.flows._report import attach_card, attach_plots
 from evolforge.flows._runners import build_task_runner
 from evolforge.storage import reward_sets as store
 from evolforge.storage.fs import exists, write_json_atomic
@@ -30,6 +31,8 @@ from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import read_ledger
 from evolforge.tasks.core.batch import close_gateways, gateway_for, settings_from_json
 from evolforge.tasks.core.reporting import cost_summary
+from evolforge.tasks.report.card import reward_card
+from evolforge.tasks.report.plots import reward_plots
 from evolforge.tasks.reward.batch import assemble, run_reward_batch
 from evolforge.tasks.reward.health import check_health, health_markdown
 
@@ -123,6 +126,13 @@ def reward_data_flow(params: RewardDataParams) -> dict:
                      "prm_steps": str(layout.prm_steps), "prm_rejected": str(layout.prm_rejected),
                      "health": str(layout.health)},
     }
+    summary["plots"] = attach_plots(layout, "reward-data-plots", "Reward data plots", lambda: reward_plots(
+        "reward_data_scores", {"IRM label scores": sets["irm_scores"], "PRM step scores": sets["prm_scores"]},
+        (cfg.healthy_mean_low, cfg.healthy_mean_high), summary["cost"].get("by_stage", []),
+        "Reward data: label score distributions"))
+    summary["card"] = attach_card(layout.root, {"irm_pairs": layout.irm_pairs, "irm_groups": layout.irm_groups,
+                                                "prm_steps": layout.prm_steps, "prm_rejected": layout.prm_rejected},
+                                  reward_card(summary, settings.fingerprint()))
     write_json_atomic(layout.summary, summary)
     create_table_artifact(key="reward-data-counts", table=_count_rows(summary),
                           description="Reward data: groups ranked, pairs, answers labelled, failures by reason")

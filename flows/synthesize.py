@@ -20,6 +20,7 @@ from pydantic import Field
 
 from evolforge.flows._fanout import BATCH_TASK_OPTIONS, run_batches
 from evolforge.flows._params import EndpointParams, model_endpoint
+from evolforge.flows._report import attach_card, attach_plots
 from evolforge.flows._runners import build_task_runner
 from evolforge.storage.datasets import import_seeds
 from evolforge.storage.fs import exists
@@ -28,7 +29,9 @@ from evolforge.storage.parts import num_row_groups, write_table_atomic
 from evolforge.storage.rounds import write_json_atomic
 from evolforge.storage.synthesis_sets import SynthLayout, write_csv_atomic
 from evolforge.tasks.core.batch import close_gateways, gateway_for, settings_from_json
-from evolforge.tasks.core.reporting import usd
+from evolforge.tasks.core.reporting import cost_summary, usd
+from evolforge.tasks.report.card import synthesis_card
+from evolforge.tasks.report.plots import synthesis_plots
 from evolforge.tasks.sandbox.run import check_sandbox_available
 from evolforge.tasks.synthesis.batch import run_synthesize_batch
 
@@ -126,12 +129,19 @@ def synthesize_flow(params: SynthesizeParams) -> dict:
     table = pl.from_arrow(lay.all_parts())
     write_table_atomic(table.filter(pl.col("status") == "kept").to_arrow(), lay.tasks)
     write_table_atomic(table.filter(pl.col("status") != "kept").to_arrow(), lay.rejected)
-    costs = cost_per_task(read_ledger(lay.root), table)
+    ledger = read_ledger(lay.root)
+    costs = cost_per_task(ledger, table)
     write_table_atomic(costs.to_arrow(), lay.cost_per_task)
     write_csv_atomic(costs, lay.cost_per_task.with_suffix(".csv"))
     summary = {"run_id": run_id, "out_dir": str(lay.root), **summarize(table, costs),
                "datasets": {"tasks": str(lay.tasks), "rejected": str(lay.rejected),
                             "cost_per_task": str(lay.cost_per_task)}}
+    cost = cost_summary(ledger)
+    summary["plots"] = attach_plots(lay, "synthesis-plots", "Task synthesis plots", lambda: synthesis_plots(
+        table.select("kind", "status", "difficulty").to_dicts(), cost.get("by_stage", [])))
+    summary["card"] = attach_card(lay.root, {"tasks": lay.tasks, "rejected": lay.rejected,
+                                             "cost_per_task": lay.cost_per_task},
+                                  synthesis_card(summary, settings.fingerprint(), cost))
     write_json_atomic(lay.summary, summary)
     create_table_artifact(key="synthesis-cost-per-task", table=costs.head(500).to_dicts(),
                           description="Cost per task: calls, tokens, USD, wall and sandbox seconds by phase")

@@ -20,10 +20,12 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import Field
 
 from evolforge.flows._params import StageParams
+from evolforge.flows._report import attach_plots
 from evolforge.storage import reward_sets as store
 from evolforge.storage.fs import read_json, write_json_atomic
 from evolforge.tasks.core.batch import settings_from_json
 from evolforge.tasks.core.reporting import markdown_table
+from evolforge.tasks.report.plots import reward_plots
 from evolforge.tasks.reward.health import enforce, health_markdown
 from evolforge.tasks.reward.training import model_health, train_reward_model
 
@@ -85,6 +87,9 @@ def train_reward_flow(params: TrainRewardParams) -> dict:
                            "policy": cfg.health_policy, "overridden": params.override_health,
                            "model_problems": report["problems"]},
                    wall_seconds=round(time.time() - t_start, 1))
+    metrics["plots"] = attach_plots(layout, "reward-model-plots", "Reward model plots", lambda: reward_plots(
+        "reward_model_scores", {"IRM model scores": report["samples"]["irm"], "PRM model scores": report["samples"]["prm"]},
+        (cfg.healthy_mean_low, cfg.healthy_mean_high), None, "Trained reward models: score distributions"))
     write_json_atomic(layout.metrics, metrics)
     create_markdown_artifact(key="reward-training", markdown=_markdown(metrics),
                              description="Reward models: held-out pairwise / step accuracy, training time")

@@ -22,4 +22,7 @@
 - proxy_sets:      the recording proxy's records, session events and ledger.
 - trajectory_sets: the trajectories export (SFT conversations, transitions, token samples).
 - module_sets:     the module-DAG stage's outputs.
+- plots:           where a stage's PNG plots go (OUT/plots/<name>.png).
+- cards:           dataset cards (README.md: configs, features, sizes, lineage, settings, models, cost) and the
+                   SFT view of an evolved dataset.
 """

@@ -18,6 +18,9 @@ OutputFolder is the base of every stage's layout (a local folder or an fsspec UR
       dataset/evolved.parquet        seeds + every accepted evolution (the training pool)
       dataset/lineage.parquet        every evolution attempt with its lineage and status
       dataset/final_pool.parquet     the pool after the last round (what a next night evolves)
+      dataset/sft.parquet            the evolved dataset as SFT conversations (`messages`, TRL SFTTrainer)
+      dataset/README.md              the dataset card: one config per table, features, sizes, settings, cost
+      plots/*.png                    the run's plots (also on the Prefect run as a markdown artifact)
       cost_ledger.parquet            the ledger compacted at the end of the run
       summary.json                   counts, survival rates, cost totals, dataset paths
       logs/embedded-model.log        the embedded model server's log (when it ran)
@@ -47,6 +50,11 @@ class OutputFolder:
     @property
     def remote(self) -> bool:
         return is_remote(self.root)
+
+    @property
+    def plots_dir(self) -> AnyPath:
+        """OUT/plots/<name>.png: the stage's plots (storage/plots.py)."""
+        return self.root / "plots"
 
 
 @dataclass(frozen=True, init=False)
@@ -89,6 +97,11 @@ class RunLayout(OutputFolder):
     @property
     def final_pool(self) -> AnyPath:
         return self.dataset_dir / "final_pool.parquet"
+
+    @property
+    def sft(self) -> AnyPath:
+        """The evolved dataset as TRL SFTTrainer conversations (storage/cards.py write_sft_view)."""
+        return self.dataset_dir / "sft.parquet"
 
     @property
     def logs_dir(self) -> Path:

@@ -79,7 +79,9 @@ def check_health(irm_scores: list[float], prm_scores: list[float], cfg: RewardSe
     failed = [c for c in checks if not c["passed"]]
     return {"stage": stage, "passed": not failed, "policy": cfg.health_policy, "sample_size": cfg.health_sample,
             "irm": ist, "prm": pst, "checks": checks, "problems": [c["message"] for c in failed],
-            "histograms": {"irm": text_histogram(irm), "prm": text_histogram(prm)}}
+            "histograms": {"irm": text_histogram(irm), "prm": text_histogram(prm)},
+            # the checked samples themselves (at most health_sample each): the PNG histograms are drawn from them
+            "samples": {"irm": [round(s, 4) for s in irm], "prm": [round(s, 4) for s in prm]}}
 
 
 def text_histogram(scores: list[float], bins: int = 10, width: int = 40) -> str:

@@ -1,0 +1,40 @@
+"""What a stage shows when it ends: its plots (PNG files in OUT/plots/ and one markdown artifact on the Prefect
+run) and, for a stage that makes datasets, the dataset card beside them. A plot that cannot be drawn is a
+warning, never a failed stage: the data is already written."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact
+
+from evolforge.storage.cards import write_dataset_card
+from evolforge.storage.fs import AnyPath
+from evolforge.storage.layout import OutputFolder
+from evolforge.storage.plots import write_plots
+from evolforge.tasks.report.markdown import plots_markdown
+
+
+def attach_plots(folder: OutputFolder, key: str, title: str, draw: Callable[[], dict[str, bytes]]) -> dict[str, str]:
+    """Draw, write OUT/plots/<name>.png and create the markdown artifact `key`; returns name -> path."""
+    logger = get_run_logger()
+    try:
+        plots = draw()
+        paths = write_plots(folder, plots)
+        create_markdown_artifact(key=key, markdown=plots_markdown(title, plots, paths),
+                                 description=f"{title}: {', '.join(plots)} (PNG files in {folder.plots_dir})")
+    except Exception as e:  # noqa: BLE001  plots are a view on written data
+        logger.warning("could not draw the %s: %s: %s", title.lower(), type(e).__name__, e)
+        return {}
+    logger.info("plots: %s", ", ".join(paths.values()))
+    return paths
+
+
+def attach_card(folder: AnyPath, tables: dict[str, AnyPath], content: dict) -> str | None:
+    """Write the dataset card (README.md) of `folder`; returns its path (None, with a warning, when it fails)."""
+    try:
+        return str(write_dataset_card(folder, tables, **content))
+    except Exception as e:  # noqa: BLE001
+        get_run_logger().warning("could not write the dataset card of %s: %s: %s", folder, type(e).__name__, e)
+        return None

@@ -1,0 +1,122 @@
+"""Datasets others can load: dataset cards (README.md with a YAML header) and the SFT view of an evolved dataset.
+
+A dataset folder holds several tables (an evolve run's dataset/: sft, evolved, lineage, final_pool; a synthesis
+run: tasks, rejected, cost_per_task; reward data: irm_pairs, irm_groups, prm_steps, prm_rejected). Its card
+lists each table as its own `configs:` entry (the Hugging Face Hub and `datasets` read it):
+
+    datasets.load_dataset("runs/x/dataset", "sft")            # one config, split "train"
+    datasets.load_dataset("parquet", data_files="runs/x/dataset/sft.parquet")
+
+(`load_dataset("parquet", data_dir=FOLDER)` reads every parquet file of the folder as one table, so it only
+works on a folder of one table; `datasets` reads the card's configs when given the folder itself.)
+The header also carries `dataset_info` (each config's features and row count, from the parquet schema through
+`datasets.Features`, so it always matches the files), `size_categories`, and an `evolforge:` block with the
+lineage, generation settings, models and cost the body shows.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import yaml
+
+from evolforge.storage.fs import AnyPath, exists, parquet_file, read_parquet, read_text, write_text_atomic
+from evolforge.storage.parts import write_table_atomic
+
+CARD = "README.md"
+SIZE_CATEGORIES = [(1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
+                   (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M")]
+SFT_SCHEMA = pa.schema([
+    ("id", pa.string()), ("seed_id", pa.string()), ("round", pa.int64()), ("domain", pa.string()),
+    ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+])
+
+
+def card_path(folder: AnyPath) -> AnyPath:
+    return folder / CARD
+
+
+def write_sft_view(evolved: AnyPath, dest: AnyPath) -> int:
+    """The evolved dataset as TRL SFTTrainer conversations: one row per record with an answer, `messages` =
+    [user: instruction, assistant: answer] (seeds without an answer are left out). Returns the row count."""
+    t = read_parquet(evolved, columns=["id", "seed_id", "round", "domain", "instruction", "answer"])
+    t = t.filter(pc.and_(pc.is_valid(t["answer"]), pc.not_equal(pc.utf8_length(pc.utf8_trim_whitespace(
+        pc.fill_null(t["answer"], ""))), 0)))
+    rows = t.to_pylist()
+    out = pa.Table.from_pylist(
+        [{"id": r["id"], "seed_id": r["seed_id"], "round": r["round"], "domain": r["domain"],
+          "messages": [{"role": "user", "content": r["instruction"]}, {"role": "assistant", "content": r["answer"]}]}
+         for r in rows], schema=SFT_SCHEMA)
+    write_table_atomic(out, dest)
+    return out.num_rows
+
+
+def _size_category(n: int) -> str:
+    return next((label for bound, label in SIZE_CATEGORIES if n < bound), "n>100M")
+
+
+def _config_info(name: str, path: AnyPath) -> tuple[dict, dict]:
+    """(the table's `dataset_info` entry, its size facts) from the parquet footer."""
+    from datasets import Features  # lazy: datasets imports in ~1 s
+
+    meta = parquet_file(path).metadata
+    schema = parquet_file(path).schema_arrow
+    features = Features.from_arrow_schema(schema)
+    n_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    info = {"config_name": name, "features": features._to_yaml_list(),
+            "splits": [{"name": "train", "num_bytes": n_bytes, "num_examples": meta.num_rows}],
+            "dataset_size": n_bytes}
+    return info, {"rows": meta.num_rows, "bytes": n_bytes, "columns": schema.names}
+
+
+def write_dataset_card(folder: AnyPath, tables: dict[str, AnyPath], *, title: str, description: str,
+                       sections: dict[str, list[str]], facts: dict, default: str | None = None) -> AnyPath:
+    """README.md in `folder`: YAML header (configs, dataset_info, size_categories, `evolforge:` facts) and a body
+    with how to load it, one line per table, then `sections` (heading -> markdown lines). `tables` maps config
+    name -> parquet file inside `folder`; tables that do not exist are left out."""
+    present = {name: path for name, path in tables.items() if exists(path)}
+    default = default if default in present else next(iter(present), None)
+    configs, infos, sizes = [], [], {}
+    for name, path in present.items():
+        rel = str(path)[len(str(folder)):].lstrip("/")
+        if str(path) != f"{str(folder).rstrip('/')}/{rel}":
+            raise ValueError(f"{path} is not inside the dataset folder {folder}")
+        configs.append({"config_name": name, "data_files": [{"split": "train", "path": rel}],
+                        **({"default": True} if name == default else {})})
+        info, sizes[name] = _config_info(name, path)
+        infos.append(info)
+    header = {"pretty_name": title, "tags": ["evolforge", "synthetic"],
+              "size_categories": [_size_category(max((s["rows"] for s in sizes.values()), default=0))],
+              "configs": configs, "dataset_info": infos, "evolforge": facts}
+    body = [f"# {title}", "", description, "", "## Load it", "", "```python", "from datasets import load_dataset",
+            "", f'where = "{folder}"  # this folder, or its Hugging Face Hub repo id once published', ""]
+    body += [f'{name} = load_dataset(where, "{name}", split="train")' for name in present]
+    body += ["```", "", "## Tables", "", "| config | file | rows | bytes (uncompressed) | columns |",
+             "|---|---|---|---|---|"]
+    body += [f"| {name} | `{c['data_files'][0]['path']}` | {sizes[name]['rows']} | {sizes[name]['bytes']} | "
+             f"{', '.join(sizes[name]['columns'])} |" for name, c in zip(present, configs)]
+    for heading, lines in sections.items():
+        body += ["", f"## {heading}", "", *lines]
+    text = "---\n" + yaml.safe_dump(header, sort_keys=False, allow_unicode=True, width=1000) + "---\n\n" + \
+        "\n".join(body) + "\n"
+    return write_text_atomic(card_path(folder), text)
+
+
+def read_card(folder: AnyPath) -> tuple[dict, str] | None:
+    """(YAML header, body) of the folder's card, or None when it has none."""
+    path = card_path(folder)
+    if not exists(path):
+        return None
+    text = read_text(path)
+    if not text.startswith("---\n"):
+        return {}, text
+    head, _, body = text[4:].partition("\n---\n")
+    return yaml.safe_load(head) or {}, body
+
+
+def card_files(folder: AnyPath) -> list[str]:
+    """The files a card names (README.md and each config's data files), relative to the folder: what to publish."""
+    card = read_card(folder)
+    if card is None:
+        return []
+    return [CARD] + [f["path"] for c in card[0].get("configs", []) for f in c.get("data_files", [])]
