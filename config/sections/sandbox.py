@@ -12,7 +12,8 @@ Two modes:
   (the code can read and write whatever the calling user can, and use the
   network); it must be chosen explicitly, for trusted code or development only.
 
-The lead can hang this model into the settings tree as ``sandbox: SandboxSettings``.
+``service`` (``[sandbox.service]``) configures ``evolforge sandbox-serve``, the same sandbox behind
+SandboxFusion's HTTP API (tasks/sandbox/service.py); the limits above are its caps.
 """
 
 from __future__ import annotations
