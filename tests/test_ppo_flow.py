@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import stat
+import shlex
 
 import pyarrow.parquet as pq
 import pytest
@@ -26,18 +26,6 @@ def evolved(tmp_path):
     return write_evolved(tmp_path / "evolve" / "dataset" / "evolved.parquet", n_seeds=6)
 
 
-@pytest.fixture
-def fake_ray(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "ray_args.json"
-    script = bin_dir / "ray"
-    script.write_text(f"#!/usr/bin/env python3\nimport json, sys\njson.dump(sys.argv[1:], open({str(log)!r}, 'w'))\n")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return log
-
-
 def test_flow_refuses_an_unhealthy_reward_stage(tmp_path, evolved):
     rm = tmp_path / "rm"
     for name in ("irm", "prm"):
@@ -50,37 +38,50 @@ def test_flow_refuses_an_unhealthy_reward_stage(tmp_path, evolved):
     assert not (tmp_path / "ppo").exists()  # nothing was started
 
 
-def test_flow_writes_data_and_submits_the_verl_job(tmp_path, evolved, fake_ray):
+def test_flow_writes_data_and_the_verl_config(tmp_path, evolved):
     out = tmp_path / "ppo"
     summary = ppo_flow(PPOParams(evolved=str(evolved.parent.parent), reward_dir=str(shared_reward_models()), out=str(out),
-                                 local_steps=0, ray_address="http://head:8265",
-                                 overrides={"ppo": {"policy_path": "/cluster/models/sft"}}))
+                                 local_steps=0, overrides={"ppo": {"policy_path": "/cluster/models/sft"}}))
     lay = PPOLayout(out)
-    assert summary["data"]["train"] > 0 and summary["data"]["test"] > 0 and summary["local"] is None
+    assert summary["data"]["train"] > 0 and summary["data"]["test"] > 0 and summary["local_grpo"] is None
     assert pq.read_table(lay.train).num_rows == summary["data"]["train"]
-    submitted = json.loads(fake_ray.read_text())
-    assert submitted[:3] == ["job", "submit", "--address"] and submitted[3] == "http://head:8265"
-    assert f"data.train_files={lay.train}" in submitted and f"data.val_files={lay.test}" in submitted
-    assert "actor_rollout_ref.model.path=/cluster/models/sft" in submitted
-    assert json.loads(lay.submission.read_text())["submission_id"] == summary["verl"]["submission_id"]
-    # the written config is the submitted one, and it is valid
     args = lay.verl_overrides.read_text().splitlines()
-    assert args == submitted[submitted.index("verl.trainer.main_ppo") + 1:]
+    assert f"data.train_files={lay.train}" in args and f"data.val_files={lay.test}" in args
+    assert "actor_rollout_ref.model.path=/cluster/models/sft" in args
+    # the written config is the one in the command, and it is valid
+    argv = shlex.split(lay.submit_script.read_text().splitlines()[-1])
+    assert argv[argv.index("verl.trainer.main_ppo") + 1:] == args
     conf = yaml.safe_load(lay.verl_config.read_text())
     assert conf["reward"]["custom_reward_function"]["reward_kwargs"]["irm_dir"] == str(shared_reward_models() / "models" / "irm")
     assert conf["algorithm"]["kl_ctrl"]["kl_coef"] == 0.05 and conf["data"]["train_batch_size"] >= 64
-    assert json.loads(lay.summary.read_text())["verl"]["command"].startswith("ray job submit --address http://head:8265")
+    # named as it is: the verl job is PPO with a critic
+    assert summary["verl"]["algorithm"] == "PPO (critic, GAE)" and conf["algorithm"]["adv_estimator"] == "gae"
 
 
-def test_flow_without_a_cluster_writes_the_command(tmp_path, evolved, fake_ray):
+def test_flow_without_a_cluster_writes_the_command(tmp_path, evolved, monkeypatch):
+    for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
     out = tmp_path / "ppo"
     summary = ppo_flow(PPOParams(evolved=str(evolved), reward_dir=str(shared_reward_models()), out=str(out),
                                  local_steps=0, overrides={"ppo": {"policy_path": "/cluster/models/sft"}}))
     lay = PPOLayout(out)
-    assert not fake_ray.exists() and not lay.submission.exists()  # nothing submitted
+    assert not lay.submission.exists() and summary["ray_job"] is None  # nothing submitted
     script = lay.submit_script.read_text()
     assert "ray job submit --address $RAY_ADDRESS" in script and "python3 -m verl.trainer.main_ppo" in script
-    assert summary["verl"]["submission_id"] is None and os.access(lay.submit_script, os.X_OK)
+    assert summary["job_command"].startswith("ray job submit --address $RAY_ADDRESS --submission-id evolforge-verl-ppo-")
+    assert os.access(lay.submit_script, os.X_OK)
+
+
+def test_flow_with_an_unreachable_cluster_fails_clearly(tmp_path, evolved, monkeypatch):
+    from evolforge.tasks.ppo.ray_jobs import RayJobError
+    from evolforge.testing.prefect_server import free_port
+
+    for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    address = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(RayJobError, match=f"no Ray job server at {address}"):
+        ppo_flow(PPOParams(evolved=str(evolved), reward_dir=str(shared_reward_models()), out=str(tmp_path / "ppo"),
+                           local_steps=0, ray_address=address, overrides={"ppo": {"policy_path": "/cluster/sft"}}))
 
 
 @pytest.mark.slow
@@ -105,7 +106,9 @@ def test_local_grpo_two_steps_end_to_end(tmp_path, evolved):
     for side in ("sft", "trained"):
         assert 0.0 <= comparison[side]["mean_reward"] <= 1.0 and len(comparison[side]["rewards"]) == comparison["n_prompts"]
     assert comparison["beats_sft_by_3_points"] == (comparison["delta"] >= 0.03)
-    assert summary["local"]["comparison"]["delta"] == pytest.approx(
+    assert summary["local_grpo"]["algorithm"] == "GRPO" and summary["local_grpo"]["ran_on"] == "flow"
+    assert summary["training_health"]["completions"] == 2 * 2 * 2  # steps x prompts x completions per prompt
+    assert summary["local_grpo"]["comparison"]["delta"] == pytest.approx(
         comparison["trained"]["mean_reward"] - comparison["sft"]["mean_reward"])
     # the verl job points at the converted SFT policy
     assert f"actor_rollout_ref.model.path={lay.sft_policy}" in lay.verl_overrides.read_text().splitlines()

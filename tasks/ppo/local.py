@@ -6,8 +6,13 @@ the r = rI * rA reward inside GRPOTrainer, KL against the SFT policy, a saved po
 it does not produce a better model. The scale-out path is tasks/ppo/verl.py.
 
     prepare_policy(gguf, dest)     the GGUF policy as a transformers folder (loaded once, about 30 s here)
-    grpo_train(...)                GRPO steps; per step: reward, reward_std, kl, loss, seconds
+    grpo_train(...)                GRPO steps; per step: reward, reward_std, kl, loss, seconds; with a
+                                   TrainingHealth, every scored completion of the first steps is watched and the
+                                   health callback may end training (tasks/ppo/training_health.py)
     mean_reward(policy, rows, ...) greedy completions on held-out prompts, scored by the same reward
+
+The algorithm is GRPO (group-relative advantages, no critic): TRL 1.x ships no PPO trainer. The stage's PPO
+(with a critic, GAE) is the verl job. tasks/ppo/grpo_smoke.py runs the whole smoke run in one call.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 
 from evolforge.storage.fs import atomic_dir
 from evolforge.tasks.ppo.reward import PPOReward
+from evolforge.tasks.ppo.training_health import TrainingHealth
 
 log = logging.getLogger("evolforge.ppo")
 
@@ -93,10 +99,43 @@ def _step_callback(records: list[dict]):
     return StepLog()
 
 
+class ObservedReward(PPOReward):
+    """The same reward (same scorers and settings), handing every scored batch's PPOReward.details rows to
+    `on_batch`: how the health watch sees per-completion rA, which the trainer only logs as batch means."""
+
+    def __init__(self, reward: PPOReward, on_batch):
+        self.__dict__.update(reward.__dict__)
+        self.on_batch = on_batch
+
+    def details(self, *args, **kwargs) -> list[dict]:
+        rows = super().details(*args, **kwargs)
+        self.on_batch(rows)
+        return rows
+
+
+def _health_callback(health: TrainingHealth):
+    from transformers import TrainerCallback
+
+    class HealthWatch(TrainerCallback):
+        """After each optimizer step: the step's completions are in; under policy 'stop' a failed check ends
+        training here (the reward stage's policy, reward.health_policy)."""
+
+        def on_step_end(self, args, state, control, **kw):
+            health.end_step(state.global_step)
+            if health.should_stop():
+                log.warning("reward health failed at step %d, stopping training (policy stop): %s",
+                            state.global_step, "; ".join(health.report()["problems"]))
+                control.should_training_stop = True
+
+    return HealthWatch()
+
+
 def grpo_train(policy_dir: Path, train_parquet: Path, reward: PPOReward, out_dir: Path, *, steps: int,
                prompts_per_step: int, num_generations: int, max_completion_length: int, learning_rate: float,
-               beta: float, clip_ratio: float, temperature: float, max_prompts: int, seed: int) -> dict[str, Any]:
-    """`steps` GRPO steps on the first `max_prompts` training prompts; saves the policy to out_dir/policy."""
+               beta: float, clip_ratio: float, temperature: float, max_prompts: int, seed: int,
+               health: TrainingHealth | None = None) -> dict[str, Any]:
+    """`steps` GRPO steps on the first `max_prompts` training prompts; saves the policy to out_dir/policy.
+    With `health`, result["health"] is its report and result["stopped_early"] says whether it ended training."""
     from datasets import load_dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -111,19 +150,25 @@ def grpo_train(policy_dir: Path, train_parquet: Path, reward: PPOReward, out_dir
         disable_tqdm=True, log_completions=False, lr_scheduler_type="constant",
     )
     records: list[dict] = []
+    callbacks = [_step_callback(records)]
+    if health is not None:
+        reward = ObservedReward(reward, health.observe)
+        callbacks.append(_health_callback(health))
     t0 = time.perf_counter()
     trainer = GRPOTrainer(model=str(policy_dir), reward_funcs=reward, args=args, train_dataset=dataset,
-                          callbacks=[_step_callback(records)])
+                          callbacks=callbacks)
     t_setup = time.perf_counter() - t0
     result = trainer.train()
     policy_out = work / "policy"
     trainer.save_model(str(policy_out))
     trainer.processing_class.save_pretrained(str(policy_out))
     steps_logged = sorted(records, key=lambda r: r["step"])
-    return {"steps": steps_logged, "setup_seconds": round(t_setup, 2),
+    return {"algorithm": "GRPO", "steps": steps_logged, "setup_seconds": round(t_setup, 2),
             "train_seconds": round(float(result.metrics.get("train_runtime", 0.0)), 2),
             "train_loss": float(result.training_loss), "policy_dir": str(policy_out),
-            "prompts": len(dataset), "completions_per_step": prompts_per_step * num_generations}
+            "prompts": len(dataset), "completions_per_step": prompts_per_step * num_generations,
+            "health": health.report() if health is not None else None,
+            "stopped_early": health is not None and health.stopped_at is not None}
 
 
 def generate(policy_dir: Path, prompts: list[list[dict]], max_new_tokens: int, batch_size: int = 8) -> list[str]:

@@ -1,0 +1,146 @@
+"""Ray jobs of the PPO stage through the Ray Jobs API (ray.job_submission.JobSubmissionClient).
+
+    job_address(configured)         the cluster's dashboard address: ppo.ray_address, else $RAY_API_SERVER_ADDRESS /
+                                    $RAY_ADDRESS (Ray's client lets those override any address it is given, so a
+                                    configured address that disagrees with them is refused, not silently replaced)
+    JobRequest                      entrypoint (argv), submission id, runtime_env working_dir and env vars
+    submit_command(address, req)    the equivalent `ray job submit` line, for users without a cluster at hand
+    submit(address, req)            submit through the Jobs API; returns the job record
+    wait(address, id, timeout_s)    poll until SUCCEEDED / FAILED / STOPPED or the timeout
+    logs(address, id)               the job's whole log
+    run(address, req, wait_s)       submit, then (wait_s > 0) wait and fetch the log; the record says how it ended
+
+The job's environment variables show in the Ray dashboard and its job table, so names that look like credentials
+are refused here, and a record keeps only the names of the variables. `ray[default]` provides the client (its
+dashboard hosts the job server on the cluster); the client is imported only when a job is submitted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+ADDRESS_VARIABLES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # Ray's order of precedence
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+
+
+class RayJobError(RuntimeError):
+    """The job could not be submitted, or it failed / was stopped / did not finish in time."""
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    entrypoint: list[str]
+    submission_id: str
+    working_dir: str = ""
+    env_vars: dict[str, str] = field(default_factory=dict)
+    entrypoint_num_cpus: float | None = None
+
+    def runtime_env(self) -> dict[str, Any]:
+        secret = sorted(k for k in self.env_vars if _SECRET_NAME.search(k))
+        if secret:
+            raise RayJobError(f"refusing to pass {', '.join(secret)} to the Ray job: job environment variables are "
+                              "shown by the Ray dashboard and its job table; give the cluster credentials its own way "
+                              "(its environment, a secret store)")
+        env: dict[str, Any] = {"env_vars": {str(k): str(v) for k, v in self.env_vars.items()}}
+        if self.working_dir:
+            env["working_dir"] = self.working_dir
+        return env
+
+    def entrypoint_line(self) -> str:
+        return shlex.join(self.entrypoint)
+
+
+def job_address(configured: str = "") -> str:
+    """The dashboard address jobs go to; empty when neither the setting nor the environment names one."""
+    from_env = next(((name, os.environ[name]) for name in ADDRESS_VARIABLES if os.environ.get(name)), None)
+    if configured and from_env and from_env[1].rstrip("/") != configured.rstrip("/"):
+        raise RayJobError(f"ppo.ray_address is {configured} but {from_env[0]}={from_env[1]}: Ray's job client always "
+                          f"uses {from_env[0]}, so the job would go to the other cluster. Unset it or make them agree.")
+    return configured or (from_env[1] if from_env else "")
+
+
+def submit_command(address: str, request: JobRequest) -> list[str]:
+    """`ray job submit` with the same id, working dir and environment (no address: $RAY_ADDRESS at run time)."""
+    request.runtime_env()  # the same refusals as a submission
+    cmd = ["ray", "job", "submit", "--address", address or "$RAY_ADDRESS", "--submission-id", request.submission_id,
+           "--no-wait"]
+    if request.working_dir:
+        cmd += ["--working-dir", request.working_dir]
+    if request.env_vars:
+        import json
+
+        cmd += ["--runtime-env-json", json.dumps({"env_vars": request.env_vars})]
+    if request.entrypoint_num_cpus is not None:
+        cmd += ["--entrypoint-num-cpus", str(request.entrypoint_num_cpus)]
+    return cmd + ["--"] + list(request.entrypoint)
+
+
+def _client(address: str):
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ImportError:
+        raise RayJobError("submitting a Ray job needs the Ray client: pip install 'ray[default]' (or run the written "
+                          "submit command where Ray is installed)") from None
+    try:
+        return JobSubmissionClient(address)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise RayJobError(f"no Ray job server at {address}: {e} (ppo.ray_address is the dashboard address, "
+                          "e.g. http://head:8265, and the head must run ray[default] with the dashboard)") from None
+
+
+def submit(address: str, request: JobRequest) -> dict[str, Any]:
+    client = _client(address)
+    try:
+        submission_id = client.submit_job(entrypoint=request.entrypoint_line(), submission_id=request.submission_id,
+                                          runtime_env=request.runtime_env(),
+                                          entrypoint_num_cpus=request.entrypoint_num_cpus)
+    except RuntimeError as e:
+        raise RayJobError(f"Ray refused job {request.submission_id} at {address}: {e}") from None
+    return {"address": address, "submission_id": submission_id, "entrypoint": request.entrypoint_line(),
+            "env_var_names": sorted(request.env_vars), "working_dir": request.working_dir or None,
+            "status": "PENDING", "submitted_at": time.time()}
+
+
+def status(address: str, submission_id: str, client: Any = None) -> dict[str, Any]:
+    info = (client or _client(address)).get_job_info(submission_id)
+    return {"status": str(info.status.value if hasattr(info.status, "value") else info.status),
+            "message": info.message, "exit_code": getattr(info, "driver_exit_code", None)}
+
+
+def wait(address: str, submission_id: str, timeout_s: float, poll_s: float = 1.0) -> dict[str, Any]:
+    """Poll until the job ends or `timeout_s` passes; returns status, message, exit_code and the seconds waited."""
+    client = _client(address)
+    t0 = time.monotonic()
+    while True:
+        st = status(address, submission_id, client)
+        if st["status"] in TERMINAL or time.monotonic() - t0 >= timeout_s:
+            return {**st, "waited_seconds": round(time.monotonic() - t0, 2)}
+        time.sleep(poll_s)
+
+
+def logs(address: str, submission_id: str) -> str:
+    return _client(address).get_job_logs(submission_id)
+
+
+def run(address: str, request: JobRequest, wait_s: float = 0.0) -> dict[str, Any]:
+    """Submit; with wait_s > 0 also wait for the end and fetch the log (record["log"]). Does not raise on a failed
+    job: the caller reports first, then calls `raise_for_status`."""
+    record = submit(address, request)
+    if wait_s > 0:
+        record.update(wait(address, record["submission_id"], wait_s))
+        record["log"] = logs(address, record["submission_id"])
+    return record
+
+
+def raise_for_status(record: dict[str, Any], log_tail: int = 3000) -> None:
+    """Raise RayJobError unless the job succeeded or is still running (not waited for, or still going at the
+    end of the wait: it keeps running on the cluster)."""
+    if record.get("status") in ("FAILED", "STOPPED"):
+        tail = (record.get("log") or "")[-log_tail:]
+        raise RayJobError(f"Ray job {record['submission_id']} {record['status']}: {record.get('message')}\n{tail}")

@@ -1,0 +1,121 @@
+"""A real local Ray cluster for tests and benchmarks: `ray start --head` on loopback ports, stopped by process id.
+
+    with local_ray_cluster(tmp_dir) as cluster:
+        cluster.dashboard_url   http://127.0.0.1:PORT, the Jobs API (JobSubmissionClient, `ray job submit`)
+        cluster.gcs_address     127.0.0.1:PORT, for ray.init / prefect-ray's RayTaskRunner(address=...)
+
+The head runs with `--block` in its own session, with its own --temp-dir (sockets, logs), a CPU count and an
+object store capped (Ray reserves 30% of the memory for the object store otherwise). Every Ray process it starts
+(GCS, raylet, dashboard, agents, workers) stays in that session, so teardown stops exactly this cluster: SIGTERM
+to the blocking `ray start` (which drains and stops its processes), then SIGKILL to any process still in the
+session. `ray stop` is not used: it stops every Ray process of the user on the machine, other clusters included.
+The `ray` executable is the one beside this Python (the project's environment); its folder leads PATH inside the
+cluster, so a job's `python3` is this environment's Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+from evolforge.testing.prefect_server import free_port
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    dashboard_url: str
+    gcs_address: str
+    session_id: int  # the process session of every process of this cluster
+    temp_dir: Path
+    log: Path
+
+
+def ray_executable() -> str:
+    beside = Path(sys.executable).with_name("ray")
+    found = str(beside) if beside.exists() else shutil.which("ray")
+    if not found:
+        raise RuntimeError("the `ray` command is not installed: pip install 'ray[default]'")
+    return found
+
+
+def session_pids(session_id: int) -> list[int]:
+    """Live processes of one process session (read from /proc: field 6 of /proc/PID/stat)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
+        if int(fields[3]) == session_id and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def stop_session(session_id: int, grace_s: float = 30.0) -> list[int]:
+    """SIGTERM the session leader (the blocking `ray start`), wait, then SIGKILL what is left; returns what had
+    to be killed."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(session_id, signal.SIGTERM)
+    deadline = time.time() + grace_s
+    while session_pids(session_id) and time.time() < deadline:
+        time.sleep(0.5)
+    killed = session_pids(session_id)
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return killed
+
+
+@contextlib.contextmanager
+def local_ray_cluster(num_cpus: int = 2, object_store_memory: int = 200_000_000,
+                      startup_timeout: float = 180.0) -> Iterator[RayCluster]:
+    # a short folder: Ray's unix sockets live under it (socket paths are limited to 107 characters)
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    gcs_port, dashboard_port = free_port(), free_port()
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [ray_executable(), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+           "--port", str(gcs_port), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
+           "--include-dashboard", "true", "--dashboard-agent-listen-port", str(free_port()),
+           "--ray-client-server-port", str(free_port()), "--metrics-export-port", str(free_port()),
+           "--num-cpus", str(num_cpus), "--object-store-memory", str(object_store_memory),
+           "--temp-dir", str(temp_dir), "--disable-usage-stats"]
+    log_path = temp_dir / "ray-start.log"
+    dashboard = f"http://127.0.0.1:{dashboard_port}"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + startup_timeout
+        while True:  # the job server answers once the dashboard is up; a raylet registered means workers can run
+            try:
+                if httpx.get(f"{dashboard}/api/version", timeout=2).status_code == 200 and \
+                        httpx.get(f"{dashboard}/nodes?view=summary", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError(f"ray start exited ({proc.returncode}): {log_path.read_text()[-3000:]}")
+            if time.time() > deadline:
+                raise RuntimeError(f"the Ray head did not come up in {startup_timeout}s: {log_path.read_text()[-3000:]}")
+            time.sleep(1)
+        yield RayCluster(dashboard, f"127.0.0.1:{gcs_port}", proc.pid, temp_dir, log_path)
+    finally:
+        stop_session(proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        shutil.rmtree(temp_dir, ignore_errors=True)
