@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 
-from evolforge.cli import costs, run, sandbox, services, stages
+from evolforge.cli import costs, publish, run, sandbox, services, stages
 
 # Each command module registers its sub-commands; a new stage adds its module here.
-COMMANDS = (run, stages, services, costs, sandbox)
+COMMANDS = (run, stages, services, costs, sandbox, publish)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,8 @@ lineage, generation settings, models and cost the body shows.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
@@ -120,3 +122,15 @@ def card_files(folder: AnyPath) -> list[str]:
     if card is None:
         return []
     return [CARD] + [f["path"] for c in card[0].get("configs", []) for f in c.get("data_files", [])]
+
+
+def dataset_folders(out: Path) -> list[Path]:
+    """Folders under the local folder `out` (itself, or up to two levels down) with an evolforge dataset card:
+    an evolve run's dataset/, a synthesis or reward-data folder, each stage folder of a pipeline."""
+    found = []
+    for pattern in (CARD, f"*/{CARD}", f"*/*/{CARD}"):
+        for path in sorted(out.glob(pattern)):
+            card = read_card(path.parent)
+            if card and "evolforge" in card[0]:
+                found.append(path.parent)
+    return found
