@@ -19,18 +19,18 @@ embedded model = free).
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Iterable
 
 import polars as pl
 
 from evolforge.storage.fs import AnyPath, location
 from evolforge.storage.layout import RunLayout
-from evolforge.storage.logs import AppendLog, json_line, list_logs, read_log_lines
+from evolforge.storage.logs import AppendLog, json_line, json_loads, list_logs, read_log_lines
 
 LEDGER_SCHEMA: dict[str, pl.DataType] = {
     "ts": pl.Float64,
@@ -84,15 +84,29 @@ def _safe(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in s)[:80] or "run"
 
 
-def read_ledger(out_dir: str | Path) -> pl.DataFrame:
-    """Every ledger row of an output folder (all runs), torn last lines skipped."""
+FRAME_CHUNK_ROWS = 20_000
+
+
+def ledger_frame(lines: Iterable[bytes]) -> pl.DataFrame:
+    """Ledger lines as one columnar frame, parsed chunk by chunk (a chunk of rows is a list of dicts at a time,
+    never the whole ledger); torn or junk lines skipped."""
+    parts: list[pl.DataFrame] = []
     rows: list[dict] = []
-    for raw in read_log_lines(list_logs(RunLayout(out_dir).ledger_dir)):
+    for raw in lines:
         try:
-            rows.append(json.loads(raw))
+            rows.append(json_loads(raw))
         except ValueError:
             continue
-    return pl.DataFrame(rows, schema=LEDGER_SCHEMA, strict=False)
+        if len(rows) >= FRAME_CHUNK_ROWS:
+            parts.append(pl.DataFrame(rows, schema=LEDGER_SCHEMA, strict=False))
+            rows = []
+    parts.append(pl.DataFrame(rows, schema=LEDGER_SCHEMA, strict=False))
+    return parts[0] if len(parts) == 1 else pl.concat(parts, how="vertical", rechunk=True)
+
+
+def read_ledger(out_dir: str | Path) -> pl.DataFrame:
+    """Every ledger row of an output folder (all runs), torn last lines skipped."""
+    return ledger_frame(read_log_lines(list_logs(RunLayout(out_dir).ledger_dir)))
 
 
 class LedgerTail:
@@ -110,13 +124,7 @@ class LedgerTail:
         self._seen: set[str] = set()
 
     def new_rows(self) -> pl.DataFrame:
-        rows: list[dict] = []
-        for raw in self._new_lines():
-            try:
-                rows.append(json.loads(raw))
-            except ValueError:
-                continue
-        return pl.DataFrame(rows, schema=LEDGER_SCHEMA, strict=False)
+        return ledger_frame(self._new_lines())
 
     def _new_lines(self):
         from evolforge.storage.fs import is_remote

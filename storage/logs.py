@@ -32,6 +32,15 @@ def json_bytes(obj: Any) -> bytes:
         return json.dumps(obj, ensure_ascii=False, default=str).encode()
 
 
+def json_loads(raw: bytes | str) -> Any:
+    """JSON as the standard library reads it (NaN and Infinity included), at orjson's speed where it can;
+    ValueError where the standard library raises it too (a torn line, junk)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
+
+
 def json_line(obj: Any) -> bytes:
     """One jsonl line (no newline inside: JSON escapes them)."""
     return json_bytes(obj) + b"\n"

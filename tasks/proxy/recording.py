@@ -13,23 +13,13 @@ response has gone to the client.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
-import orjson
-
-from evolforge.storage.logs import json_bytes as dumps  # noqa: F401  (the proxy's one JSON writer)
+from evolforge.storage.logs import json_bytes as dumps  # noqa: F401  (the proxy's JSON, as the logs write it)
+from evolforge.storage.logs import json_loads as loads
 
 CONTENT_KEYS = ("messages", "prompt", "tools", "tool_choice", "functions")
-
-
-def loads(raw: bytes | str) -> Any:
-    """JSON as the standard library reads it (NaN and Infinity included), at orjson's speed where it can."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return json.loads(raw)  # raises ValueError where the standard library does too
 
 
 def request_part(body: dict) -> dict:
