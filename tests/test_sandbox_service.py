@@ -21,25 +21,28 @@ import requests
 from evolforge.config.sections.sandbox import SandboxServiceSettings, SandboxSettings
 from evolforge.tasks.sandbox.service import ServiceConfigError, check_bind, free_port, running_service
 from evolforge.testing.sandbox_fusion_client import load_client
-from evolforge.testing.verl_env import VerlEnvUnavailable
+from evolforge.testing.verl_env import VerlEnvUnavailable, ensure_verl_env
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not os.access("/usr/bin/bwrap", os.X_OK),
                                 reason="bubblewrap not installed (apt-get install -y bubblewrap)")
 CAPS = dict(cpu_seconds=4, memory_mb=512, max_processes=32, wall_timeout_seconds=20, max_output_bytes=200_000)
-UID_BASE = 1_500_000
 REVERSE = "s = input()\nprint(s[::-1])\n"
 PLUS_FN = "class Solution:\n    def plus(self, a, b):\n        return a + b\n"  # not `add`: verl's wrapper star-imports operator
 
 
-@pytest.fixture(scope="module")
-def client():
+def _or_skip_offline(fn):
     try:
-        return load_client()
+        return fn()
     except VerlEnvUnavailable as e:
         if e.offline:
-            pytest.skip(f"verl's client cannot be had (package index unreachable): {e}")
+            pytest.skip(f"verl cannot be had (package index unreachable): {e}")
         raise
+
+
+@pytest.fixture(scope="module")
+def client():
+    return _or_skip_offline(load_client)
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +84,9 @@ def _alive(client, url) -> None:
 
 
 def _survivors(marker: str) -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "uid=,pid=,args="], capture_output=True, text=True, check=True).stdout
-    return [line for line in ps.splitlines() if "ps -eo" not in line
-            and (UID_BASE <= int(line.split()[0]) < UID_BASE + 65_536 or marker in line)]
+    """Host processes whose command line holds `marker` (not the sandbox uid range: other sandboxes share it)."""
+    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
+    return [line for line in ps.splitlines() if marker in line and "ps -eo" not in line]
 
 
 # ---------------------------------------------------------------- verl's check_correctness
@@ -103,6 +106,22 @@ def test_function_call_cases_through_verls_wrapper(client, url):
     cases = {"fn_name": "plus", "inputs": ["1\n2", "-5\n5"], "outputs": ["3", "0"]}
     assert client.check_correctness(url, cases, PLUS_FN, timeout=10)[0] == [True, True]
     assert client.check_correctness(url, cases, PLUS_FN.replace("a + b", "a - b"), timeout=10)[0] == [False, False]
+
+
+def test_verls_code_reward_scores_through_the_service(url):
+    """verl's own reward entry (default_compute_score, as its trainer calls it for code data sources), in verl's
+    environment: the completion's code block against JSON test cases."""
+    env = _or_skip_offline(ensure_verl_env)
+    script = (
+        "import json, sys, threading\nfrom verl.utils.reward_score import default_compute_score\n"
+        "cases = json.dumps({'inputs': ['abc', 'xy', 'q'], 'outputs': ['cba', 'yx', 'q']})\n"
+        "good = 'Here it is:\\n```python\\n' + sys.argv[2] + '```'\nbad = '```python\\nprint(input())\\n```'\n"
+        "score = lambda text: default_compute_score('codecontests', text, cases, sandbox_fusion_url=sys.argv[1],"
+        " concurrent_semaphore=threading.Semaphore(4), memory_limit_mb=1024)\n"
+        "print(json.dumps([score(good), score(bad), score('no code block')]))\n"
+    )
+    good, bad, no_code = env.run_json(script, url, REVERSE, timeout=300)
+    assert good == 1.0 and abs(bad - 1 / 3) < 1e-9 and no_code == 0.0
 
 
 def test_stdin_none_is_an_empty_stdin(client, url):
@@ -127,12 +146,13 @@ def test_timeouts_report_time_limit_exceeded(client, url):
         results, meta = client.check_correctness(url, {"inputs": [""], "outputs": [""]}, code, timeout=2)
         assert results == [-3], meta
         assert (meta[0]["api_status"], meta[0]["run_status"], meta[0]["status"]) == ("Failed", "TimeLimitExceeded", "timeout")
-        assert meta[0]["exit_code"] is None and 2 <= meta[0]["duration"] < 8
+        assert meta[0]["exit_code"] is None and 2 <= meta[0]["duration"] < 10
 
 
 def test_a_request_cannot_loosen_the_servers_caps(client, url):
     loop = _call(client, url, "while True:\n    pass\n", run_timeout=600)  # cap: 4 CPU seconds
-    assert loop["run_result"]["status"] == "TimeLimitExceeded" and loop["run_result"]["execution_time"] < 15
+    assert loop["run_result"]["status"] == "TimeLimitExceeded"
+    assert loop["run_result"]["execution_time"] < CAPS["wall_timeout_seconds"] + 5  # not the 600 s asked for
     hog = "x = bytearray(700 * 1024 * 1024)\nprint('allocated')\n"  # cap: 512 MiB
     r = _call(client, url, hog, memory_mb=100_000)
     assert r["status"] == "Failed" and "MemoryError" in r["run_result"]["stderr"] and "allocated" not in r["run_result"]["stdout"]
@@ -158,6 +178,8 @@ def test_other_languages_are_refused_in_sandbox_fusions_form(client, url):
     assert unknown.status_code == 422
     (err,) = unknown.json()["detail"]
     assert err["type"] == "literal_error" and err["loc"] == ["body", "language"] and err["input"] == "cobol"
+    unset = requests.post(url, json={"code": "print(1)", "language": "python", "memory_limit_MB": None}, timeout=10)
+    assert unset.json()["status"] == "Success"  # verl sends null when its memory_limit_mb is unset
     files = requests.post(url, json={"code": "print(1)", "language": "python", "files": {"a.txt": "eA=="}}, timeout=10)
     assert files.status_code == 200 and files.json()["status"] == "SandboxError"
 

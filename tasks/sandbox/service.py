@@ -65,11 +65,13 @@ class ServiceConfigError(ValueError):
 
 
 class RunCodeRequest(BaseModel):
-    """SandboxFusion's request (sandbox/server/sandbox_api.py); timeouts must also be finite, run_timeout > 0."""
+    """SandboxFusion's request (sandbox/server/sandbox_api.py); timeouts must also be finite, run_timeout > 0, and
+    memory_limit_MB may be null."""
 
     compile_timeout: float = Field(10, ge=0, allow_inf_nan=False, description="compile timeout (no compile step for python)")
     run_timeout: float = Field(10, gt=0, allow_inf_nan=False, description="code run timeout (wall seconds)")
-    memory_limit_MB: int = Field(-1, description="maximum memory allowed in megabytes (<= 0: the server's cap)")
+    memory_limit_MB: Optional[int] = Field(-1, description="maximum memory allowed in megabytes (<= 0 or null: the "
+                                           "server's cap; verl sends null when its memory_limit_mb is unset)")
     code: str = Field(..., description="the code to run")
     stdin: Optional[str] = Field(None, description="optional string to pass into stdin")
     language: Language = Field(..., description="the language or execution mode to run the code")
@@ -99,7 +101,8 @@ def run_code_response(r: SandboxResult) -> dict:
 def run_limits(req: RunCodeRequest, caps: SandboxSettings) -> SandboxSettings:
     """The server's sandbox settings, tightened by the request's run_timeout and memory_limit_MB (never loosened)."""
     wall = min(caps.wall_timeout_seconds, req.run_timeout)
-    memory = caps.memory_mb if req.memory_limit_MB <= 0 else min(caps.memory_mb, max(MIN_MEMORY_MB, req.memory_limit_MB))
+    asked = req.memory_limit_MB or 0
+    memory = caps.memory_mb if asked <= 0 else min(caps.memory_mb, max(MIN_MEMORY_MB, asked))
     cpu = min(caps.cpu_seconds, max(1, math.ceil(wall)))
     return caps.model_copy(update={"wall_timeout_seconds": wall, "memory_mb": memory, "cpu_seconds": cpu})
 
