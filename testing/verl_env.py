@@ -18,7 +18,7 @@ Usage (the names are stable):
     from evolforge.testing.verl_env import ensure_verl_env, VerlEnvUnavailable
 
     env = ensure_verl_env()                 # builds on first use; VerlEnvUnavailable if pip cannot install
-    env.run("import verl; print(verl.__version__)")          # -> subprocess.CompletedProcess (text)
+    env.run("import verl; print(verl.__version__)")          # -> subprocess.CompletedProcess (text; input=stdin)
     env.run_json("import json, verl; print(json.dumps(verl.__version__))")   # the last stdout line as JSON
     env.source("utils/reward_score/sandbox_fusion/utils.py")  # a file of the installed verl package (Path)
     env.environ()                            # the environment to start your own subprocess with
@@ -118,15 +118,15 @@ class VerlEnv:
         return env
 
     def run(self, code: str, *args: str, timeout: float = 300.0, cwd: str | Path | None = None,
-            env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
-        """`python -c code args...` with verl importable; stdout/stderr captured as text."""
+            env: dict | None = None, check: bool = False, input: str | None = None) -> subprocess.CompletedProcess:
+        """`python -c code args...` with verl importable; `input` on stdin; stdout/stderr captured as text."""
         return subprocess.run([self.python, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
-                              cwd=cwd, env=self.environ(env), check=check)
+                              cwd=cwd, env=self.environ(env), check=check, input=input)
 
     def run_json(self, code: str, *args: str, timeout: float = 300.0, cwd: str | Path | None = None,
-                 env: dict | None = None) -> Any:
+                 env: dict | None = None, input: str | None = None) -> Any:
         """Run `code` and parse its last stdout line as JSON; RuntimeError with stderr when it fails."""
-        proc = self.run(code, *args, timeout=timeout, cwd=cwd, env=env)
+        proc = self.run(code, *args, timeout=timeout, cwd=cwd, env=env, input=input)
         lines = proc.stdout.strip().splitlines()
         if proc.returncode != 0 or not lines:
             raise RuntimeError(f"verl subprocess failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}\n"
