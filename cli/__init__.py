@@ -5,26 +5,33 @@
     evolforge serve-model [--port N]          # the embedded model in the foreground
     evolforge preflight [--base-url URL]      # one minimal request per configured model
     evolforge costs --out DIR [--by stage]    # totals from the cost ledger
+    evolforge status --out DIR                # batches done / failed / pending, records, calls, cost
+    (and one command per stage: synthesize, dedup, modules, trajectories, reward-data, train-reward, ppo, pipeline)
 
 The API key comes from EVOLFORGE_API_KEY, falling back to OPENAI_API_KEY.
 Running `run` again over the same --out resumes it, with the run's own seed file and result-changing
 settings (a change is an error naming it; --force-settings accepts it, or use a new --out).
+Inputs are checked before anything starts: a user error is one line and exit status 2 (--debug: traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from evolforge.cli import costs, publish, run, sandbox, services, stages
+from evolforge.cli import costs, publish, run, sandbox, services, stages, status
+from evolforge.cli.common import run_command
 
 # Each command module registers its sub-commands; a new stage adds its module here.
-COMMANDS = (run, stages, services, costs, sandbox, publish)
+COMMANDS = (run, stages, services, costs, sandbox, status, publish)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="evolforge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = ap.add_subparsers(dest="cmd", required=True)
     for module in COMMANDS:
         module.register(sub)
+    for p in sub.choices.values():  # `evolforge CMD ... --debug` works too
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     args = ap.parse_args(argv)
-    return args.fn(args)
+    return run_command(args)  # a user error: one line on stderr, exit status 2

@@ -1,10 +1,19 @@
-"""What every command shares: the settings merge, the endpoint flags, running a flow with one clear error."""
+"""What every command shares: the settings merge, the endpoint flags, running a flow with one clear error.
+
+A user error (bad config, missing or unusable input, unwritable output folder, unreachable endpoint or refused
+key, a changed run) is one line on stderr and exit status 2, no traceback (`--debug` shows it); the inputs are
+checked (tasks/core/checks.py) before any Prefect server starts. A failed run says how to resume only when
+it left checkpoints to resume from.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+import traceback
+
+DEBUG = False  # --debug: tracebacks of user errors and failed runs
 
 
 def add_endpoint_args(p) -> None:
@@ -32,12 +41,59 @@ def settings_or_exit(args, extra: dict | None = None):
         sys.exit(2)
 
 
-def run_flow(fn, params) -> int:
+def is_user_error(e: BaseException) -> bool:
+    """An error the user fixes (input, config, endpoint, key): one line and exit 2, never a traceback."""
+    from evolforge.config.settings import ConfigError
+    from evolforge.storage.inputs import SeedFileError
+    from evolforge.tasks.core.checks import InputError
+    from evolforge.tasks.core.keys import InsecureKeyTransport
+
+    kinds: tuple[type, ...] = (ConfigError, InputError, SeedFileError, InsecureKeyTransport)
+    if "evolforge.storage.run_record" in sys.modules:  # loaded only by a run that got that far
+        kinds += (sys.modules["evolforge.storage.run_record"].RunInputsChanged,)
+    return isinstance(e, kinds)
+
+
+def run_command(args) -> int:
+    """Run the chosen command; a user error is one line on stderr and exit status 2."""
+    global DEBUG
+    DEBUG = bool(getattr(args, "debug", False))
+    try:
+        return args.fn(args)
+    except Exception as e:
+        if not is_user_error(e):
+            raise
+        if DEBUG:
+            traceback.print_exc()
+        print(f"evolforge {args.cmd}: {e}", file=sys.stderr)
+        return 2
+
+
+def failed(what: str, e: BaseException, out: str | None) -> int:
+    """A run that failed after it started: one line, and the resume hint when checkpoints were left."""
+    if is_user_error(e):
+        raise e
+    if DEBUG:
+        traceback.print_exc()
+    print(f"\nevolforge {what} failed: {e}", file=sys.stderr)
+    if out:
+        from evolforge.storage.status import has_checkpoints
+
+        if has_checkpoints(out):
+            print(f"Checkpoints are kept in {out}; run the same command again to resume "
+                  f"(evolforge status --out {out} shows what is done).", file=sys.stderr)
+    return 1
+
+
+def run_flow(fn, params, out: str | None = None) -> int:
+    """Run a stage flow with live progress; print its result, or one clear line when it fails."""
+    from evolforge.cli.progress import live_progress
+
     prefect_defaults()
     try:
-        result = fn(params)
-    except Exception as e:  # one clear line
-        print(f"\nevolforge: {fn.name} failed: {e}", file=sys.stderr)
-        return 1
+        with live_progress():
+            result = fn(params)
+    except Exception as e:
+        return failed(fn.name, e, out)
     print(json.dumps(result, indent=2, default=str)[:6000])
     return 0

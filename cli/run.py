@@ -6,16 +6,20 @@ import json
 import sys
 import time
 
-from evolforge.cli.common import add_endpoint_args, prefect_defaults, settings_or_exit
+from evolforge.cli.common import add_endpoint_args, failed, prefect_defaults, settings_or_exit
 
 
 def cmd_run(args) -> int:
-    settings_or_exit(args, {"evol_instruct": {"rounds": args.rounds}} if args.rounds else None)  # fail early on bad config
+    from evolforge.tasks.core.checks import check_evolve
+
+    settings = settings_or_exit(args, {"evol_instruct": {"rounds": args.rounds}} if args.rounds else None)
+    check_evolve(args.seeds, args.out, settings)  # before any Prefect server starts
     return _run_with(args, overrides={})
 
 
 def _run_with(args, overrides: dict) -> int:
     prefect_defaults()
+    from evolforge.cli.progress import live_progress
     from evolforge.flows.evolve import EvolveParams, evolve_flow
     from evolforge.storage.fs import location
     from evolforge.storage.run_record import RunInputsChanged
@@ -24,14 +28,13 @@ def _run_with(args, overrides: dict) -> int:
                           rounds=args.rounds, config=args.config, base_url=args.base_url, model=args.model,
                           overrides=overrides, force_settings=getattr(args, "force_settings", False))
     try:
-        summary = evolve_flow(params)
+        with live_progress():
+            summary = evolve_flow(params)
     except RunInputsChanged as e:  # nothing was done: no resume hint
         print(f"\nevolforge run: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # one clear line, not a stack trace per batch
-        print(f"\nevolforge run failed: {e}", file=sys.stderr)
-        print(f"Checkpoints are kept in {args.out}; run the same command again to resume.", file=sys.stderr)
-        return 1
+    except Exception as e:  # one clear line, not a stack trace per batch; the resume hint when there is work to resume
+        return failed("run", e, args.out)
     cost = summary["cost"].get("cost_usd")
     print("\n== evolforge run complete ==")
     for r in summary["rounds"]:
@@ -72,6 +75,13 @@ def cmd_retry(args) -> int:
         print(f"evolforge: no run in {layout.root} (run.json missing)", file=sys.stderr)
         return 2
     info = json.loads(read_text(layout.run_info))
+    saved = info["settings"]
+    if args.base_url:
+        saved["gateway"]["base_url"] = args.base_url
+    args.seeds, args.rounds, args.config, args.model = info["seeds"], saved["evol_instruct"]["rounds"], None, None
+    from evolforge.tasks.core.checks import check_endpoint
+
+    check_endpoint(settings_or_exit(args, saved))  # before anything is reopened or a Prefect server starts
     reopened = reopen_failed_batches(layout, time.strftime("%Y%m%dT%H%M%S"))
     if not reopened["batches"] and exists(layout.summary):
         print(f"nothing to retry in {layout.root}: every batch finished without errors")
@@ -90,10 +100,6 @@ def cmd_retry(args) -> int:
                       f"({done['records']} records in {done['segments']} segments)")
         except IndexLocked as e:  # the redone dedup step rolls it back too, once it gets the lock
             print(f"evolforge: {e}; the index is rolled back when round {r}'s dedup step runs", file=sys.stderr)
-    saved = info["settings"]
-    if args.base_url:
-        saved["gateway"]["base_url"] = args.base_url
-    args.seeds, args.rounds, args.config, args.model = info["seeds"], saved["evol_instruct"]["rounds"], None, None
     return _run_with(args, overrides=saved)
 
 

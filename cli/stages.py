@@ -1,20 +1,32 @@
-"""One command per stage flow: dedup, synthesize, modules, pipeline, trajectories."""
+"""One command per stage flow: dedup, synthesize, modules, pipeline, trajectories, reward-data, train-reward, ppo.
+
+Each checks its inputs first (tasks/core/checks.py: files, output folder, endpoint and key), before any
+Prefect server starts, then runs its flow with live progress (cli/progress.py); running again over the same
+--out resumes, and `evolforge status --out DIR` shows what is done.
+"""
 
 from __future__ import annotations
 
-from evolforge.cli.common import add_endpoint_args, run_flow
+from evolforge.cli.common import add_endpoint_args, run_flow, settings_or_exit
+from evolforge.tasks.core import checks
+
+
+def _endpoint(args) -> dict:
+    return dict(config=args.config, base_url=args.base_url, model=args.model)
 
 
 def cmd_modules(args) -> int:
+    stage = dict(max_items=args.max_items, aggregation=args.aggregation, ablation=args.ablation, compare=args.compare)
+    settings = settings_or_exit(args, {"modules": {k: v for k, v in stage.items() if v}})
+    checks.check_modules(args.input, args.out, settings)
     from evolforge.flows.modules import ModulesParams, modules_flow
 
-    return run_flow(modules_flow, ModulesParams(input=args.input, out=args.out, max_items=args.max_items,
-                                                 aggregation=args.aggregation, ablation=args.ablation,
-                                                 compare=args.compare, config=args.config,
-                                                 base_url=args.base_url, model=args.model))
+    return run_flow(modules_flow, ModulesParams(input=args.input, out=args.out, **stage, **_endpoint(args)), args.out)
 
 
 def cmd_dedup(args) -> int:
+    settings_or_exit(args)
+    checks.check_dedup(args.input, args.text_field, args.out)
     from evolforge.flows.dedup import DedupParams, dedup_flow
 
     return run_flow(dedup_flow, DedupParams(input=args.input, text_field=args.text_field, id_field=args.id_field,
@@ -22,13 +34,15 @@ def cmd_dedup(args) -> int:
 
 
 def cmd_synthesize(args) -> int:
+    checks.check_synthesize(args.seeds, args.out, settings_or_exit(args))
     from evolforge.flows.synthesize import SynthesizeParams, synthesize_flow
 
-    return run_flow(synthesize_flow, SynthesizeParams(seeds=args.seeds, out=args.out, config=args.config,
-                                                       base_url=args.base_url, model=args.model))
+    return run_flow(synthesize_flow, SynthesizeParams(seeds=args.seeds, out=args.out, **_endpoint(args)), args.out)
 
 
 def cmd_trajectories(args) -> int:
+    settings_or_exit(args)
+    checks.check_trajectories(args.proxy_out, args.out, args.rewards)
     from evolforge.flows.trajectories import TrajectoriesParams, trajectories_flow
 
     return run_flow(trajectories_flow, TrajectoriesParams(
@@ -38,11 +52,57 @@ def cmd_trajectories(args) -> int:
 
 
 def cmd_pipeline(args) -> int:
+    settings = settings_or_exit(args, {"evol_instruct": {"rounds": args.rounds}} if args.rounds else None)
+    checks.check_evolve(args.seeds, args.out, settings)
     from evolforge.flows.pipeline import PipelineParams, pipeline_flow
 
     return run_flow(pipeline_flow, PipelineParams(
         seeds=args.seeds, out=args.out, rounds=args.rounds, synthesize=not args.no_synthesize,
-        reward=not args.no_reward, ppo=args.ppo, config=args.config, base_url=args.base_url, model=args.model))
+        reward=not args.no_reward, ppo=args.ppo, **_endpoint(args)), args.out)
+
+
+def cmd_reward_data(args) -> int:
+    from evolforge.flows.reward_data import RewardDataParams, reward_data_flow
+
+    kinds = args.kinds.split(",") if args.kinds else ["irm", "prm"]
+    stage = {k: v for k, v in (("step_label_method", args.method), ("max_instructions", args.max_instructions)) if v}
+    checks.check_reward_data(args.evolve_out, args.out, settings_or_exit(args, {"reward": stage} if stage else None))
+    return run_flow(reward_data_flow, RewardDataParams(
+        evolve_out=args.evolve_out, out=args.out, method=args.method, max_instructions=args.max_instructions,
+        kinds=kinds, **_endpoint(args)), args.out)
+
+
+def cmd_train_reward(args) -> int:
+    models = args.models.split(",") if args.models else ["irm", "prm"]
+    settings_or_exit(args)
+    checks.check_train_reward(args.data, args.out, models)
+    from evolforge.flows.train_reward import TrainRewardParams, train_reward_flow
+
+    return run_flow(train_reward_flow, TrainRewardParams(
+        data=args.data, out=args.out, models=models, base_model=args.base_model,
+        override_health=args.override_health, retrain=args.retrain, config=args.config), args.out or args.data)
+
+
+def cmd_ppo(args) -> int:
+    settings_or_exit(args)
+    checks.check_ppo(args.evolved, args.reward_dir, args.out, args.tasks)
+    from evolforge.flows.ppo import PPOParams, ppo_flow
+
+    return run_flow(ppo_flow, PPOParams(
+        evolved=args.evolved, tasks=args.tasks, reward_dir=args.reward_dir, out=args.out, irm_dir=args.irm_dir,
+        prm_dir=args.prm_dir, ignore_reward_health=args.ignore_reward_health, ray_address=args.ray_address,
+        local_steps=args.local_steps, config=args.config), args.out)
+
+
+def _choices(allowed: tuple[str, ...]):
+    def parse(value: str) -> str:
+        bad = [v for v in value.split(",") if v not in allowed]
+        if bad:
+            import argparse
+
+            raise argparse.ArgumentTypeError(f"{', '.join(bad)} not one of {', '.join(allowed)}")
+        return value
+    return parse
 
 
 def register(sub) -> None:
@@ -97,3 +157,40 @@ def register(sub) -> None:
     p.add_argument("--no-dedup", action="store_true", help="keep conversations whose prompt repeats another session's")
     p.add_argument("--config")
     p.set_defaults(fn=cmd_trajectories)
+
+    p = sub.add_parser("reward-data", help="reward-model data from an evolve run: IRM preference pairs, PRM step "
+                       "labels, health checks (resumes over the same --out)")
+    p.add_argument("--evolve-out", required=True, help="output folder of a finished evolve run (evolforge run --out)")
+    p.add_argument("--out", required=True, help="output folder (irm_pairs.parquet, prm_steps.parquet, health.json)")
+    p.add_argument("--method", choices=["judge", "decorl", "math_shepherd", "modules"],
+                   help="PRM step-label method (default: reward.step_label_method)")
+    p.add_argument("--max-instructions", type=int, help="use at most this many instructions (default: "
+                   "reward.max_instructions)")
+    p.add_argument("--kinds", type=_choices(("irm", "prm")), help="comma-separated: irm, prm (default: both)")
+    add_endpoint_args(p)
+    p.set_defaults(fn=cmd_reward_data)
+
+    p = sub.add_parser("train-reward", help="train the IRM and PRM reward models on reward-data output "
+                       "(health gate, held-out metrics)")
+    p.add_argument("--data", required=True, help="the reward-data stage's output folder")
+    p.add_argument("--out", help="where models/, metrics.json and the model health go (default: --data)")
+    p.add_argument("--models", type=_choices(("irm", "prm")), help="comma-separated: irm, prm (default: both)")
+    p.add_argument("--base-model", help="model folder to fine-tune (default: reward.base_model)")
+    p.add_argument("--override-health", action="store_true", help="train although the data health checks "
+                   "failed under policy 'stop'")
+    p.add_argument("--retrain", action="store_true", help="train again although a model is in the output folder")
+    p.add_argument("--config")
+    p.set_defaults(fn=cmd_train_reward)
+
+    p = sub.add_parser("ppo", help="PPO (RLEIF): verl prompt data, config and Ray job, local GRPO smoke run")
+    p.add_argument("--evolved", required=True, help="an evolve run's output folder or its dataset/evolved.parquet")
+    p.add_argument("--reward-dir", required=True, help="the train-reward stage's output folder")
+    p.add_argument("--out", required=True, help="output folder (data/, verl/, local/, summary.json)")
+    p.add_argument("--tasks", help="the synthesis stage's tasks.parquet or output folder (verified ground truth)")
+    p.add_argument("--irm-dir", help="IRM folder (default: REWARD_DIR / ppo.irm_subdir)")
+    p.add_argument("--prm-dir", help="PRM folder (default: REWARD_DIR / ppo.prm_subdir)")
+    p.add_argument("--ignore-reward-health", action="store_true", help="run although the reward stage is unhealthy")
+    p.add_argument("--ray-address", help="Ray dashboard address to submit the verl job to (default: ppo.ray_address)")
+    p.add_argument("--local-steps", type=int, help="GRPO steps of the local smoke run (0 skips it)")
+    p.add_argument("--config")
+    p.set_defaults(fn=cmd_ppo)

@@ -4,14 +4,18 @@
 a full disk stops at once), and its result is persisted and cached on inputs + source, so a retried flow
 run skips the batches that finished.
 
-`run_batches`: submit one task per batch, keep a progress artifact, collect every result, and when batches
-failed raise one clear error (a down endpoint is reported first) naming the failed batches and where the
+`run_batches`: submit one task per batch, publish live progress (records, accepted, calls/s, tokens/s,
+cost, ETA: tasks/core/progress.py) to the terminal and a Prefect progress artifact, collect every result,
+and when batches failed raise one clear error (a down endpoint is reported first) naming the failed batches and where the
 finished ones are checkpointed.
 """
 
 from __future__ import annotations
 
 import errno
+import queue
+import threading
+import time
 from typing import Any, Sequence
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -19,6 +23,8 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.futures import as_completed
 from prefect.tasks import exponential_backoff
 
+from evolforge.storage.ledger import LedgerTail
+from evolforge.tasks.core import progress as live_progress
 from evolforge.tasks.core.batch import is_fatal
 from evolforge.tasks.core.gateway import EndpointDown
 
@@ -51,29 +57,68 @@ class BatchesFailed(RuntimeError):
 
 
 def run_batches(runner, task, batches: Sequence[tuple[str, dict[str, Any]]], *, what: str, checkpoints,
-                progress_key: str | None = None) -> list[dict]:
+                progress_key: str | None = None, poll_seconds: float = 1.0) -> list[dict]:
     """Run `task` once per (task run name, parameters) on `runner`; results in submission order.
 
     `what` names the batches in the error ("round 2", "reward-data"); `checkpoints` is where the finished
-    batches are kept. With `progress_key`, a Prefect progress artifact follows the batches done.
+    batches are kept (their parts are under it). Live progress (tasks/core/progress.py): every
+    `poll_seconds` the records done in finished and running batches, the accepted ones and the calls,
+    tokens and cost of the ledger rows new since the start (the batches' `out_dir`) are published to the
+    terminal listeners; with `progress_key`, a Prefect progress artifact shows the same line, updated
+    when a batch ends (and at least every 10 s).
     """
     total = len(batches)
-    progress = None
+    tally = live_progress.StageProgress(what, total)
+    out_dir = next((p["out_dir"] for _, p in batches if p.get("out_dir")), None)
+    ledger = LedgerTail(out_dir) if out_dir else None
+    if ledger is not None:
+        ledger.new_rows()  # calls made before this stage (other rounds, the pre-flight) are not its own
+    artifact = None
     if progress_key:
-        progress = create_progress_artifact(progress=0.0, key=progress_key,
+        artifact = create_progress_artifact(progress=0.0, key=progress_key,
                                             description=f"{what}: batches done of {total}")
     futures = [runner.submit(task.with_options(task_run_name=name), parameters=params) for name, params in batches]
     position = {id(f): i for i, f in enumerate(futures)}
     results: list[Any] = [None] * total
     failed: list[tuple[int, BaseException]] = []
-    for done, fut in enumerate(as_completed(futures), 1):
-        i = position[id(fut)]
+    ended: queue.Queue = queue.Queue()
+
+    def collect() -> None:  # finished futures, in the order they finish, for the loop below
         try:
-            results[i] = fut.result()
-        except BaseException as e:  # noqa: BLE001 - collected, reported once below
-            failed.append((i, e))
-        if progress is not None:
-            update_progress_artifact(progress, progress=100.0 * done / total)
+            for fut in as_completed(futures):
+                ended.put(fut)
+        except BaseException as e:  # noqa: BLE001 - handed to the flow's thread
+            ended.put(e)
+
+    threading.Thread(target=collect, name=f"batches-{what}", daemon=True).start()
+    live_progress.publish(tally.snapshot())
+    last_artifact, remaining = time.monotonic(), total
+    while remaining:
+        try:
+            fut = ended.get(timeout=poll_seconds)
+        except queue.Empty:
+            fut = None
+        if isinstance(fut, BaseException):
+            raise fut
+        if fut is not None:
+            remaining -= 1
+            i = position[id(fut)]
+            try:
+                results[i] = fut.result()
+                tally.batch_finished(results[i])
+            except BaseException as e:  # noqa: BLE001 - collected, reported once below
+                failed.append((i, e))
+                tally.batch_finished(None)
+        tally.running(*live_progress.records_running(str(checkpoints)))
+        if ledger is not None:
+            tally.add_calls(ledger.new_rows())
+        tally.finished = not remaining
+        snap = tally.snapshot()
+        live_progress.publish(snap)
+        if artifact is not None and (fut is not None or time.monotonic() - last_artifact > 10):
+            update_progress_artifact(artifact, progress=round(100.0 * snap["fraction"], 2),
+                                     description=live_progress.progress_line(snap))
+            last_artifact = time.monotonic()
     if failed:
         failed.sort(key=lambda x: x[0])
         first = next((e for _, e in failed if isinstance(e, EndpointDown)), failed[0][1])

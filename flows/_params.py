@@ -12,13 +12,14 @@ A stage adds its own fields to the merge with `stage_overrides()` (e.g. the evol
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from evolforge.config.settings import Settings, deep_merge, load_settings
-from evolforge.storage.layout import RunLayout
-from evolforge.tasks.core.embedded_model import embedded_server
+
+if TYPE_CHECKING:  # light to import: the CLI merges settings with it before its fail-fast checks
+    from evolforge.storage.layout import RunLayout
 
 
 class StageParams(BaseModel):
@@ -54,6 +55,8 @@ class EndpointParams(StageParams):
 @contextlib.contextmanager
 def model_endpoint(settings: Settings, layout: RunLayout):
     """The configured endpoint, or the embedded model for the length of the run."""
+    from evolforge.tasks.core.embedded_model import embedded_server
+
     if settings.uses_embedded_model:
         with embedded_server(settings.embedded, layout.logs_dir) as url:
             yield url

@@ -123,23 +123,27 @@ def first_usable_row(path, field: str, max_chars: int | None = None, what: str =
 
 
 def folder_problem(path) -> str | None:
-    """Why `path` cannot serve as an output folder (not a folder, not writable), or None. Creates nothing;
-    a remote URL is not probed (its store answers on the first write)."""
+    """Why `path` cannot serve as an output folder (not a folder, not writable), or None. Creates nothing that
+    stays: a probe file is made and removed in the folder, or in its nearest existing parent (so permissions,
+    read-only mounts and full quotas are all seen). A remote URL is not probed (its store answers on the
+    first write)."""
     s = os.fspath(path)
     if "://" in s and not s.startswith("file://"):
         return None
     p = Path(s.removeprefix("file://")).expanduser().absolute()
-    if p.exists():
-        if not p.is_dir():
-            return f"output folder {p} exists and is not a folder"
-        if not os.access(p, os.W_OK | os.X_OK):
-            return f"output folder {p} is not writable"
-        return None
-    parent = p.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"cannot create output folder {p}: {parent} is not a folder"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"cannot create output folder {p}: {parent} is not writable"
+    if p.exists() and not p.is_dir():
+        return f"output folder {p} exists and is not a folder"
+    existing = p
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"cannot create output folder {p}: {existing} is not a folder"
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix=".evolforge-probe-"):
+            pass
+    except OSError as e:
+        where = "output folder" if existing == p else f"cannot create output folder {p}:"
+        return f"{where} {existing} is not writable ({e.strerror or e})"
     return None

@@ -36,6 +36,7 @@ from evolforge.storage.fs import AnyPath, exists
 from evolforge.storage.journal import CallJournal
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import LedgerWriter
+from evolforge.tasks.core import progress as live_progress
 from evolforge.tasks.core.gateway import EndpointDown, Gateway, GatewayError
 
 log = logging.getLogger("evolforge.batch")
@@ -159,7 +160,7 @@ class BatchSpec:
 def run_batch(spec: BatchSpec, settings: Settings, base_url: str, run_id: str, out_dir: str | Path,
               progress: Progress | None = None) -> dict:
     """Run (or skip, when checkpointed) one batch; returns part, rows, by_status, skipped, replayed_calls.
-    `progress(done, total)` is called about ten times per batch."""
+    `progress(done, total)` is called about ten times per batch; the same counts reach tasks/core/progress.py."""
     if exists(spec.part):
         try:
             return _stats(spec, parts.read_part(spec.part).column("status").to_pylist(), skipped=True)
@@ -177,9 +178,18 @@ def run_batch(spec: BatchSpec, settings: Settings, base_url: str, run_id: str, o
                 raise
             return spec.on_rejected(row, e)
 
+    def tick(done: int, total: int) -> None:  # the live progress sees the records of running batches
+        live_progress.report_records(str(spec.part), done, total)
+        if progress:
+            progress(done, total)
+
     replayed_before = gw.stats.replayed
-    with batch_journal(gw, spec.journal, settings) as journal:
-        results = run_records(one, rows, spec.concurrency, spec.name, progress, max(1, len(rows) // 10))
+    live_progress.report_records(str(spec.part), 0, len(rows))
+    try:
+        with batch_journal(gw, spec.journal, settings) as journal:
+            results = run_records(one, rows, spec.concurrency, spec.name, tick, max(1, len(rows) // 10))
+    finally:
+        live_progress.batch_ended(str(spec.part))
     table = pa.Table.from_pylist(results, schema=spec.schema)
     parts.write_table_atomic(table, spec.part)
     stats = _stats(spec, table.column("status").to_pylist(), skipped=False)

@@ -1,0 +1,88 @@
+"""Live progress in the terminal: one bar per round or stage while a command runs.
+
+The numbers come from tasks/core/progress.py (published by flows/_fanout.py `run_batches`, the same ones
+the Prefect progress artifact shows). On a terminal: rich bars with records done / total, accepted, calls/s,
+tokens/s, cost so far and ETA. When stdout is not a terminal (a log file, CI, a pipe): plain lines with the
+same figures, one when a batch ends and at least every `plain_every` seconds while batches run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+
+from evolforge.tasks.core.progress import cost_text, duration, listening, progress_line
+
+
+class PlainProgress:
+    """Lines of text, throttled per round or stage."""
+
+    def __init__(self, file=None, every: float = 10.0):
+        self.file = file or sys.stdout
+        self.every = every
+        self._last: dict[str, tuple[float, int, int]] = {}
+
+    def __call__(self, snap: dict) -> None:
+        key = snap["what"]
+        ended = snap["batches_done"] + snap["batches_failed"]
+        last_t, last_ended, _ = self._last.get(key, (0.0, -1, 0))
+        now = time.monotonic()
+        if ended == last_ended and not snap["finished"] and now - last_t < self.every:
+            return
+        if snap["finished"] and self._last.get(key, (0, 0, 0))[2]:
+            return  # the finished line was printed already
+        self._last[key] = (now, ended, int(snap["finished"]))
+        print(progress_line(snap), file=self.file, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class RichProgress:
+    """One rich progress bar per round or stage."""
+
+    def __init__(self, console=None):
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        self.console = console or Console()
+        self.bars = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(bar_width=28),
+            TextColumn("{task.fields[records]} records"), TextColumn("{task.fields[accepted]} accepted"),
+            TextColumn("{task.fields[calls_per_s]} calls/s"), TextColumn("{task.fields[tokens_per_s]} tok/s"),
+            TextColumn("{task.fields[cost]}"), TextColumn("{task.fields[eta]}"),
+            console=self.console, refresh_per_second=4, transient=False)
+        self.tasks: dict[str, int] = {}
+        self.bars.start()
+
+    def __call__(self, snap: dict) -> None:
+        total = snap["records_total"]
+        fields = dict(records=f"{snap['records_done']}/{'?' if total is None else total}",
+                      accepted=snap["accepted"], calls_per_s=f"{snap['calls_per_s']:.2f}",
+                      tokens_per_s=f"{snap['tokens_per_s']:.0f}", cost=cost_text(snap),
+                      eta=("done " + duration(snap["elapsed_s"])) if snap["finished"]
+                      else "ETA " + duration(snap["eta_s"]))
+        if snap["batches_failed"]:
+            fields["records"] += f" ({snap['batches_failed']} batches failed)"
+        key = snap["what"]
+        if key not in self.tasks:
+            self.tasks[key] = self.bars.add_task(key, total=total or None, **fields)
+        self.bars.update(self.tasks[key], completed=snap["records_done"], total=total or None, **fields)
+
+    def close(self) -> None:
+        self.bars.stop()
+
+
+@contextlib.contextmanager
+def live_progress(terminal: bool | None = None, console=None, file=None):
+    """Show the progress of every batched stage run inside the block; `terminal` None: rich bars when
+    stdout is a terminal, plain lines otherwise."""
+    if terminal is None:
+        terminal = console is not None or sys.stdout.isatty()
+    view = RichProgress(console) if terminal else PlainProgress(file)
+    try:
+        with listening(view):
+            yield view
+    finally:
+        view.close()
