@@ -8,7 +8,7 @@ The head runs with `--block` in its own session, with its own --temp-dir (socket
 object store capped (Ray reserves 30% of the memory for the object store otherwise). Every Ray process it starts
 (GCS, raylet, dashboard, agents, workers) stays in that session, so teardown stops exactly this cluster: SIGTERM
 to the blocking `ray start` (which drains and stops its processes), then SIGKILL to any process still in the
-session. `ray stop` is not used: it stops every Ray process of the user on the machine, other clusters included.
+session or naming the cluster's temp dir (`cluster.stragglers` lists them; empty when Ray stopped cleanly). `ray stop` is not used: it stops every Ray process of the user on the machine, other clusters included.
 The `ray` executable is the one beside this Python (the project's environment); its folder leads PATH inside the
 cluster, so a job's `python3` is this environment's Python.
 """
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -39,6 +39,7 @@ class RayCluster:
     session_id: int  # the process session of every process of this cluster
     temp_dir: Path
     log: Path
+    stragglers: list[int] = field(default_factory=list)  # processes SIGKILLed at teardown (none when Ray stops cleanly)
 
 
 def ray_executable() -> str:
@@ -65,6 +66,20 @@ def session_pids(session_id: int) -> list[int]:
     return pids
 
 
+def processes_using(folder: Path) -> list[int]:
+    """Live processes whose command line names `folder` (this cluster's private --temp-dir): a Ray process that
+    left the session would still show here."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if str(folder).encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
 def stop_session(session_id: int, grace_s: float = 30.0) -> list[int]:
     """SIGTERM the session leader (the blocking `ray start`), wait, then SIGKILL what is left; returns what had
     to be killed."""
@@ -88,7 +103,8 @@ def local_ray_cluster(num_cpus: int = 2, object_store_memory: int = 200_000_000,
     gcs_port, dashboard_port = free_port(), free_port()
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("RAY_ADDRESS", None)
+    for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+        env.pop(name, None)
     cmd = [ray_executable(), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
            "--port", str(gcs_port), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
            "--include-dashboard", "true", "--dashboard-agent-listen-port", str(free_port()),
@@ -99,12 +115,12 @@ def local_ray_cluster(num_cpus: int = 2, object_store_memory: int = 200_000_000,
     dashboard = f"http://127.0.0.1:{dashboard_port}"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    cluster: RayCluster | None = None
     try:
         deadline = time.time() + startup_timeout
-        while True:  # the job server answers once the dashboard is up; a raylet registered means workers can run
+        while True:  # the job server answers once the dashboard is up (GCS and raylet start before it)
             try:
-                if httpx.get(f"{dashboard}/api/version", timeout=2).status_code == 200 and \
-                        httpx.get(f"{dashboard}/nodes?view=summary", timeout=5).status_code == 200:
+                if httpx.get(f"{dashboard}/api/version", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -113,9 +129,15 @@ def local_ray_cluster(num_cpus: int = 2, object_store_memory: int = 200_000_000,
             if time.time() > deadline:
                 raise RuntimeError(f"the Ray head did not come up in {startup_timeout}s: {log_path.read_text()[-3000:]}")
             time.sleep(1)
-        yield RayCluster(dashboard, f"127.0.0.1:{gcs_port}", proc.pid, temp_dir, log_path)
+        cluster = RayCluster(dashboard, f"127.0.0.1:{gcs_port}", proc.pid, temp_dir, log_path)
+        yield cluster
     finally:
-        stop_session(proc.pid)
+        stragglers = stop_session(proc.pid) + processes_using(temp_dir)
+        for pid in stragglers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if cluster is not None:
+            cluster.stragglers.extend(stragglers)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
         shutil.rmtree(temp_dir, ignore_errors=True)
