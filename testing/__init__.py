@@ -7,5 +7,7 @@
 - evolved_runs:     a small finished evolve run on disk, tiny training settings.
 - prefect_server:   a real Prefect server on a free loopback port, and flow-run state helpers.
 - ppo_models:       tiny reward models and evolved-data files for PPO tests (needs pytest and torch).
+- tiny_policy:      a 2-layer random Llama with the MiniLM tokenizer: a GRPO step in about a second.
+- ray_cluster:      a real local Ray cluster (`ray start --head` on loopback), stopped by process id.
 - verl_env:         verl in its own cached pip --target folder (its pins differ from ours): ensure_verl_env().run(...).
 """
