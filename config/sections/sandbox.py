@@ -62,6 +62,19 @@ class SandboxSettings(Section):
     wall_timeout_seconds: float = Field(30.0, gt=0, le=86_400, description="Wall-clock limit of one run; the whole process tree is killed.")
     tmpfs_size_mb: int = Field(64, ge=1, le=65_536, description="Size of each private tmpfs (working dir and /tmp) in bwrap mode, in MiB.")
     max_parallel: int = Field(4, ge=1, le=1024, description="Sandboxed runs in flight at once in `run_many`.")
+    reuse_workers: bool = Field(
+        True,
+        description="bwrap mode: run each check in a child forked from a warm worker (one long-lived bwrap sandbox "
+        "with the interpreter and pytest loaded); the child gets fresh /sandbox, /tmp and /dev/shm, its own session, "
+        "rlimits, uid and no capabilities, and every process of it is killed before the next check. "
+        "false: start one bwrap sandbox, interpreter and pytest per check (slower, the pre-pool behaviour).",
+    )
+    worker_max_checks: int = Field(
+        200, ge=1, le=1_000_000,
+        description="reuse_workers: a worker's sandbox is replaced after this many checks (and at once after a timeout, "
+        "an output cap, a surviving process or any protocol anomaly). Idle workers kept: max(max_parallel, "
+        "service.max_concurrency).",
+    )
     python: str = Field(
         default_factory=lambda: sys.executable,
         description="Interpreter that runs the tests (a venv's python works: its base prefix and site-packages are bound read-only). "

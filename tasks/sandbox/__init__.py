@@ -5,5 +5,9 @@
 - harness: the in-sandbox runner (written into the sandbox per run): nonce from a private pipe, audit hook,
            pytest plugin reporting the real outcomes on a private result channel.
 - verdict: the host's judgement of a run from that channel (never from the tested code's output).
+- pool:    warm workers (sandbox.reuse_workers, the default in bwrap mode): the host side, one bwrap sandbox per
+           worker, descriptors of each check handed over a control socket, retirement after N checks or an anomaly.
+- worker:  the in-sandbox worker (bound in read-only): pytest and the harness preloaded, one forked child per check
+           with fresh tmpfs, own mount/IPC namespace, session, rlimits, uid, no capabilities.
 - service: `evolforge sandbox-serve`, run_python_program behind SandboxFusion's HTTP API (verl's code reward).
 """

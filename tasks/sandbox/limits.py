@@ -126,14 +126,18 @@ def python_view(view: _View, python: str) -> str:
     return f"{VENV}/bin/python"
 
 
-def bwrap_argv(s: SandboxSettings, files: dict[str, str], env: dict[str, str], privileged: bool) -> tuple[list[str], str]:
-    """bwrap options up to the `--` (and the python to run inside); `files` maps name -> host file."""
+def bwrap_argv(s: SandboxSettings, files: dict[str, str], env: dict[str, str], privileged: bool,
+               caps: tuple[str, ...] = (), binds: dict[str, str] | None = None) -> tuple[list[str], str]:
+    """bwrap options up to the `--` (and the python to run inside); `files` maps name -> host file bound in the
+    working dir, `binds` absolute path inside -> host file, `caps` further capabilities for the command."""
     argv = [s.bwrap_path, "--die-with-parent", "--new-session", "--clearenv",
             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if privileged:
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
     else:
         argv += ["--unshare-user"]
+    for cap in caps:
+        argv += ["--cap-add", cap]
     view = _View()
     view.ro("/usr")
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -154,6 +158,8 @@ def bwrap_argv(s: SandboxSettings, files: dict[str, str], env: dict[str, str], p
     argv += view.args
     for name, host in files.items():
         argv += ["--ro-bind", host, f"{WORKDIR}/{name}"]
+    for dest, host in (binds or {}).items():
+        argv += ["--ro-bind", host, dest]
     for k, v in env.items():
         argv += ["--setenv", k, v]
     return argv + ["--chdir", WORKDIR], inner_python

@@ -69,6 +69,13 @@ session, the clean environment, the temp dir, the kills (plus a best-effort kill
 of leftovers that left the session, found by an environment marker) and the
 result channel; it is not a security boundary and must be chosen explicitly.
 
+Warm workers (sandbox.reuse_workers, on by default in bwrap mode; tasks/sandbox/pool.py and worker.py): the
+same view, namespaces, limits, uid drop and result channel, but the bwrap sandbox, the interpreter and pytest
+start once per worker; each check is a child forked from a worker that never ran a check's code, with fresh
+tmpfs on /sandbox, /tmp and /dev/shm in its own mount and IPC namespaces, its own session, rlimits and uid and
+no capabilities. Every other process of the sandbox is killed before the next check; a timeout, an output cap,
+a survivor or a protocol anomaly retires the worker. The availability probe always uses the per-run path.
+
 Limits are per process (RLIMIT_*): a run may use up to max_processes x memory_mb
 of address space and each process its own cpu_seconds; the wall timeout bounds
 the run as a whole. There is no seccomp filter, so the code may still create user
@@ -118,7 +125,9 @@ SOLUTION_FILE = "solution.py"
 TEST_FILE = "test_solution.py"
 HARNESS_FILE = "_evolforge_harness.py"  # tasks/sandbox/harness.py, written beside them
 PROGRAM_FILE = "main.py"  # run_python_program's script
-PYTEST_ARGS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", TEST_FILE]  # what the harness runs
+_UNUSED_PLUGINS = ("cacheprovider", "pastebin", "junitxml", "doctest", "setuponly", "setupplan", "stepwise",
+                   "unraisableexception", "threadexception", "faulthandler")  # nothing a check needs; each costs time
+PYTEST_ARGS = ["-m", "pytest", "-q", *(a for p in _UNUSED_PLUGINS for a in ("-p", f"no:{p}")), "--tb=short", TEST_FILE]  # what the harness runs
 _HARNESS_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
 _PYTEST_STYLE = re.compile(r"^(?:async\s+)?def\s+test\w*\s*\(|^class\s+Test\w*|^\s*(?:import|from)\s+pytest\b", re.M)
 _GRACE_S = 0.25  # after the main process exits, how long to keep draining pipes held by leftovers
@@ -259,7 +268,13 @@ class _Channel:
 def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runner: str,
          declared: int = 0, stdin: str | None = None) -> SandboxResult:
     """runner "pytest" / "script": through the harness and its result channel; "raw": `python *args` (the probe,
-    run_python_program). `stdin` goes into a host file outside the sandbox's view, opened as its standard input."""
+    run_python_program). `stdin` goes into a host file outside the sandbox's view, opened as its standard input.
+    With sandbox.reuse_workers (bwrap mode) every run but the probe goes to a warm worker (tasks/sandbox/pool.py)."""
+    if settings.mode == "bwrap" and settings.reuse_workers and (runner != "raw" or args == [PROGRAM_FILE]):
+        from evolforge.tasks.sandbox.pool import run_in_worker  # lazy: pool imports this module
+
+        files = {name: code for name, code in files.items() if name != HARNESS_FILE}  # the worker has it loaded
+        return run_in_worker(settings, files, args if runner == "raw" else [TEST_FILE, *args], runner, declared, stdin)
     hostdir = tempfile.mkdtemp(prefix="evolforge-sbx-")
     uid, channel = None, None
     try:

@@ -1,0 +1,316 @@
+"""The long-lived sandbox worker: forks one pristine child per check (runs INSIDE a bwrap sandbox).
+
+Not imported by evolforge: tasks/sandbox/pool.py binds this file and tasks/sandbox/harness.py read-only
+at /evolforge/ in a bwrap sandbox and starts
+
+    python /evolforge/worker.py CONTROL_FD
+
+Stdlib (and the pytest it preloads) only. At start the worker makes itself non-dumpable (no process of
+the sandbox can read its memory or its /proc/<pid>/fd), becomes the child subreaper (every orphan of a
+check is re-parented to it), imports pytest, its built-in plugins and the harness, and says `ready` on
+the control socket (an AF_UNIX socket pair with the host; nothing else in the sandbox holds it).
+
+The worker never imports, reads or runs anything of a check. Per check the host sends one message on
+the control socket: a small JSON header (runner, options, file names, limits, uid) plus, as SCM_RIGHTS,
+the descriptors of the check: stdin, stdout, stderr, the harness's nonce pipe and result pipe (not for
+"raw" runs) and one memfd per file (the file contents; the worker never reads them). It forks a child that
+
+1. starts a new session (its own process group);
+2. unshares a mount and an IPC namespace and mounts fresh size-capped tmpfs on /sandbox, /tmp and
+   /dev/shm (nothing an earlier check wrote is visible, nothing it writes outlives it), copies the
+   files into /sandbox and binds each one read-only onto itself (as the one-sandbox-per-check mode does);
+3. moves the descriptors to 0-4 and closes every other (the control socket included);
+4. sets the check's rlimits (CPU, address space, processes, file size, open files, no core);
+5. as root: drops to the check's own uid/gid (the host hands out a uid no other running check has),
+   clears the capability bounding set; always: drops every capability and sets no_new_privs;
+6. runs the harness's main (pytest or script) or, for "raw", `main.py` as __main__, then exits with
+   the status `python FILE` would have had.
+
+When the child is gone the worker SIGKILLs every other process of the sandbox (`kill(-1)`, atomic against
+forks; pid 1, bwrap's init, and the worker itself are exempt), reaps them and reports
+`{"id", "status", "clean"}`; clean is false when anything but pid 1 and itself is still alive, and the host
+then retires the worker. The host kills the whole sandbox on a wall timeout or an output cap.
+"""
+
+import array
+import ctypes
+import fcntl
+import gc
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+WORKDIR = "/sandbox"
+FRESH_TMPFS = ("/sandbox", "/tmp", "/dev/shm")
+MAX_FDS = 16
+CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 4, 24, 38, 36
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(src, target: str, fstype, flags: int, data) -> None:
+    enc = (lambda s: s.encode() if s is not None else None)
+    _check(_libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+
+def _drop_all_capabilities(as_root: bool) -> None:
+    if as_root:
+        for cap in range(64):  # the bounding set (needs CAP_SETPCAP, so before the uid change)
+            if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:  # EINVAL: past the last
+                break
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+
+
+def _clear_capability_sets() -> None:
+    header, data = _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3, all zero
+    _check(_libc.capset(ctypes.byref(header), data), "capset")
+
+
+def _preload() -> object:
+    """Import pytest, its default plugins and the harness, so a forked child only runs the check."""
+    import pytest  # noqa: F401
+    from _pytest.config import default_plugins
+
+    for name in default_plugins:
+        try:
+            importlib.import_module(f"_pytest.{name}")
+        except ImportError:
+            pass
+    for name in ("_pytest.assertion.rewrite", "_pytest.python_api", "_pytest.outcomes", "runpy", "traceback",
+                 "unittest", "doctest", "pdb", "argparse", "inspect", "typing", "dataclasses", "collections",
+                 "re", "json", "math", "itertools", "functools", "threading", "subprocess", "tempfile"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    spec = importlib.util.spec_from_file_location("_evolforge_harness", os.path.join(_HERE, "harness.py"))
+    harness = importlib.util.module_from_spec(spec)
+    sys.modules["_evolforge_harness"] = harness
+    spec.loader.exec_module(harness)
+    gc.collect()
+    gc.freeze()  # children neither scan nor copy (on write) what the worker loaded
+    return harness
+
+
+def _send(sock: socket.socket, record: dict) -> None:
+    sock.sendall((json.dumps(record) + "\n").encode())
+
+
+def _recv_job(sock: socket.socket, buf: bytearray) -> tuple[dict | None, list[int]]:
+    """One job: a JSON line; its descriptors arrive with its first bytes. (None, []) at EOF."""
+    fds: list[int] = []
+    while b"\n" not in buf:
+        data, ancdata, _flags, _ = sock.recvmsg(65536, socket.CMSG_SPACE(MAX_FDS * 4))
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(payload[: len(payload) - len(payload) % got.itemsize])
+                fds += list(got)
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            return None, []
+        buf += data
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return json.loads(line), fds
+
+
+def _copy_file(src_fd: int, path: str) -> None:
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.lseek(src_fd, 0, os.SEEK_SET)
+        while True:
+            chunk = os.read(src_fd, 1 << 20)
+            if not chunk:
+                break
+            while chunk:
+                chunk = chunk[os.write(out, chunk):]
+    finally:
+        os.close(out)
+    os.chmod(path, 0o644)
+    _mount(path, path, None, MS_BIND, None)  # read-only, as bwrap's --ro-bind of the per-check mode
+    _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+
+
+def _arrange_fds(fds: list[int]) -> None:
+    """fds[i] becomes descriptor i; every other descriptor is closed."""
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in fds]  # above 0..n-1: no dup2 overwrites a source
+    for i, fd in enumerate(high):
+        os.dup2(fd, i, inheritable=True)
+    os.closerange(len(fds), 1 << 16)
+
+
+def _exit_status(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except Exception:  # noqa: BLE001
+        pass
+    return 1
+
+
+def _run_main(path: str) -> int:
+    import runpy
+
+    sys.argv = [path]
+    runpy.run_path(path, run_name="__main__")
+    return 0
+
+
+def _finish(run) -> None:
+    """Run the check's entry point as `python FILE` would and leave with its exit status."""
+    try:
+        status = _exit_status(run())
+    except SystemExit as e:
+        status = _exit_status(e.code)
+    except BaseException:  # noqa: BLE001 - what python prints for an uncaught exception
+        try:
+            sys.excepthook(*sys.exc_info())
+        except BaseException:  # noqa: BLE001
+            pass
+        status = 1
+    try:
+        import threading
+
+        threading._shutdown()  # wait for non-daemon threads, as the interpreter does at exit
+    except BaseException:  # noqa: BLE001
+        pass
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+    os._exit(status)
+
+
+def _child(job: dict, fds: list[int], harness) -> None:
+    """In the forked child: isolate, drop privileges and run the check. Never returns."""
+    try:
+        os.setsid()
+        _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare")
+        _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+        size = int(job["tmpfs_bytes"])
+        for path in FRESH_TMPFS:
+            if os.path.isdir(path):
+                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
+        n_std = 5 if job["runner"] != "raw" else 3
+        names = job["files"]
+        if len(fds) != n_std + len(names):
+            raise RuntimeError("descriptor count does not match the job")
+        for name, fd in zip(names, fds[n_std:]):
+            if "/" in name or name.startswith("."):
+                raise RuntimeError(f"bad file name {name!r}")
+            _copy_file(fd, os.path.join(WORKDIR, name))
+        _arrange_fds(fds[:n_std])
+        os.chdir(WORKDIR)
+        sys.path[0] = WORKDIR
+        sys.path_importer_cache.clear()
+        import resource
+
+        for key, value in job["rlimits"].items():
+            resource.setrlimit(getattr(resource, key), (value[0], value[1]))
+        uid = job.get("uid")
+        as_root = os.geteuid() == 0
+        _drop_all_capabilities(as_root)
+        if uid is not None:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+        _clear_capability_sets()
+        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    except BaseException as e:  # noqa: BLE001 - a setup failure is the worker's, never the check's
+        try:
+            os.write(2, f"evolforge sandbox worker: check setup failed: {e!r}\n".encode())
+        finally:
+            os._exit(125)
+    if job["runner"] == "raw":
+        _finish(lambda: _run_main(job["args"][0]))
+    harness_args = ["3", "4", job["runner"], *job["args"]]
+    sys.argv = ["_evolforge_harness.py", *harness_args]  # what the one-sandbox-per-check mode's harness sees
+    _finish(lambda: harness.main(harness_args))
+
+
+def _sweep(me: int) -> bool:
+    """Kill and reap every process of the sandbox but pid 1 and this one; True when none is left."""
+    for _ in range(50):
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        while True:
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+        others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
+        if not others:
+            return True
+        time.sleep(0.002)
+    return False
+
+
+def _status(raw: int) -> int:
+    if os.WIFSIGNALED(raw):
+        return 128 + os.WTERMSIG(raw)  # as bwrap reports a command that a signal ended
+    return os.WEXITSTATUS(raw) if os.WIFEXITED(raw) else 255
+
+
+def main(argv: list) -> int:
+    sock = socket.socket(fileno=int(argv[0]))
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")
+    harness = _preload()
+    me = os.getpid()
+    _send(sock, {"ready": True, "pid": me})
+    buf = bytearray()
+    while True:
+        job, fds = _recv_job(sock, buf)
+        if job is None:
+            return 0
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            _child(job, fds, harness)
+            os._exit(125)
+        for fd in fds:
+            os.close(fd)
+        _, raw = os.waitpid(pid, 0)
+        clean = _sweep(me)
+        _send(sock, {"id": job["id"], "status": _status(raw), "clean": clean})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,272 @@
+"""Warm sandbox workers (tasks/sandbox/pool.py, worker.py): one check sees nothing of an earlier one.
+
+Each leak test runs two checks on the SAME worker (asserted from the pool's counters): the first plants
+something of one kind (files, processes, environment, imported modules, System V IPC), the second looks
+for it. Then the control channel and the verdict: code under test that tries to talk to the worker or
+forge its report or the harness's record must fail, and the worker must keep judging the next checks right.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from evolforge.config.sections.sandbox import SandboxSettings
+from evolforge.tasks.sandbox.pool import close_workers, pool_stats
+from evolforge.tasks.sandbox.run import run_many, run_python_program, run_python_tests
+
+pytestmark = pytest.mark.skipif(not os.access("/usr/bin/bwrap", os.X_OK), reason="bubblewrap not installed")
+
+SOLUTION = "def add(a, b):\n    return a + b\n"
+WRONG = "def add(a, b):\n    return a - b\n"
+TESTS = "from solution import add\n\ndef test_small():\n    assert add(1, 2) == 3\n\ndef test_zero():\n    assert add(0, 0) == 0\n"
+PLANT_DIRS = ["/", "/sandbox", "/tmp", "/dev", "/dev/shm", "/evolforge", "/venv", "/usr", "/var/tmp", "/run", "/etc"]
+
+
+def _settings(**kw) -> SandboxSettings:
+    base = dict(cpu_seconds=5, memory_mb=512, max_processes=32, wall_timeout_seconds=20, max_output_bytes=200_000,
+                max_parallel=2, reuse_workers=True)
+    return SandboxSettings(**(base | kw))
+
+
+def _script(code: str, settings: SandboxSettings | None = None):
+    r = run_python_tests("", code, settings or _settings())
+    assert r.runner == "script"
+    return r
+
+
+@pytest.fixture
+def one_worker():
+    """A single fresh worker; yields a function asserting that no other worker was started since."""
+    close_workers()
+    start = pool_stats()
+
+    def same_worker() -> None:
+        now = pool_stats()
+        assert now["spawned"] - start["spawned"] <= 1 and now["retired"] == start["retired"], (start, now)
+
+    yield same_worker
+    close_workers()
+
+
+# ---------------------------------------------------------------- leaks between checks
+
+
+def test_files_of_an_earlier_check_are_gone(one_worker):
+    plant = (
+        "import json\nwritten = []\n"
+        f"for d in {PLANT_DIRS!r}:\n"
+        "    try:\n        open(d.rstrip('/') + '/planted-by-check-1', 'w').write('x')\n        written.append(d)\n"
+        "    except OSError:\n        pass\nprint(json.dumps(written))\n"
+    )
+    first = _script(plant)
+    assert first.passed, first.stderr
+    assert set(json.loads(first.stdout)) == {"/sandbox", "/tmp", "/dev/shm"}  # its private tmpfs, nothing else
+    look = (
+        "import json, os\nseen = {}\n"
+        f"for d in {PLANT_DIRS!r}:\n"
+        "    try:\n        seen[d] = sorted(os.listdir(d))\n    except OSError as e:\n        seen[d] = [type(e).__name__]\n"
+        "print(json.dumps(seen))\n"
+    )
+    second = _script(look)
+    one_worker()
+    assert second.passed, second.stderr
+    seen = json.loads(second.stdout)
+    assert not [d for d, names in seen.items() if "planted-by-check-1" in names], seen
+    assert seen["/sandbox"] == ["solution.py", "test_solution.py"] and seen["/tmp"] == [] and seen["/dev/shm"] == []
+
+
+def test_processes_of_an_earlier_check_are_gone(one_worker):
+    marker = f"5150.{os.getpid()}"
+    spawn = (
+        "import os, signal, subprocess\n"
+        f"subprocess.Popen(['sleep', '{marker}'])\n"
+        f"p = subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n"
+        "os.kill(p.pid, signal.SIGSTOP)\n"
+        "if os.fork() == 0:\n    os.setsid()\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"    if os.fork() == 0:\n        os.execv('/usr/bin/sleep', ['sleep', '{marker}'])\n    os._exit(0)\n"
+        "print('spawned')\n"
+    )
+    assert _script(spawn).passed
+    look = (
+        "import json, os\nprocs = {}\n"
+        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    try:\n        procs[pid] = open(f'/proc/{pid}/cmdline', 'rb').read().decode(errors='replace')\n"
+        "    except OSError as e:\n        procs[pid] = type(e).__name__\n"
+        "print(json.dumps({'procs': procs, 'me': os.getpid(), 'parent': os.getppid()}))\n"
+    )
+    second = _script(look)
+    one_worker()
+    seen = json.loads(second.stdout)
+    assert not [c for c in seen["procs"].values() if marker in c], seen
+    assert set(map(int, seen["procs"])) == {1, seen["parent"], seen["me"]}, seen  # bwrap's init, the worker, itself
+    ps = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True, check=True).stdout
+    assert marker not in ps
+
+
+def test_environment_of_an_earlier_check_is_gone(one_worker):
+    show = "import json, os\nprint(json.dumps(dict(os.environ)))\n"
+    before = json.loads(_script(show).stdout)
+    plant = "import os\nos.environ['PLANTED'] = 'check-1'\nos.putenv('PLANTED_TOO', 'check-1')\nos.environ['PATH'] = '/planted'\n"
+    assert _script(plant).passed
+    after = json.loads(_script(show).stdout)
+    one_worker()
+    assert after == before and "PLANTED" not in after and after["PATH"] == "/usr/bin:/bin"
+
+
+def test_imported_modules_of_an_earlier_check_are_gone(one_worker):
+    plant = (
+        "import builtins, colorsys, json, sys, types\n"
+        "sys.modules['planted'] = types.ModuleType('planted')\njson.planted = 1\nbuiltins.planted = 1\n"
+        "json.dumps = lambda *a, **k: 'forged'\nsys.path.append('/planted')\n"
+        "import solution\nsolution.add = lambda a, b: 3\n"
+    )
+    assert run_python_tests("def add(a, b):\n    return 0\n", plant, _settings()).passed
+    look = (
+        "import builtins, json, sys\nfrom solution import add\n"
+        "print(json.dumps({'planted': 'planted' in sys.modules, 'colorsys': 'colorsys' in sys.modules,\n"
+        "    'json_attr': hasattr(json, 'planted'), 'builtin': hasattr(builtins, 'planted'),\n"
+        "    'path': '/planted' in sys.path, 'add': add(1, 2)}))\n"
+    )
+    second = run_python_tests("def add(a, b):\n    return a * b\n", look, _settings())
+    one_worker()
+    assert json.loads(second.stdout) == {"planted": False, "colorsys": False, "json_attr": False, "builtin": False,
+                                         "path": False, "add": 2}
+    # and a passing solution is judged on its own, after a wrong one was imported in the same worker
+    assert not run_python_tests(WRONG, TESTS, _settings()).passed
+    assert run_python_tests(SOLUTION, TESTS, _settings()).passed
+    one_worker()
+
+
+def test_ipc_objects_of_an_earlier_check_are_gone(one_worker):
+    plant = (
+        "import subprocess\n"
+        "print(subprocess.run(['ipcmk', '-M', '4096', '-p', '0666'], capture_output=True, text=True).stdout)\n"
+        "print(subprocess.run(['ipcmk', '-Q', '-p', '0666'], capture_output=True, text=True).stdout)\n"
+    )
+    first = _script(plant)
+    assert "Shared memory id" in first.stdout, first.stdout + first.stderr
+    look = "import subprocess\nprint(subprocess.run(['ipcs', '-m', '-q'], capture_output=True, text=True).stdout)\n"
+    second = _script(look)
+    one_worker()
+    listed = [line for line in second.stdout.splitlines() if line[:2] == "0x"]
+    assert listed == [], second.stdout
+
+
+def test_each_check_runs_as_its_own_unprivileged_uid():
+    me = (
+        "import json, os\nstatus = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n"
+        "print(json.dumps({'uid': os.getuid(), 'euid': os.geteuid(), 'groups': os.getgroups(), 'pgid': os.getpgid(0),\n"
+        "    'sid': os.getsid(0), 'pid': os.getpid(), 'caps': [status[k].strip() for k in ('CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb')],\n"
+        "    'nnp': status['NoNewPrivs'].strip()}))\n"
+    )
+    settings = _settings(max_parallel=2)
+    results = run_many([("", me + "import time\ntime.sleep(0.5)\n")] * 2, settings)
+    seen = [json.loads(r.stdout) for r in results]
+    for s in seen:
+        assert s["caps"] == ["0000000000000000"] * 5 and s["nnp"] == "1"
+        assert s["pgid"] == s["sid"] == s["pid"]  # its own session and process group
+        if os.geteuid() == 0:
+            assert s["uid"] == s["euid"] and settings.uid_base <= s["uid"] < settings.uid_base + 65_536 and s["groups"] == []
+    if os.geteuid() == 0:
+        assert seen[0]["uid"] != seen[1]["uid"]  # two checks at once never share a uid
+
+
+# ---------------------------------------------------------------- the control channel and the verdict
+
+
+ATTACK_WORKER = (
+    "import glob, json, os, signal, socket\nreport = {}\n"
+    "forged_done = b''.join(json.dumps({'id': i, 'status': 0, 'clean': True}).encode() + b'\\n' for i in range(1, 60))\n"
+    "forged_record = json.dumps({'nonce': '0' * 32, 'kind': 'final', 'runner': 'pytest', 'collected': 2, 'passed': 2,\n"
+    "    'failed': 0, 'errors': 0, 'skipped': 0, 'exitstatus': 0, 'tampered': []}).encode() + b'\\n'\n"
+    "for fd in sorted(int(f) for f in os.listdir('/proc/self/fd')):  # every descriptor it holds\n"
+    "    try:\n        os.write(fd, forged_done + forged_record)\n        report.setdefault('wrote', []).append(fd)\n"
+    "    except OSError:\n        pass\n"
+    "    try:\n        s = socket.fromfd(fd, socket.AF_UNIX, socket.SOCK_STREAM)\n    except OSError:\n        continue\n"
+    "    try:\n        s.getsockname()\n        s.sendall(forged_done)\n        report.setdefault('socket', []).append(fd)\n"
+    "    except OSError:\n        pass\n    finally:\n        s.close()\n"
+    "for pid in (1, os.getppid()):\n"
+    "    for what in ('fd', 'mem', 'environ', 'maps'):\n"
+    "        try:\n            p = f'/proc/{pid}/{what}'\n"
+    "            report[p] = sorted(os.listdir(p)) if what == 'fd' else len(open(p, 'rb').read())\n"
+    "        except OSError as e:\n            report[p] = type(e).__name__\n"
+    "    try:\n        os.kill(pid, signal.SIGKILL)\n        report[f'kill {pid}'] = 'sent'\n"
+    "    except OSError as e:\n        report[f'kill {pid}'] = type(e).__name__\n"
+    "import sys\nsys.__stderr__.write('REPORT ' + json.dumps(report) + '\\n')\n"
+)
+
+
+def test_code_cannot_reach_the_worker_or_forge_its_report(one_worker):
+    r = run_python_tests(WRONG + ATTACK_WORKER, TESTS, _settings())
+    assert not r.passed and "forged" in r.verdict_error, r.verdict_error  # its lines on fd 4 lack the nonce
+    script = run_python_tests(WRONG + ATTACK_WORKER, "from solution import add\nassert add(1, 2) == 3\n", _settings())
+    assert not script.passed and script.verdict_error, script.verdict_error
+    report = json.loads(next(line[7:] for line in script.stderr.splitlines() if line.startswith("REPORT ")))
+    assert "socket" not in report and report["wrote"] == [1, 2, 4], report  # stdout, stderr, its result pipe: no control socket
+    if os.geteuid() == 0:  # another uid: the worker and bwrap's init are out of its reach
+        for pid in ("1", "2"):
+            assert report[f"/proc/{pid}/fd"] == "PermissionError" and report[f"kill {pid}"] == "PermissionError", report
+            assert report[f"/proc/{pid}/mem"] == report[f"/proc/{pid}/environ"] == "PermissionError", report
+    # the worker was not confused: it judges the next checks right, and it is still the same worker
+    assert run_python_tests(SOLUTION, TESTS, _settings()).passed
+    assert not run_python_tests(WRONG, TESTS, _settings()).passed
+    one_worker()
+
+
+def test_a_forged_record_with_an_early_exit_fails_in_the_worker(one_worker):
+    forge = ATTACK_WORKER + "os._exit(0)\n"
+    r = run_python_tests(WRONG + forge, TESTS, _settings())
+    assert r.exit_code == 0 and not r.passed and r.verdict_error, r.verdict_error
+    assert run_python_tests(SOLUTION, TESTS, _settings()).passed
+    one_worker()
+
+
+# ---------------------------------------------------------------- recycling and the switch
+
+
+def test_worker_is_replaced_after_max_checks_and_after_a_timeout():
+    close_workers()
+    settings = _settings(worker_max_checks=2, wall_timeout_seconds=3)
+    start = pool_stats()
+    for _ in range(3):
+        assert run_python_tests(SOLUTION, TESTS, settings).passed
+    after = pool_stats()
+    assert (after["spawned"] - start["spawned"], after["retired"] - start["retired"]) == (2, 1)
+    slow = run_python_tests("import time\ntime.sleep(60)\n", TESTS, settings)
+    assert slow.timed_out and slow.killed_reason == "wall_timeout" and slow.duration_s < 8
+    assert pool_stats()["retired"] - after["retired"] == 1  # the timed-out worker was killed, not reused
+    assert run_python_tests(SOLUTION, TESTS, settings).passed
+    close_workers()
+
+
+def test_output_flood_retires_the_worker_and_the_next_check_is_clean():
+    close_workers()
+    start = pool_stats()
+    flood = "import sys\nfor _ in range(10_000):\n    sys.stdout.write('x' * 65536)\n"
+    r = _script(flood, _settings(max_output_bytes=100_000))
+    assert r.killed_reason == "output_cap" and not r.passed
+    assert pool_stats()["retired"] == start["retired"] + 1
+    clean = _script("print('fine')\n")
+    assert clean.passed and clean.stdout == "fine\n"
+    close_workers()
+
+
+def test_switch_off_runs_one_sandbox_per_check():
+    close_workers()
+    start = pool_stats()
+    per_check = _settings(reuse_workers=False)
+    assert run_python_tests(SOLUTION, TESTS, per_check).passed
+    assert not run_python_tests(WRONG, TESTS, per_check).passed
+    assert run_python_program("print(input()[::-1])", "abc", per_check).stdout == "cba\n"
+    assert pool_stats() == start  # no worker was started
+
+
+def test_programs_with_stdin_run_in_the_worker():
+    r = run_python_program("import sys\nprint(sys.stdin.read().upper(), end='')\nsys.exit(3)\n", "hello\n", _settings())
+    assert r.exit_code == 3 and r.stdout == "HELLO\n" and not r.passed and r.runner == "raw"
+    crash = run_python_program("raise ValueError('boom')\n", None, _settings())
+    assert crash.exit_code == 1 and "ValueError: boom" in crash.stderr
