@@ -91,7 +91,8 @@ def cmd_ppo(args) -> int:
     return run_flow(ppo_flow, PPOParams(
         evolved=args.evolved, tasks=args.tasks, reward_dir=args.reward_dir, out=args.out, irm_dir=args.irm_dir,
         prm_dir=args.prm_dir, ignore_reward_health=args.ignore_reward_health, ray_address=args.ray_address,
-        local_steps=args.local_steps, config=args.config), args.out)
+        ray_job=args.ray_job, ray_wait_seconds=args.ray_wait, local_steps=args.local_steps, config=args.config),
+        args.out)
 
 
 def _choices(allowed: tuple[str, ...]):
@@ -182,7 +183,7 @@ def register(sub) -> None:
     p.add_argument("--config")
     p.set_defaults(fn=cmd_train_reward)
 
-    p = sub.add_parser("ppo", help="PPO (RLEIF): verl prompt data, config and Ray job, local GRPO smoke run")
+    p = sub.add_parser("ppo", help="PPO (RLEIF): verl prompt data, PPO config and Ray job, local GRPO smoke run")
     p.add_argument("--evolved", required=True, help="an evolve run's output folder or its dataset/evolved.parquet")
     p.add_argument("--reward-dir", required=True, help="the train-reward stage's output folder")
     p.add_argument("--out", required=True, help="output folder (data/, verl/, local/, summary.json)")
@@ -190,7 +191,12 @@ def register(sub) -> None:
     p.add_argument("--irm-dir", help="IRM folder (default: REWARD_DIR / ppo.irm_subdir)")
     p.add_argument("--prm-dir", help="PRM folder (default: REWARD_DIR / ppo.prm_subdir)")
     p.add_argument("--ignore-reward-health", action="store_true", help="run although the reward stage is unhealthy")
-    p.add_argument("--ray-address", help="Ray dashboard address to submit the verl job to (default: ppo.ray_address)")
+    p.add_argument("--ray-address", help="Ray dashboard address (Jobs API) to submit the job to, e.g. http://head:8265 "
+                   "(default: ppo.ray_address, else $RAY_ADDRESS)")
+    p.add_argument("--ray-job", choices=["verl_ppo", "grpo_smoke"],
+                   help="what the Ray job runs: the verl PPO trainer, or the GRPO smoke run (default: ppo.ray_job)")
+    p.add_argument("--ray-wait", type=float, metavar="SECONDS",
+                   help="wait for the job to finish and fetch its log (default: ppo.ray_wait_seconds; 0: don't)")
     p.add_argument("--local-steps", type=int, help="GRPO steps of the local smoke run (0 skips it)")
     p.add_argument("--config")
     p.set_defaults(fn=cmd_ppo)
