@@ -75,19 +75,25 @@ def check_endpoint(settings: Settings, timeout: float = ENDPOINT_TIMEOUT_SECONDS
         check_key_transport(base, key, settings.gateway.allow_key_over_http)
     except InsecureKeyTransport as e:
         raise InputError(str(e)) from None
-    import httpx
+    import urllib.error
+    import urllib.request
 
-    try:
-        resp = httpx.get(base + "/models", headers={"Authorization": f"Bearer {key}"} if key else {},
-                         timeout=httpx.Timeout(timeout))
-    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol, httpx.InvalidURL) as e:
-        raise InputError(f"model endpoint {base} is unreachable ({type(e).__name__}: {e or 'no answer'}); start "
-                         "it, fix --base-url (gateway.base_url), or leave it empty to use the embedded model") from None
-    except httpx.HTTPError:
-        return  # it answers, slowly or oddly: the flow's pre-flight probes every model with the full timeout
-    if resp.status_code in (401, 403):
-        raise InputError(f"model endpoint {base} refused the API key (HTTP {resp.status_code}): set EVOLFORGE_API_KEY "
-                         "(or OPENAI_API_KEY) to a key it accepts" + ("" if key else " (none is set)"))
+    try:  # stdlib, not httpx: no client or TLS context to build for a plain-http endpoint
+        req = urllib.request.Request(base + "/models", headers={"Authorization": f"Bearer {key}"} if key else {})
+        with urllib.request.urlopen(req, timeout=timeout):
+            return
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            raise InputError(f"model endpoint {base} refused the API key (HTTP {e.code}): set EVOLFORGE_API_KEY "
+                             "(or OPENAI_API_KEY) to a key it accepts" + ("" if key else " (none is set)")) from None
+        return  # it answers (some servers have no /models): the flow's pre-flight probes every model
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+            if not isinstance(e, urllib.error.URLError):
+                return  # connected, slow to answer: the flow's pre-flight decides with the full timeout
+        raise InputError(f"model endpoint {base} is unreachable ({reason}); start it, fix --base-url "
+                         "(gateway.base_url), or leave it empty to use the embedded model") from None
 
 
 def _seed_rows(path: str, settings: Settings, what: str) -> None:
