@@ -244,7 +244,27 @@ def _pytest_plugin(emit, module_code: list, guard):
     return pytest, EvolforgeVerdict()
 
 
-def main(argv: list) -> int:
+def _run_prepared(initial, plugin, args: list) -> int:
+    """pytest.main(args, plugins=[plugin]) on a Config whose plugin manager and default plugins were built from
+    the same args before the fork (tasks/sandbox/worker.py): what pytest.main does after its get_config."""
+    import pytest
+
+    os.environ["PYTEST_VERSION"] = pytest.__version__
+    manager = initial.pluginmanager
+    try:
+        manager.register(plugin)
+        config = manager.hook.pytest_cmdline_parse(pluginmanager=manager, args=args)
+    except BaseException:
+        initial._ensure_unconfigure()
+        raise
+    try:
+        return int(config.hook.pytest_cmdline_main(config=config))
+    finally:
+        config._ensure_unconfigure()
+
+
+def main(argv: list, prepared=None) -> int:
+    """`prepared`: the worker's pre-built pytest Config for exactly these options (None: pytest.main)."""
     nonce_fd, result_fd, runner, test_file, *options = argv
     emit = _writer(int(result_fd), _read_nonce(int(nonce_fd)))
     test_path = os.path.realpath(test_file)
@@ -252,6 +272,8 @@ def main(argv: list) -> int:
     _undumpable()
     if runner == "pytest":
         pytest, plugin = _pytest_plugin(emit, module_code, lambda: _guard(test_path, module_code))
+        if prepared is not None:
+            return _run_prepared(prepared, plugin, [*options, test_file])
         return int(pytest.main([*options, test_file], plugins=[plugin]))
     import runpy
 

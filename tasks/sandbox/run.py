@@ -84,7 +84,8 @@ namespaces (without gaining access to anything outside its view).
 `killed_reason` is one of: None, "wall_timeout", "output_cap" (set by the parent,
 reliable), "cpu_limit" (SIGXCPU, or a SIGKILL after cpu_seconds), "memory",
 "process_limit", "file_size" (read from the run's own output, so informative
-only: untrusted code could print them), or "signal:N".
+only: untrusted code could print them), "signal:N", or "worker_lost" (reuse_workers: the worker's
+sandbox ended or broke its protocol during the run; that worker is replaced).
 """
 
 from __future__ import annotations

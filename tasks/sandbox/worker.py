@@ -215,7 +215,26 @@ def _finish(run) -> None:
     os._exit(status)
 
 
-def _child(job: dict, fds: list[int], harness) -> None:
+def _prepared_config(job: dict, configs: dict):
+    """pytest's Config with its plugin manager and default plugins for the job's options (the host's fixed pytest
+    arguments, never anything of a check), built once in the worker so each child skips that step. None: the
+    child runs pytest.main."""
+    if job["runner"] != "pytest":
+        return None
+    key = tuple(job["args"][1:] + job["args"][:1])  # the options, then the test file: pytest.main's argument list
+    if key not in configs:
+        try:
+            from _pytest.config import get_config
+
+            configs[key] = get_config(list(key))
+        except Exception:  # noqa: BLE001 - another pytest: the children use pytest.main
+            configs[key] = None
+        gc.collect()
+        gc.freeze()
+    return configs[key]
+
+
+def _child(job: dict, fds: list[int], harness, prepared=None) -> None:
     """In the forked child: isolate, drop privileges and run the check. Never returns."""
     try:
         os.setsid()
@@ -260,7 +279,7 @@ def _child(job: dict, fds: list[int], harness) -> None:
         _finish(lambda: _run_main(job["args"][0]))
     harness_args = ["3", "4", job["runner"], *job["args"]]
     sys.argv = ["_evolforge_harness.py", *harness_args]  # what the one-sandbox-per-check mode's harness sees
-    _finish(lambda: harness.main(harness_args))
+    _finish(lambda: harness.main(harness_args, prepared))
 
 
 def _sweep(me: int) -> bool:
@@ -295,15 +314,16 @@ def main(argv: list) -> int:
     harness = _preload()
     me = os.getpid()
     _send(sock, {"ready": True, "pid": me})
-    buf = bytearray()
+    buf, configs = bytearray(), {}
     while True:
         job, fds = _recv_job(sock, buf)
         if job is None:
             return 0
+        prepared = _prepared_config(job, configs)
         pid = os.fork()
         if pid == 0:
             sock.close()
-            _child(job, fds, harness)
+            _child(job, fds, harness, prepared)
             os._exit(125)
         for fd in fds:
             os.close(fd)
