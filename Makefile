@@ -17,6 +17,8 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml Makefile
 	@command -v bwrap >/dev/null 2>&1 || { (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 \
 	  || echo "warning: could not install bubblewrap (needed by the sandbox): apt-get install bubblewrap"; }
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || { (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) >/dev/null 2>&1 \
+	  || echo "warning: could not install chromium + chromium-driver (the Prefect UI test is skipped without them)"; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# CPU build of torch from local disk first (an unpinned torch pulls a multi-GB CUDA build)
