@@ -6,23 +6,24 @@
 `tasks/ppo/reward.py::compute_score_async` with the IRM / PRM folders as its reward_kwargs.
 `ray_submit_command` wraps it in `ray job submit --address ADDR --submission-id ID -- ...`.
 
-Two validations: `validate_config` (the documented pydantic schema in tasks/ppo/verl_schema.py, always
-available) and `validate_against_verl` (every key checked against verl's own generated ppo_trainer.yaml,
-found through the installed verl package or $VERL_PPO_TRAINER_YAML).
+Two checks: `validate_config`, the offline pydantic schema (tasks/ppo/verl_schema.py; no verl needed, what the
+flow runs), and `check_with_verl`, verl's own: Hydra composes the overrides onto verl's ppo_trainer config and
+verl's `validate_config` runs on it, exactly as `verl.trainer.main_ppo` does before it starts Ray, in a python
+where verl is importable (verl pins packages older than evolforge's: its own virtualenv, or the test suite's
+evolforge.testing.verl_env). `hydra_args` quotes every text so that it reaches verl verbatim (no OmegaConf
+interpolation of `${...}` in names or paths, no number or boolean parsing of a name like "2024").
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
+import json
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from evolforge.config.settings import PPOSettings
 from evolforge.tasks.ppo.verl_schema import VerlPPOConfig
@@ -109,6 +110,23 @@ def validate_config(overrides: dict[str, Any]) -> VerlPPOConfig:
 _BARE = re.compile(r"^[A-Za-z0-9_./:\-]+$")
 
 
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _quoted(s: str) -> str:
+    """A Hydra override string that arrives in verl's config as exactly `s`: OmegaConf interpolations escaped
+    (a name or path holding `${oc.env:API_KEY}` must not pull the environment into the config), then Hydra's
+    quoting (backslashes before a quote or the end doubled, quotes escaped)."""
+    s = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", s)
+    s = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, s)
+    return "'" + s.replace("'", "\\'") + "'"
+
+
 def _hydra_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -117,7 +135,8 @@ def _hydra_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_hydra_value(v) for v in value) + "]"
     s = str(value)
-    return s if _BARE.match(s) and s.lower() not in ("true", "false", "null") else "'" + s.replace("'", "\\'") + "'"
+    bare = _BARE.match(s) and s.lower() not in ("true", "false", "null") and not _is_number(s)
+    return s if bare else _quoted(s)  # a text that reads as a number or boolean stays text
 
 
 def hydra_args(overrides: dict[str, Any]) -> list[str]:
@@ -155,70 +174,74 @@ def submit(cmd: list[str], timeout_s: float = 300.0) -> dict:
     return {"submission_id": cmd[cmd.index("--submission-id") + 1], "stdout": proc.stdout[-4000:]}
 
 
-def find_verl_config() -> Path | None:
-    """verl's generated ppo_trainer.yaml: $VERL_PPO_TRAINER_YAML, else inside the installed verl package."""
-    env = os.environ.get("VERL_PPO_TRAINER_YAML")
-    if env and Path(env).is_file():
-        return Path(env)
+# Runs in a python where verl is importable (its own environment: verl pins packages older than evolforge's).
+# Reads {"checks": [{"overrides": [hydra args], "keys": [...]}, ...]} on stdin; prints one JSON line
+# {"verl": version or None, "error": why verl did not import, "results": [{"problems", "values"}, ...]}.
+VERL_CHECK_SCRIPT = r"""
+import json, os, sys, traceback
+request = json.load(sys.stdin)
+out = {"verl": None, "error": None, "results": []}
+try:
+    import verl
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    import verl.trainer.main_ppo as main_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+    out["verl"] = verl.__version__
+except Exception:
+    out["error"] = traceback.format_exc()[-4000:]
+    request["checks"] = []
+for check in request["checks"]:
+    result = {"problems": [], "values": {}}
+    out["results"].append(result)
     try:
-        spec = importlib.util.find_spec("verl")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    found = Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config" / "_generated_ppo_trainer.yaml"
-    return found if found.is_file() else None
+        with initialize_config_dir(config_dir=os.path.join(os.path.dirname(main_ppo.__file__), "config"),
+                                   version_base=None):
+            config = compose(config_name="ppo_trainer", overrides=check["overrides"])
+        for key in check["keys"]:
+            value = OmegaConf.select(config, key, default=None)
+            result["values"][key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        # what verl.trainer.main_ppo.main does before it starts Ray
+        auto_set_device(config)
+        validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                        use_critic=need_critic(config))
+    except Exception as e:  # a failure here is a problem of the configuration
+        result["problems"].append(f"{type(e).__name__}: {e}")
+print(json.dumps(out, default=str))
+"""
 
 
-_MISSING = object()
+class VerlCheckError(RuntimeError):
+    """The check itself could not run (no verl in that python, a crash): not a verdict on the configuration."""
 
 
-def validate_against_verl(overrides: dict[str, Any], verl_yaml: Path) -> list[str]:
-    """Problems of the overrides against verl's own config; empty list = valid. With Hydra installed, the
-    overrides are composed onto verl's ppo_trainer config exactly as main_ppo does; without it, every key is
-    checked against the generated YAML (unknown keys, '+' on existing keys, values of the wrong kind)."""
+def check_with_verl(overrides: dict[str, Any], python: str = sys.executable, env: dict | None = None,
+                    timeout_s: float = 600.0) -> dict:
+    """Check the overrides with verl's own code, exactly as `verl.trainer.main_ppo` does before it starts Ray:
+    Hydra composes them onto verl's ppo_trainer config (an unknown key, or '+' on a declared one, fails), then
+    verl's `validate_config` builds its typed configs (actor, critic, model: the model folders must exist here)
+    and checks the batch arithmetic. Runs `python` (one that imports verl and hydra) in a subprocess.
+
+    Returns {"verl": version, "problems": [...] (empty = valid), "values": {key: the composed value}}."""
+    return check_many_with_verl([overrides], python, env, timeout_s)[0]
+
+
+def check_many_with_verl(configs: list[dict[str, Any]], python: str = sys.executable, env: dict | None = None,
+                         timeout_s: float = 600.0) -> list[dict]:
+    """`check_with_verl` of several configurations in one subprocess (importing verl takes most of the time)."""
+    request = json.dumps({"checks": [{"overrides": hydra_args(o), "keys": [k.lstrip("+") for k in o]}
+                                     for o in configs]})
     try:
-        from hydra import compose, initialize_config_dir
-        from hydra.errors import HydraException
-    except ImportError:
-        return _check_keys(overrides, Path(verl_yaml))
-    try:
-        with initialize_config_dir(config_dir=str(Path(verl_yaml).resolve().parent), version_base=None):
-            compose(config_name="ppo_trainer", overrides=hydra_args(overrides))
-    except HydraException as e:
-        return [str(e)]
-    return []
-
-
-def _check_keys(overrides: dict[str, Any], verl_yaml: Path) -> list[str]:
-    schema = yaml.safe_load(verl_yaml.read_text(encoding="utf-8"))
-    problems = []
-    for key, value in overrides.items():
-        added = key.startswith("+")
-        parts = key.lstrip("+").split(".")
-        node: Any = schema
-        for i, p in enumerate(parts):
-            if isinstance(node, dict) and p in node:
-                node = node[p]
-            else:
-                node = _MISSING
-                missing_at = ".".join(parts[: i + 1])
-                break
-        if added:
-            parent_exists = node is _MISSING and missing_at != parts[0]
-            if node is not _MISSING:
-                problems.append(f"{key}: '+' adds a key, but verl already declares {key[1:]}")
-            elif not parent_exists:
-                problems.append(f"{key}: verl has no section {missing_at}")
-            continue
-        if node is _MISSING:
-            problems.append(f"{key}: verl has no key {missing_at}")
-        elif isinstance(node, dict):
-            problems.append(f"{key}: {key} is a section in verl, not a value")
-        elif isinstance(node, bool) and not isinstance(value, bool):
-            problems.append(f"{key}: verl expects a boolean, got {value!r}")
-        elif isinstance(node, (int, float)) and not isinstance(node, bool) and not isinstance(value, (int, float)):
-            problems.append(f"{key}: verl expects a number, got {value!r}")
-        elif isinstance(node, list) and not isinstance(value, (list, tuple)):
-            problems.append(f"{key}: verl expects a list, got {value!r}")
-    return problems
+        proc = subprocess.run([python, "-c", VERL_CHECK_SCRIPT], input=request, capture_output=True, text=True,
+                              timeout=timeout_s, env=env)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise VerlCheckError(f"could not run verl's config check with {python}: {e}") from e
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise VerlCheckError(f"verl's config check crashed (exit {proc.returncode}): {proc.stderr.strip()[-3000:]}")
+    out = json.loads(lines[-1])
+    if out["verl"] is None:
+        raise VerlCheckError(f"verl is not importable with {python}:\n{out['error']}")
+    return [{"verl": out["verl"], **r} for r in out["results"]]

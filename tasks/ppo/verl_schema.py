@@ -1,10 +1,12 @@
-"""The documented schema of the verl PPO configuration evolforge generates (verl 0.9 key names).
+"""The offline schema of the verl PPO configuration evolforge generates (verl 0.9 key names).
 
 A pydantic mirror of the part of verl's `ppo_trainer.yaml` that evolforge sets, `extra="forbid"` at every
-level, so a misspelt or misplaced key fails here even where verl itself cannot be imported. The constraints
-are verl's own (batch sizes divide) plus the published RLEIF settings' bounds (rollout batch >= 64).
-`tasks/ppo/verl.validate_against_verl` checks the same overrides against verl's own config when verl (or its
-generated YAML) is available.
+level, so a misspelt or misplaced key fails here where verl is not installed (verl pins packages older than
+evolforge's, so it usually is not). The choices are values verl 0.9 knows (tests/test_verl_real.py compares
+them with verl's own enums); the constraints are verl's batch arithmetic, evolforge's own stricter ones (micro
+batches divide the per-GPU mini-batch, one response per prompt with a critic) and the published RLEIF bounds
+(rollout batch >= 64). The real check is `tasks/ppo/verl.check_with_verl`: verl's own Hydra composition and
+`validate_config`, run in a python where verl is importable; the test suite runs both.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class Actor(_Strict):
 
 
 class Rollout(_Strict):
-    name: Literal["vllm", "sglang", "hf"]
+    name: Literal["vllm", "sglang", "trtllm"]  # verl 0.9's rollout registry (no "hf" rollout any more)
     n: int = Field(ge=1)
     tensor_model_parallel_size: int = Field(ge=1)
     log_prob_micro_batch_size_per_gpu: int = Field(ge=1)
@@ -104,7 +106,7 @@ class CustomRewardFunction(_Strict):
 
     @model_validator(mode="after")
     def _function_exists(self) -> "CustomRewardFunction":
-        src = Path(self.path)
+        src = Path(self.path.removeprefix("file://"))  # verl's loader takes a path, file://path or pkg://module
         if self.path.startswith("pkg://"):  # verl imports pkg://a.b.c as the module a.b.c
             spec = importlib.util.find_spec(self.path[len("pkg://"):].replace("/", "."))
             if spec is None or not spec.origin:
