@@ -33,7 +33,8 @@ class PlainProgress:
         if snap["finished"] and self._last.get(key, (0, 0, 0))[2]:
             return  # the finished line was printed already
         self._last[key] = (now, ended, int(snap["finished"]))
-        print(progress_line(snap), file=self.file, flush=True)
+        self.file.write(progress_line(snap) + "\n")  # not print(): a flow's log_prints would take it
+        self.file.flush()
 
     def close(self) -> None:
         pass

@@ -17,6 +17,7 @@ from prefect.artifacts import create_table_artifact
 from pydantic import Field
 
 from evolforge.flows._params import StageParams
+from evolforge.tasks.core.checks import check_dedup
 from evolforge.tasks.dedup.pipeline import dedup_file
 
 
@@ -40,6 +41,8 @@ def dedup_file_task(params_json: str) -> dict:
 @flow(name="dedup", log_prints=True)
 def dedup_flow(params: DedupParams) -> dict:
     logger = get_run_logger()
+    params.settings()  # a bad config fails before anything is read
+    check_dedup(params.input, params.text_field, params.out)  # before anything is created (tasks/core/checks.py)
     summary = dedup_file_task(params.model_dump_json())
     stats = summary["stats"]
     rows = [{"method": m, "removed": int(stats.get(f"dropped_{m}", 0))} for m in ("exact", "minhash", "embedding")]

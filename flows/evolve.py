@@ -38,6 +38,7 @@ from evolforge.storage.fs import exists, location, read_parquet
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import LedgerTail, read_ledger
 from evolforge.tasks.core.batch import close_gateways, gateway_for, settings_from_json
+from evolforge.tasks.core.checks import check_evolve
 from evolforge.tasks.core.reporting import CostTally, cost_summary, markdown_summary, round_rows
 from evolforge.tasks.evolve.batch import run_evolve_batch
 from evolforge.tasks.evolve.dedup_round import dedup_round, index_seeds
@@ -130,6 +131,7 @@ def _finished_rounds_after(layout: RunLayout, last: int) -> list[int]:
 def evolve_flow(params: EvolveParams = EvolveParams()) -> dict:
     logger = get_run_logger()
     settings = params.settings()
+    check_evolve(params.seeds, params.out, settings)  # before anything is created (tasks/core/checks.py)
     cfg = settings.evol_instruct
     layout = RunLayout(params.out).ensure()
     run_id = flow_run.id or f"local-{int(time.time())}"

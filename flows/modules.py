@@ -32,6 +32,7 @@ from evolforge.storage.fs import exists, read_text, write_json_atomic
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import read_ledger
 from evolforge.tasks.core.batch import close_gateways, gateway_for, settings_from_json
+from evolforge.tasks.core.checks import check_modules
 from evolforge.tasks.core.reporting import cost_summary
 from evolforge.tasks.modules.batch import assemble, run_modules_batch
 from evolforge.tasks.modules.compare import assemble_comparison, comparison_table, run_compare_batch, single_shot_model
@@ -76,6 +77,7 @@ def modules_batch_task(out_dir: str, batch: int, settings_json: str, base_url: s
 def modules_flow(params: ModulesParams) -> dict:
     logger = get_run_logger()
     settings = params.settings()
+    check_modules(params.input, params.out, settings)  # before anything is created (tasks/core/checks.py)
     cfg = settings.modules
     layout = store.ModulesLayout(params.out).ensure()
     run_layout = RunLayout(params.out).ensure()  # ledger and logs live where every flow keeps them

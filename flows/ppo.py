@@ -30,6 +30,7 @@ from evolforge.storage import ppo as store
 from evolforge.storage.fs import local_copy, location, write_text_atomic
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.reward_sets import META_FILE
+from evolforge.tasks.core.checks import check_ppo
 from evolforge.tasks.core.reporting import markdown_table
 from evolforge.tasks.ppo import grpo_smoke, ray_jobs
 from evolforge.tasks.ppo import local as ppo_local
@@ -178,6 +179,7 @@ def _markdown(summary: dict) -> str:
 def ppo_flow(params: PPOParams) -> dict:
     logger = get_run_logger()
     t0 = time.time()
+    check_ppo(params.evolved, params.reward_dir, params.out, params.tasks)  # before anything is created (tasks/core/checks.py)
     cfg, evolved, irm, prm = resolve(params)
     reward_cfg: RewardSettings = params.settings().reward
     address = ray_jobs.job_address(cfg.ray_address)

@@ -30,6 +30,7 @@ from evolforge.storage.fs import exists, write_json_atomic
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import read_ledger
 from evolforge.tasks.core.batch import close_gateways, gateway_for, settings_from_json
+from evolforge.tasks.core.checks import check_reward_data
 from evolforge.tasks.core.reporting import cost_summary
 from evolforge.tasks.report.card import reward_card
 from evolforge.tasks.report.plots import reward_plots
@@ -81,6 +82,7 @@ def _run_batches(layout: store.RewardLayout, kinds: list[str], settings: Setting
 def reward_data_flow(params: RewardDataParams) -> dict:
     logger = get_run_logger()
     settings = params.settings()
+    check_reward_data(params.evolve_out, params.out, settings)  # before anything is created (tasks/core/checks.py)
     cfg = settings.reward
     layout = store.RewardLayout(params.out).ensure()
     run_layout = RunLayout(params.out).ensure()  # ledger and logs live where every flow keeps them

@@ -29,6 +29,7 @@ from evolforge.storage.parts import num_row_groups, write_table_atomic
 from evolforge.storage.rounds import write_json_atomic
 from evolforge.storage.synthesis_sets import SynthLayout, write_csv_atomic
 from evolforge.tasks.core.batch import close_gateways, gateway_for, settings_from_json
+from evolforge.tasks.core.checks import check_synthesize
 from evolforge.tasks.core.reporting import cost_summary, usd
 from evolforge.tasks.report.card import synthesis_card
 from evolforge.tasks.report.plots import synthesis_plots
@@ -108,6 +109,7 @@ def _f(v, div: float = 1.0):
 def synthesize_flow(params: SynthesizeParams) -> dict:
     logger = get_run_logger()
     settings = params.settings()
+    check_synthesize(params.seeds, params.out, settings)  # before anything is created (tasks/core/checks.py)
     check_sandbox_available(settings.sandbox)  # refuse before spending anything
     lay = SynthLayout(params.out).ensure()
     run_id = flow_run.id or f"local-{int(time.time())}"

@@ -24,6 +24,7 @@ from evolforge.flows._report import attach_plots
 from evolforge.storage import reward_sets as store
 from evolforge.storage.fs import read_json, write_json_atomic
 from evolforge.tasks.core.batch import settings_from_json
+from evolforge.tasks.core.checks import check_train_reward
 from evolforge.tasks.core.reporting import markdown_table
 from evolforge.tasks.report.plots import reward_plots
 from evolforge.tasks.reward.health import enforce, health_markdown
@@ -53,6 +54,7 @@ def train_reward_model_task(kind: str, data_dir: str, out_dir: str, settings_jso
 def train_reward_flow(params: TrainRewardParams) -> dict:
     logger = get_run_logger()
     settings = params.settings()
+    check_train_reward(params.data, params.out, params.models)  # before anything is created (tasks/core/checks.py)
     cfg = settings.reward
     data = store.RewardLayout(params.data)
     layout = store.RewardLayout(params.out or params.data).ensure()

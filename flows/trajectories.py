@@ -19,6 +19,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
 from evolforge.flows._params import StageParams
+from evolforge.tasks.core.checks import check_trajectories
 from evolforge.tasks.trajectories.export import collect, dedup_prompts, publish, token_samples
 
 
@@ -66,6 +67,7 @@ def publish_task(params_json: str) -> dict:
 def trajectories_flow(params: TrajectoriesParams) -> dict:
     logger = get_run_logger()
     params.settings()  # a bad config fails before anything is read
+    check_trajectories(params.proxy_out, params.out, params.rewards)  # before anything is created (tasks/core/checks.py)
     pj = params.model_dump_json()
     collected = collect_task(pj)
     logger.info("trajectories: %d records, %d sessions (%d exported)", collected["counts"].get("records", 0),
