@@ -53,6 +53,7 @@ REQUIREMENTS = (
     "omegaconf>=2.2,<2.4",
     "antlr4-python3-runtime==4.9.*",  # omegaconf 2.3's generated grammar needs the 4.9 runtime
     "ray>=2.41",  # verl.protocol imports ray at module level
+    "codetiming",  # verl.utils.profiler (imported by verl.trainer.main_ppo's chain)
     "tensordict==0.10.0",
     "pyvers>=0.1,<0.2",  # tensordict's
     "transformers>=5.5.3,<5.11,!=5.6.0",
