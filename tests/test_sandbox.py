@@ -1,4 +1,4 @@
-"""Security and functional tests of the sandbox (tasks/sandbox/run.py).
+"""Security and functional tests of the sandbox (tasks/sandbox/run.py), on warm workers and one sandbox per check.
 
 Each attack runs as untrusted code inside the sandbox; the test checks that the
 attempt failed or was killed, that the result records why, and that the host is
@@ -29,9 +29,20 @@ SOLUTION = "def add(a, b):\n    return a + b\n"
 TESTS = "from solution import add\n\ndef test_small():\n    assert add(1, 2) == 3\n\ndef test_zero():\n    assert add(0, 0) == 0\n"
 
 
+_REUSE_WORKERS = [True]  # set per test by the fixture below
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["workers", "per-check"])
+def _both_sandbox_paths(request):
+    """Every case runs on warm workers (the default) and with one bwrap sandbox per check."""
+    _REUSE_WORKERS[0] = request.param
+    yield
+    _REUSE_WORKERS[0] = True
+
+
 def _settings(**kw) -> SandboxSettings:
     base = dict(cpu_seconds=3, memory_mb=512, max_processes=32, wall_timeout_seconds=15,
-                max_output_bytes=200_000, max_parallel=4)
+                max_output_bytes=200_000, max_parallel=4, reuse_workers=_REUSE_WORKERS[0])
     return SandboxSettings(**(base | kw))
 
 
