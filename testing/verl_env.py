@@ -61,8 +61,7 @@ REQUIREMENTS = (
     "huggingface-hub>=1.5,<2",  # transformers 5.10's
 )
 _OFFLINE = re.compile(r"NewConnectionError|Network is unreachable|Temporary failure in name resolution|"
-                      r"Name or service not known|Connection refused|timed out|No matching distribution found|"
-                      r"Could not find a version", re.I)
+                      r"Name or service not known|Connection refused|ConnectTimeout|timed out", re.I)
 BUILD_TIMEOUT_S = 1800.0
 
 
