@@ -270,3 +270,30 @@ def test_programs_with_stdin_run_in_the_worker():
     assert r.exit_code == 3 and r.stdout == "HELLO\n" and not r.passed and r.runner == "raw"
     crash = run_python_program("raise ValueError('boom')\n", None, _settings())
     assert crash.exit_code == 1 and "ValueError: boom" in crash.stderr
+
+
+def test_rlimits_are_per_check(one_worker):
+    burn = "import time\nend = time.process_time() + 0.7\nwhile time.process_time() < end:\n    pass\nprint('done')\n"
+    settings = _settings(cpu_seconds=1)
+    for _ in range(3):  # 2.1 CPU seconds on one worker, under a 1-second limit per check
+        r = _script(burn, settings)
+        assert r.passed and r.killed_reason is None, (r.killed_reason, r.stderr[-500:])
+    assert _script("while True:\n    pass\n", settings).killed_reason == "cpu_limit"
+    one_worker()
+
+
+def test_a_forked_host_gets_its_own_workers():
+    assert run_python_tests(SOLUTION, TESTS, _settings()).passed  # the parent has a worker now
+    pid = os.fork()
+    if pid == 0:  # the child must neither hang on the parent's spawner thread nor use the parent's workers
+        code = 1
+        try:
+            ok = run_python_tests(SOLUTION, TESTS, _settings()).passed
+            bad = run_python_tests(WRONG, TESTS, _settings()).passed
+            code = 0 if ok and not bad and pool_stats()["spawned"] == 1 else 2
+        finally:
+            close_workers()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert run_python_tests(SOLUTION, TESTS, _settings()).passed  # the parent's workers are untouched

@@ -43,8 +43,14 @@ WORKER_DIR = "/evolforge"  # where worker.py and harness.py appear inside the wo
 _READY_TIMEOUT_S = 60.0
 _DONE_GRACE_S = 1.0  # after the worker reported a check done, how long its pipes may take to reach EOF
 _MAX_CONTROL_BYTES = 4096
-# bwrap's --die-with-parent follows the THREAD that started it: start workers from one thread that lives on
-_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner")
+
+
+def _new_spawner() -> ThreadPoolExecutor:
+    # bwrap's --die-with-parent follows the THREAD that started it: start workers from one thread that lives on
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawner")
+
+
+_SPAWNER = _new_spawner()
 
 
 class WorkerError(RuntimeError):
@@ -163,17 +169,11 @@ class _Pool:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.idle: dict[tuple, list[Worker]] = {}
-        self.owner = os.getpid()
         self.spawned = self.retired = 0
-
-    def _forget_if_forked(self) -> None:
-        if self.owner != os.getpid():  # a forked host: the parent's workers are not ours to use or kill
-            self.idle, self.owner, self.spawned, self.retired = {}, os.getpid(), 0, 0
 
     def acquire(self, settings: SandboxSettings) -> Worker:
         key = _key(settings)
         with self.lock:
-            self._forget_if_forked()
             if self.idle.get(key):
                 return self.idle[key].pop()
             self.spawned += 1
@@ -182,7 +182,6 @@ class _Pool:
     def release(self, settings: SandboxSettings, worker: Worker, healthy: bool) -> None:
         if healthy and worker.checks < settings.worker_max_checks:
             with self.lock:
-                self._forget_if_forked()
                 idle = self.idle.setdefault(_key(settings), [])
                 if len(idle) < max(settings.max_parallel, settings.service.max_concurrency):
                     idle.append(worker)
@@ -193,7 +192,7 @@ class _Pool:
 
     def close(self) -> None:
         with self.lock:
-            workers = [w for ws in self.idle.values() for w in ws] if self.owner == os.getpid() else []
+            workers = [w for ws in self.idle.values() for w in ws]
             self.idle = {}
         for w in workers:
             w.kill()
@@ -204,7 +203,17 @@ def _key(settings: SandboxSettings) -> tuple:
 
 
 _POOL = _Pool()
-atexit.register(_POOL.close)
+atexit.register(lambda: _POOL.close())
+
+
+def _after_fork_in_child() -> None:
+    """A forked host (multiprocessing, Ray, ...) starts with no workers, a free lock and a live spawner thread:
+    the parent's workers are not its to use or kill, and the parent's threads do not exist in it."""
+    global _POOL, _SPAWNER
+    _POOL, _SPAWNER = _Pool(), _new_spawner()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def pool_stats() -> dict[str, int]:
