@@ -212,6 +212,8 @@ for name, hidden in (("without_evolforge", True), ("with_evolforge", False)):
     worker = RewardLoopWorker(config)  # loads the custom reward function through verl's loader
     results = worker.loop.run_until_complete(worker.compute_score_batch(batch))
     out[name] = {"scores": [float(r["reward_score"]) for r in results], "evolforge_loaded": "evolforge" in sys.modules}
+from verl.utils.import_utils import load_extern_object  # ppo.reward_function_path = "pkg://..." where installed
+out["pkg_function"] = load_extern_object("pkg://evolforge.tasks.ppo.reward", "compute_score_async").__name__
 print(json.dumps(out, default=str))
 """
 
@@ -270,6 +272,7 @@ def test_verl_reward_loop_scores_with_our_reward(through_verl, stage):
     scores, correct = _expected(stage, with_evolforge=True)
     assert correct == [c for _, _, c in RESPONSES]  # answer checked, tests run in the sandbox, no ground truth
     assert through_verl["with_evolforge"]["evolforge_loaded"]
+    assert through_verl["pkg_function"] == "compute_score_async"  # the pkg:// form loads through verl's loader too
     got = through_verl["with_evolforge"]["scores"]
     assert got == pytest.approx(scores, abs=1e-4)
     # the checks move the reward: a right answer / passing code scores above the wrong one for the same question
