@@ -297,3 +297,14 @@ def test_a_forked_host_gets_its_own_workers():
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert run_python_tests(SOLUTION, TESTS, _settings()).passed  # the parent's workers are untouched
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["workers", "per-check"])
+def test_patching_the_harness_itself_is_reported(reuse):
+    patch = (
+        "import sys\nharness = sys.modules.get('_evolforge_harness') or sys.modules['__main__']\n"
+        "harness._quote = lambda text: '\"nothing\"'\n"
+    )
+    r = run_python_tests(SOLUTION + patch, TESTS, _settings(reuse_workers=reuse))
+    assert not r.passed and (r.verdict_error or "").startswith("the tests did not run as written"), r.verdict_error
+    assert run_python_tests(SOLUTION, TESTS, _settings(reuse_workers=reuse)).passed

@@ -40,7 +40,7 @@ _type, _len, _isinstance, _callable, _id, _list, _frozenset = type, len, isinsta
 _write, _close, _encode = os.write, os.close, str.encode
 _SAFE = _frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:()[]-/, ")
 _BLOCKED = _frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.settrace", "sys.setprofile"})
-_WATCHED = ("_pytest", "pytest", "pluggy", "builtins", "__main__")
+_WATCHED = ("_pytest", "pytest", "pluggy", "builtins", "__main__", __name__)  # __name__: in a sandbox worker
 _WATCHED_PACKAGES = tuple(w + "." for w in _WATCHED)
 _FUNCTION, _WRAPPERS = types.FunctionType, _frozenset({classmethod, staticmethod, types.MethodType})
 

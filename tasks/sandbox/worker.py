@@ -100,7 +100,7 @@ def _preload() -> object:
             pass
     for name in ("_pytest.assertion.rewrite", "_pytest.python_api", "_pytest.outcomes", "runpy", "traceback",
                  "unittest", "doctest", "pdb", "argparse", "inspect", "typing", "dataclasses", "collections",
-                 "re", "json", "math", "itertools", "functools", "threading", "subprocess", "tempfile"):
+                 "re", "json", "math", "itertools", "functools", "threading", "subprocess", "tempfile", "readline"):
         try:
             importlib.import_module(name)
         except ImportError:
