@@ -52,6 +52,14 @@ BATCH_TASK_OPTIONS = dict(
 )
 
 
+def _parts_of(result: Any) -> list[str]:
+    """The checkpoint parts a batch task wrote (a batch result's `part`, and those of nested results)."""
+    if not isinstance(result, dict):
+        return []
+    nested = [v["part"] for v in result.values() if isinstance(v, dict) and "part" in v]
+    return [str(p) for p in ([result["part"]] if "part" in result else []) + nested]
+
+
 class BatchesFailed(RuntimeError):
     """Some batches of a stage failed; the finished ones are checkpointed."""
 
@@ -106,6 +114,8 @@ def run_batches(runner, task, batches: Sequence[tuple[str, dict[str, Any]]], *, 
             try:
                 results[i] = fut.result()
                 tally.batch_finished(results[i])
+                for part in _parts_of(results[i]):  # counted from its result now
+                    live_progress.batch_ended(part)
             except BaseException as e:  # noqa: BLE001 - collected, reported once below
                 failed.append((i, e))
                 tally.batch_finished(None)

@@ -188,8 +188,9 @@ def run_batch(spec: BatchSpec, settings: Settings, base_url: str, run_id: str, o
     try:
         with batch_journal(gw, spec.journal, settings) as journal:
             results = run_records(one, rows, spec.concurrency, spec.name, tick, max(1, len(rows) // 10))
-    finally:
-        live_progress.batch_ended(str(spec.part))
+    except BaseException:
+        live_progress.batch_ended(str(spec.part))  # its records are not done
+        raise
     table = pa.Table.from_pylist(results, schema=spec.schema)
     parts.write_table_atomic(table, spec.part)
     stats = _stats(spec, table.column("status").to_pylist(), skipped=False)

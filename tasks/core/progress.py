@@ -33,6 +33,8 @@ def report_records(part: str, done: int, total: int) -> None:
 
 
 def batch_ended(part: str) -> None:
+    """Forget a batch: it failed, or its result reached the flow (which counts its records from then on).
+    A finished batch stays reported as all done until then, so no record drops out of the count between."""
     with _lock:
         _running.pop(part, None)
 
