@@ -170,8 +170,8 @@ def _markdown(summary: dict) -> str:
             lines += ["", f"Mean reward on {c['n_prompts']} {c['eval_split']} prompts: SFT {c['sft_mean_reward']:.4f}, "
                       f"trained {c['trained_mean_reward']:.4f} (delta {c['delta']:+.4f}; RLEIF's bar is +0.03: "
                       f"{'met' if c['beats_sft_by_3_points'] else 'not met'})."]
-        if local.get("health"):
-            lines += ["", "## Reward health during training", ""] + health_markdown(local["health"])
+        if summary["training_health"]:
+            lines += ["", "## Reward health during training", ""] + health_markdown(summary["training_health"])
     return "\n".join(lines)
 
 
@@ -235,7 +235,8 @@ def ppo_flow(params: PPOParams) -> dict:
         "run_id": flow_run.id or f"local-{int(t0)}", "evolved": str(evolved), "tasks": params.tasks,
         "preflight": health, "data": counts, "ground_truth_sources": counts["ground_truth_sources"],
         "verl": {k: v for k, v in verl.items() if k != "entrypoint"}, "ray_job": job, "job_command": job_command,
-        "local_grpo": local, "training_health": local.get("health") if local else None,
+        "local_grpo": {k: v for k, v in local.items() if k != "health"} if local else None,
+        "training_health": local.get("health") if local else None,
         "wall_seconds": round(time.time() - t0, 2),
         "paths": {"train": str(lay.train), "test": str(lay.test), "verl_config": str(lay.verl_config),
                   "submit": str(lay.submit_script), "sft_policy": sft_dir,
