@@ -18,10 +18,12 @@
 One module, three callers (each scores a batch with ONE forward pass per reward model):
   * TRL GRPOTrainer:  `PPOReward(irm, prm)(prompts, completions, **dataset_columns) -> list[float]`
   * verl, one sample: `compute_score(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs)`
-  * verl, batched:    `compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **reward_kwargs)`
-    and `compute_score_async(...)` for verl >= 0.7, whose reward loop calls the function once per sample
-    concurrently: calls arriving within `batch_window_s` are coalesced into one batch.
-verl loads this file by path (`custom_reward_function.path`). Where evolforge cannot be imported, this file loads
+  * verl, batched:    `compute_score_async(...)` (what the generated config names): verl's reward loop (verl >= 0.7;
+    tests/test_verl_real.py runs verl 0.9.1's RewardLoopWorker on it) calls the function once per sample,
+    concurrently; calls arriving within `batch_window_s` are coalesced into one batch.
+    `compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **reward_kwargs)` has the
+    signature of verl's legacy BatchRewardManager (not wired into verl 0.9's trainer).
+verl loads this file by path (`custom_reward_function.path`, or `pkg://evolforge.tasks.ppo.reward`). Where evolforge cannot be imported, this file loads
 the modules it needs by their file locations in the same source tree (tasks/text/steps.py, tasks/text/answers.py,
 tasks/text/encoding.py, then tasks/ppo/scorers.py); none of them imports evolforge. The model folders come from
 `reward_kwargs` (irm_dir, prm_dir, aggregation, answer_weight) or the environment variables
