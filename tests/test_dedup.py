@@ -374,3 +374,43 @@ def test_real_models_edits_and_paraphrases():
     assert F[0] @ F[3] > 0.85 > F[0] @ F[4] + 0.3   # the full model sees the paraphrase
     res = dedup([BASE, v5, v10, other], None, s.model_copy(update={"minhash": False}))
     assert res.kept_ids == ["0", "3"]
+
+
+def _brute_pairs(E, thr, is_new=None):
+    S = E @ E.T
+    n = len(E)
+    out = set()
+    for i in range(n):
+        for j in range(i + 1, n):
+            if S[i, j] >= thr and (is_new is None or is_new[i] or is_new[j]):
+                out.add((i, j))
+    return out
+
+
+def test_exact_pairs_uncapped_equal_brute_force_with_and_without_history():
+    from evolforge.tasks.dedup.embedding import exact_pairs, normalize_rows
+
+    rng = np.random.default_rng(3)
+    base = normalize_rows(rng.normal(size=(40, 16)).astype(np.float32))
+    E = normalize_rows(np.repeat(base, 5, axis=0) + 0.15 * rng.normal(size=(200, 16)).astype(np.float32))
+    for is_new in (None, np.arange(200) >= 120):
+        p, s = exact_pairs(E, 0.9, is_new, block=64)
+        assert {tuple(x) for x in p.tolist()} == _brute_pairs(E, 0.9, is_new)
+        assert np.allclose(s, np.einsum("ij,ij->i", E[p[:, 0]], E[p[:, 1]]), atol=1e-5)
+
+
+@pytest.mark.parametrize("ann", [False, True])
+def test_templated_input_keeps_candidates_linear_and_still_links_every_record(ann):
+    """Hostile: thousands of records that differ in one number are all within the candidate cosine of each other.
+    Candidates must stay O(n * max_neighbors) (not n^2 / 2), and every record must still be linked."""
+    from evolforge.config.sections.dedup import DedupSettings
+    from evolforge.tasks.dedup.embedding import neighbor_pairs, normalize_rows
+
+    rng = np.random.default_rng(0)
+    n = 3000
+    E = normalize_rows(np.ones((n, 32), np.float32) + 0.01 * rng.normal(size=(n, 32)).astype(np.float32))
+    s = DedupSettings(max_neighbors=8, ann_exact_below=100 if ann else 10_000, ann_cluster_size=100)
+    p, sims = neighbor_pairs(E, 0.9, s)
+    assert len(p) <= n * 8 and (sims >= 0.9).all()
+    assert len(np.unique(p)) == n  # nobody is left without a neighbour
+    assert (p[:, 0] < p[:, 1]).all() and len(np.unique(p[:, 0] * n + p[:, 1])) == len(p)

@@ -110,6 +110,13 @@ class DedupSettings(Section):
         "plus those (up to 8x as many) whose centroid cosine is within 0.08 of the nearest one: more clusters lie within the "
         "search radius in dense regions and at larger n (recall vs exact search >= 0.99 at 1M vectors; 0.93 with 4 alone)."
     )
+    max_neighbors: int = Field(
+        32, ge=1, le=4096, description="Embedding candidates kept per record: its `max_neighbors` most similar records above "
+        "static_candidate_cosine (the union over both ends of a pair). Real near-duplicate groups are far smaller; a "
+        "templated input (thousands of records that differ in a number) would otherwise make n^2 / 2 candidate pairs: "
+        "memory and confirmation time grow with the square of the input. Grouping still links every record to its "
+        "nearest ones, so a templated family still collapses (to fewer, surer edges)."
+    )
     ann_kmeans_iters: int = Field(8, ge=1, le=100, description="Lloyd iterations of each k-means fit.")
     ann_kmeans_sample: int = Field(
         50_000, ge=1000, description="Vectors sampled to fit the coarse k-means centroids (each fine level is fitted on up to "

@@ -215,22 +215,55 @@ class FullEncoder:
         return np.asarray(e, dtype=np.float32)
 
 
-def exact_pairs(E: np.ndarray, threshold: float, is_new: np.ndarray | None = None, block: int = 2048) -> tuple[np.ndarray, np.ndarray]:
-    """All pairs (i < j) with cosine >= threshold by blockwise exact search (rows: new vectors only, if is_new)."""
-    rows = np.arange(len(E)) if is_new is None else np.flatnonzero(is_new)
-    later_new = np.zeros(len(E), bool) if is_new is None else is_new
-    out_p, out_s = [], []
+def _keep_top(best_i: np.ndarray, best_s: np.ndarray, rows: np.ndarray, cand_i: np.ndarray, cand_s: np.ndarray) -> None:
+    """Merge candidates (len(rows), m) into the running top-k of those rows (best_i/best_s, (n, k), -inf = empty)."""
+    k = best_i.shape[1]
+    ss = np.concatenate([best_s[rows], cand_s], axis=1)
+    ii = np.concatenate([best_i[rows], cand_i], axis=1)
+    if ss.shape[1] > k:
+        keep = np.argpartition(-ss, k - 1, axis=1)[:, :k]
+        r = np.arange(len(rows))[:, None]
+        ss, ii = ss[r, keep], ii[r, keep]
+    best_s[rows], best_i[rows] = ss, ii
+
+
+def _pairs_from_top(best_i: np.ndarray, best_s: np.ndarray, threshold: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unique pairs (i < j) of every row's kept neighbours at or above threshold, with their cosine."""
+    rec, slot = np.nonzero((best_s >= threshold) & (best_i >= 0))
+    if not len(rec):
+        return np.zeros((0, 2), np.int64), np.zeros(0, np.float32)
+    other = best_i[rec, slot].astype(np.int64)
+    pairs = np.stack([np.minimum(rec, other), np.maximum(rec, other)], 1)
+    code, first = np.unique(pairs[:, 0] * n + pairs[:, 1], return_index=True)
+    return pairs[first], best_s[rec, slot][first]
+
+
+def _top_buffers(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.full((n, k), -1, np.int64), np.full((n, k), -np.inf, np.float32)
+
+
+def exact_pairs(E: np.ndarray, threshold: float, is_new: np.ndarray | None = None, block: int = 2048,
+                max_neighbors: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs (i < j) with cosine >= threshold by blockwise exact search (rows: new vectors only, if is_new); with
+    max_neighbors, only each row's most similar ones (memory O(n * max_neighbors), not O(pairs))."""
+    n = len(E)
+    rows = np.arange(n) if is_new is None else np.flatnonzero(is_new)
+    later_new = np.zeros(n, bool) if is_new is None else is_new
+    k = min(max_neighbors or n, max(n - 1, 1))
+    best_i, best_s = _top_buffers(n, k)
     for s in range(0, len(rows), block):
         r = rows[s: s + block]
         S = E[r] @ E.T
-        qi, cj = np.nonzero(S >= threshold)
-        i = r[qi]
-        ok = (cj > i) | ((cj < i) & ~later_new[cj]) if is_new is not None else cj > i
-        out_p.append(np.stack([np.minimum(i, cj)[ok], np.maximum(i, cj)[ok]], 1))
-        out_s.append(S[qi[ok], cj[ok]])
-    if not out_p:
-        return np.zeros((0, 2), np.int64), np.zeros(0, np.float32)
-    return np.concatenate(out_p).astype(np.int64), np.concatenate(out_s)
+        S[np.arange(len(r)), r] = -np.inf  # never a record with itself
+        if is_new is not None:  # a new row meets every history row, and later new rows from its own side only
+            S[:, later_new] = np.where(np.arange(n)[later_new][None, :] > r[:, None], S[:, later_new], -np.inf)
+        S[S < threshold] = -np.inf
+        if k < n:
+            top = np.argpartition(-S, k - 1, axis=1)[:, :k]
+            _keep_top(best_i, best_s, r, top, S[np.arange(len(r))[:, None], top])
+        else:
+            _keep_top(best_i, best_s, r, np.broadcast_to(np.arange(n), S.shape), S)
+    return _pairs_from_top(best_i, best_s, threshold, n)
 
 
 def _assign(X: np.ndarray, C: np.ndarray, block: int = 4096) -> np.ndarray:
@@ -359,7 +392,7 @@ def neighbor_pairs(E: np.ndarray, threshold: float, settings: DedupSettings,
     nearest fine cluster and is compared with the members of the fine clusters it probes (at least `ann_probes`)."""
     n = len(E)
     if n <= max(settings.ann_exact_below, 2 * settings.ann_cluster_size):
-        return exact_pairs(E, threshold, is_new)
+        return exact_pairs(E, threshold, is_new, max_neighbors=settings.max_neighbors)
     k = max(2, n // settings.ann_cluster_size)
     _, Cf, fine_start, near = two_level_kmeans(E, k, settings)
     kf = len(Cf)
@@ -375,21 +408,18 @@ def neighbor_pairs(E: np.ndarray, threshold: float, settings: DedupSettings,
     q_start = np.searchsorted(q_cl[q_order], np.arange(kf + 1))
     q_rec = q_rec[q_order]
     del q_cl, q_order
-    out_p, out_s = [], []
+    best_i, best_s = _top_buffers(n, min(settings.max_neighbors, n - 1))
     for c in range(kf):
         M = m_order[m_start[c]: m_start[c + 1]]
         Q = q_rec[q_start[c]: q_start[c + 1]]
         if len(M) == 0 or len(Q) == 0:
             continue
-        S = E[Q] @ E[M].T
-        qi, mj = np.divmod(np.flatnonzero(S >= threshold), len(M))  # (np.nonzero on 2-D is ~5x slower)
-        a, b = Q[qi], M[mj]
-        ok = a != b
-        out_p.append(np.stack([np.minimum(a, b)[ok], np.maximum(a, b)[ok]], 1))
-        out_s.append(S[qi[ok], mj[ok]])
-    if not out_p:
-        return np.zeros((0, 2), np.int64), np.zeros(0, np.float32)
-    pairs, sims = np.concatenate(out_p), np.concatenate(out_s)
-    code = pairs[:, 0] * n + pairs[:, 1]
-    code, first = np.unique(code, return_index=True)
-    return pairs[first], sims[first]
+        for s in range(0, len(Q), 4096):
+            q = Q[s: s + 4096]
+            S = E[q] @ E[M].T
+            S[q[:, None] == M[None, :]] = -np.inf  # never a record with itself
+            S[S < threshold] = -np.inf
+            k = min(best_i.shape[1], len(M))
+            top = np.argpartition(-S, k - 1, axis=1)[:, :k] if k < len(M) else np.broadcast_to(np.arange(len(M)), S.shape)
+            _keep_top(best_i, best_s, q, M[top], S[np.arange(len(q))[:, None], top])
+    return _pairs_from_top(best_i, best_s, threshold, n)
