@@ -6,7 +6,8 @@
 A unit is what a stage splits its batches by: an evolve run's rounds, the reward-data stage's IRM and PRM
 sets, the synthesis and modules stages' one set. Per unit: batches done (a part is checkpointed), failed
 (the part holds records that failed with an error, which `evolforge retry` redoes, or the part is
-unreadable), pending (no part yet), and records in the input, done, accepted and failed. Calls, tokens and
+unreadable), pending (no part yet) -- the three add up to the batches -- and records in the input, done
+(in any part), accepted and failed. Calls, tokens and
 cost come from the folder's cost ledger. A pipeline folder (OUT/evolve, OUT/synthesize, ...) gives one
 status per stage under "stages".
 """
@@ -58,13 +59,14 @@ def batch_unit(name: str, input_path: AnyPath, part_of) -> dict:
             unit["failed_batches"].append(b)
             continue
         errors = sum(1 for s in statuses if s in ERROR_STATUSES)
-        unit["done"] += 1
         unit["records_done"] += len(statuses)
         unit["accepted"] += sum(1 for s in statuses if s in ACCEPTED_STATUSES)
         unit["errors"] += errors
         if errors:
             unit["failed"] += 1
             unit["failed_batches"].append(b)
+        else:
+            unit["done"] += 1
     return unit
 
 
