@@ -308,3 +308,19 @@ def test_patching_the_harness_itself_is_reported(reuse):
     r = run_python_tests(SOLUTION + patch, TESTS, _settings(reuse_workers=reuse))
     assert not r.passed and (r.verdict_error or "").startswith("the tests did not run as written"), r.verdict_error
     assert run_python_tests(SOLUTION, TESTS, _settings(reuse_workers=reuse)).passed
+
+
+def test_an_idle_worker_that_died_is_replaced():
+    from evolforge.tasks.sandbox import pool
+
+    close_workers()
+    assert run_python_tests(SOLUTION, TESTS, _settings()).passed
+    (worker,) = [w for ws in pool._POOL.idle.values() for w in ws]
+    os.killpg(worker.proc.pid, 9)  # its whole sandbox, as an OOM kill or an operator would
+    worker.proc.wait()
+    start = pool_stats()
+    r = run_python_tests(SOLUTION, TESTS, _settings())
+    assert r.passed, (r.verdict_error, r.stderr[-500:])
+    now = pool_stats()
+    assert (now["spawned"] - start["spawned"], now["retired"] - start["retired"]) == (1, 1)
+    close_workers()

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from evolforge.config.sections.sandbox import SandboxSettings
 from evolforge.tasks.sandbox import run as sandbox_run
-from evolforge.tasks.sandbox.limits import bwrap_argv, drop_argv
+from evolforge.tasks.sandbox.limits import SandboxUnavailable, bwrap_argv, drop_argv
 from evolforge.tasks.sandbox.verdict import judge
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,7 +53,7 @@ def _new_spawner() -> ThreadPoolExecutor:
 _SPAWNER = _new_spawner()
 
 
-class WorkerError(RuntimeError):
+class WorkerError(SandboxUnavailable):
     """A worker failed to start or broke its protocol (never caused by a check's own result)."""
 
 
@@ -293,12 +293,21 @@ def run_in_worker(settings: SandboxSettings, files: dict[str, str], args: list[s
 def _check(settings: SandboxSettings, header: dict, fds: list[int], ours: list[int], out_r: int, err_r: int,
            channel, runner: str, declared: int) -> sandbox_run.SandboxResult:
     worker = _POOL.acquire(settings)
+    try:
+        worker.send(header, fds)
+    except OSError:  # an idle worker that died meanwhile (nothing of this check ran): one fresh worker, once
+        _POOL.release(settings, worker, False)
+        worker = _POOL.acquire(settings)
+        try:
+            worker.send(header, fds)
+        except OSError as e:
+            _POOL.release(settings, worker, False)
+            raise WorkerError(f"a fresh sandbox worker refused its first check: {e}") from e
     healthy, done, lost = False, None, None
     bufs = {"out": bytearray(), "err": bytearray(), "res": bytearray()}
     started = time.monotonic()
     try:
         worker.checks += 1
-        worker.send(header, fds)
         for fd in ours:  # only the worker's child holds the write ends now: EOF once it and its processes are gone
             os.close(fd)
         ours.clear()
