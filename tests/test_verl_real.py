@@ -219,12 +219,14 @@ print(json.dumps(out, default=str))
 
 
 @pytest.fixture(scope="module")
-def through_verl(verl_env, stage):
+def through_verl(verl_env, stage, tmp_path_factory):
     """One verl subprocess: read the parquet with RLHFDataset, score RESPONSES with verl's reward loop worker
     (first with evolforge hidden, as on a cluster node without it, then with it), and list verl's choices."""
     request = {"overrides": ppo_verl.hydra_args(overrides(stage)),
                "responses": [[q, r] for q, r, _ in RESPONSES]}
-    proc = verl_env.run(PROBE, input=json.dumps(request), timeout=900)
+    cache = tmp_path_factory.mktemp("hf-datasets")  # RLHFDataset reads through `datasets`, which caches
+    proc = verl_env.run(PROBE, input=json.dumps(request), timeout=900,
+                        env={**os.environ, "HF_DATASETS_CACHE": str(cache)})
     assert proc.returncode == 0, proc.stderr[-5000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
