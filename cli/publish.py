@@ -14,7 +14,7 @@ def _fail(message: str) -> int:
 
 
 def cmd_publish(args) -> int:
-    from evolforge.storage.cards import card_files, dataset_folders
+    from evolforge.storage.cards import CARD, card_files, card_for_repo, dataset_folders
 
     out = Path(args.out)
     if not out.is_dir():
@@ -29,7 +29,7 @@ def cmd_publish(args) -> int:
     files = card_files(folder)
 
     import huggingface_hub
-    from huggingface_hub import HfApi, constants
+    from huggingface_hub import CommitOperationAdd, HfApi, constants
 
     token = os.environ.get("HF_TOKEN") or huggingface_hub.get_token()
     if not token:
@@ -38,9 +38,12 @@ def cmd_publish(args) -> int:
     endpoint = constants.ENDPOINT
     api = HfApi(token=token)
     try:
-        api.create_repo(args.repo, repo_type="dataset", private=args.private, exist_ok=True)
-        commit = api.upload_folder(repo_id=args.repo, repo_type="dataset", folder_path=str(folder),
-                                   allow_patterns=files, commit_message=args.message)
+        api.create_repo(args.repo, repo_type="dataset", private=args.private or None, exist_ok=True)
+        # one commit: the tables the card names and the card, its load example naming the repo
+        ops = [CommitOperationAdd(path_in_repo=f, path_or_fileobj=str(folder / f)) for f in files if f != CARD]
+        ops.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=card_for_repo(folder, args.repo)))
+        commit = api.create_commit(repo_id=args.repo, repo_type="dataset", operations=ops,
+                                   commit_message=args.message)
     except Exception as e:  # noqa: BLE001  one clear line, never the token
         detail = f"{type(e).__name__}: {e}".replace(token, "***")
         return _fail(f"could not publish {folder} to {endpoint} as dataset {args.repo!r} ({detail[:500]}). "

@@ -75,8 +75,11 @@ def write_dataset_card(folder: AnyPath, tables: dict[str, AnyPath], *, title: st
                        sections: dict[str, list[str]], facts: dict, default: str | None = None) -> AnyPath:
     """README.md in `folder`: YAML header (configs, dataset_info, size_categories, `evolforge:` facts) and a body
     with how to load it, one line per table, then `sections` (heading -> markdown lines). `tables` maps config
-    name -> parquet file inside `folder`; tables that do not exist are left out."""
+    name -> parquet file inside `folder`; tables that do not exist or have no rows are left out."""
     present = {name: path for name, path in tables.items() if exists(path)}
+    # a table without rows is no config: `datasets` cannot load an empty parquet file (ArrowInvalid: BatchSize 0)
+    empty = [name for name, path in present.items() if parquet_file(path).metadata.num_rows == 0]
+    present = {name: path for name, path in present.items() if name not in empty}
     default = default if default in present else next(iter(present), None)
     configs, infos, sizes = [], [], {}
     for name, path in present.items():
@@ -97,6 +100,8 @@ def write_dataset_card(folder: AnyPath, tables: dict[str, AnyPath], *, title: st
              "|---|---|---|---|---|"]
     body += [f"| {name} | `{c['data_files'][0]['path']}` | {sizes[name]['rows']} | {sizes[name]['bytes']} | "
              f"{', '.join(sizes[name]['columns'])} |" for name, c in zip(present, configs)]
+    if empty:
+        body += ["", f"Empty, so not a config: {', '.join(empty)}."]
     for heading, lines in sections.items():
         body += ["", f"## {heading}", "", *lines]
     text = "---\n" + yaml.safe_dump(header, sort_keys=False, allow_unicode=True, width=1000) + "---\n\n" + \
@@ -134,3 +139,10 @@ def dataset_folders(out: Path) -> list[Path]:
             if card and "evolforge" in card[0]:
                 found.append(path.parent)
     return found
+
+
+def card_for_repo(folder: Path, repo: str) -> bytes:
+    """The folder's card as published to the Hub repo `repo`: the load example names the repo, not the folder."""
+    text = read_text(card_path(folder))
+    local = f'where = "{folder}"  # this folder, or its Hugging Face Hub repo id once published'
+    return text.replace(local, f'where = "{repo}"  # or a local copy of this folder').encode("utf-8")
