@@ -146,3 +146,14 @@ def test_preflight_refuses_unless_overridden(tmp_path, health, reason):
 def test_preflight_never_runs_without_models(tmp_path):
     with pytest.raises(RewardStageUnhealthy, match="IRM folder"):
         preflight(tmp_path, tmp_path / "irm", tmp_path / "prm", ignore_health=True)
+
+
+def test_verl_check_without_verl_is_an_error_not_a_verdict():
+    """check_with_verl in a python without verl raises VerlCheckError (never an empty problem list)."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("verl") is not None:
+        pytest.skip("verl is importable in this venv")
+    with pytest.raises(ppo_verl.VerlCheckError, match="not importable"):
+        ppo_verl.check_with_verl(overrides(), python=sys.executable)
