@@ -25,7 +25,7 @@ def cmd_sandbox_serve(args) -> int:
     print(f"sandbox service (SandboxFusion API, python only) on {where}/run_code  mode={sandbox.mode} "
           f"max_concurrency={cfg.max_concurrency} caps: {sandbox.wall_timeout_seconds:g}s wall, "
           f"{sandbox.cpu_seconds}s cpu, {sandbox.memory_mb} MiB\n"
-          f"  verl: reward_model.sandbox_fusion.url={where}/run_code", flush=True)
+          f"  verl: reward.sandbox_fusion.url={where}/run_code  (verl 0.5-0.7: reward_model.sandbox_fusion.url)", flush=True)
     serve(sandbox, state)
     return 0
 

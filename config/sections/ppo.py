@@ -38,7 +38,7 @@ class PPOSettings(Section):
     ppo_micro_batch_size_per_gpu: int = Field(1, ge=1, description="Samples per GPU forward/backward pass (memory knob); must divide the per-GPU mini-batch (ppo_mini_batch_size x rollout_n / GPUs).")
     ppo_epochs: int = Field(1, ge=1, description="PPO epochs over each rollout batch.")
     rollout_n: int = Field(1, ge=1, description="Responses sampled per prompt (1 for PPO; >1 for GRPO / RLOO).")
-    rollout_engine: Literal["vllm", "sglang", "hf"] = Field("vllm", description="verl rollout engine.")
+    rollout_engine: Literal["vllm", "sglang", "trtllm"] = Field("vllm", description="verl rollout engine (verl 0.9: vllm, sglang or trtllm; all need a GPU).")
     tensor_parallel_size: int = Field(1, ge=1, description="Rollout tensor parallelism.")
     max_prompt_length: int = Field(512, ge=16, description="Prompt token cap (verl data.max_prompt_length).")
     max_response_length: int = Field(1024, ge=16, description="Response token cap (verl data.max_response_length).")

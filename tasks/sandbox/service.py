@@ -1,7 +1,7 @@
 """The sandbox behind SandboxFusion's HTTP API, so verl's built-in code reward can use it unchanged.
 
     evolforge sandbox-serve [--host 127.0.0.1] [--port 8080]
-    verl: reward_model.sandbox_fusion.url=http://HOST:PORT/run_code
+    verl: reward.sandbox_fusion.url=http://HOST:PORT/run_code   (verl 0.5-0.7: reward_model.sandbox_fusion.url)
 
 Routes (SandboxFusion's names and JSON, field for field):
     POST /run_code     RunCodeRequest -> RunCodeResponse
