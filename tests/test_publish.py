@@ -56,3 +56,21 @@ def test_offline_mode(run_folder, tmp_path):
 
 def test_folder_without_a_card(tmp_path):
     assert_clear_error(publish(tmp_path, tmp_path, HF_TOKEN=TOKEN), "no dataset card")
+
+
+def test_publish_commits_the_card_and_its_tables_only(run_folder, tmp_path):
+    """Against a scripted Hub (the real client, real HTTP): one commit of the card and the tables it names, no
+    checkpoint or ledger file; the card's load example names the repo; the token goes in the header only."""
+    from evolforge.testing.hub_server import HubServer
+
+    lay = RunLayout(run_folder)
+    (lay.dataset_dir / "notes.parquet").write_bytes(b"not in the card")
+    with HubServer() as hub:
+        res = publish(run_folder, tmp_path, HF_TOKEN=TOKEN, HF_ENDPOINT=hub.endpoint)
+    assert res.returncode == 0, res.stderr
+    assert TOKEN not in res.stdout + res.stderr and hub.auth == {f"Bearer {TOKEN}"}
+    assert hub.repos == ["me/evolved"]
+    assert set(hub.files) == {"README.md", "sft.parquet", "evolved.parquet"}
+    assert hub.files["sft.parquet"] == lay.sft.read_bytes()
+    card = hub.files["README.md"].decode()
+    assert 'where = "me/evolved"' in card and str(lay.dataset_dir) not in card
