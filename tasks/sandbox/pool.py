@@ -151,6 +151,14 @@ class Worker:
         self.buf = b""
         return done
 
+    def alive(self) -> bool:
+        """An idle worker's sandbox still runs and its control socket has nothing to say (EOF or stray bytes)."""
+        if self.proc.poll() is not None:
+            return False
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.sock, selectors.EVENT_READ)
+            return not sel.select(timeout=0)
+
     def kill(self) -> None:
         """Kill the whole sandbox and wait until its PID namespace is gone."""
         sandbox_run._kill_group(self.proc.pid)
@@ -172,11 +180,19 @@ class _Pool:
         self.spawned = self.retired = 0
 
     def acquire(self, settings: SandboxSettings) -> Worker:
-        key = _key(settings)
-        with self.lock:
-            if self.idle.get(key):
-                return self.idle[key].pop()
-            self.spawned += 1
+        key, dead = _key(settings), []
+        try:
+            with self.lock:
+                while self.idle.get(key):
+                    worker = self.idle[key].pop()
+                    if worker.alive():
+                        return worker
+                    dead.append(worker)
+                    self.retired += 1
+                self.spawned += 1
+        finally:
+            for worker in dead:
+                worker.kill()
         return Worker(settings)
 
     def release(self, settings: SandboxSettings, worker: Worker, healthy: bool) -> None:
