@@ -10,4 +10,5 @@
 - tiny_policy:      a 2-layer random Llama with the MiniLM tokenizer: a GRPO step in about a second.
 - ray_cluster:      a real local Ray cluster (`ray start --head` on loopback), stopped by process id.
 - verl_env:         verl in its own cached pip --target folder (its pins differ from ours): ensure_verl_env().run(...).
+- hub_server:       a scripted Hugging Face Hub on loopback (repo create, card check, commit of small files).
 """
