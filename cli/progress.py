@@ -9,6 +9,7 @@ same figures, one when a batch ends and at least every `plain_every` seconds whi
 from __future__ import annotations
 
 import contextlib
+import io
 import sys
 import time
 
@@ -56,6 +57,7 @@ class RichProgress:
             console=self.console, refresh_per_second=4, transient=False)
         self.tasks: dict[str, int] = {}
         self.bars.start()
+        self._rerouted = _route_log_consoles(sys.stderr)  # log lines above the bars, not glued to them
 
     def __call__(self, snap: dict) -> None:
         total = snap["records_total"]
@@ -72,7 +74,46 @@ class RichProgress:
         self.bars.update(self.tasks[key], completed=snap["records_done"], total=total or None, **fields)
 
     def close(self) -> None:
+        for console, file in self._rerouted:
+            console.file = file
         self.bars.stop()
+
+
+def _route_log_consoles(target) -> list[tuple]:
+    """Point the rich consoles of logging handlers (Prefect's console handler keeps its own, bound to the
+    stderr of its start) at `target`: while the bars are live, that is rich's proxy, which prints a log
+    line above the bars instead of after them on their line. Returns (console, old file) to restore."""
+    import logging
+
+    from rich.console import Console
+
+    if type(target).__name__ != "FileProxy":  # the bars do not redirect (not a terminal): nothing to do
+        return []
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    rerouted = []
+    for handler in {h for lg in loggers for h in lg.handlers}:
+        console = getattr(handler, "console", None)
+        if isinstance(console, Console) and console.file in (sys.__stderr__, sys.__stdout__):
+            rerouted.append((console, console.file))
+            console.file = _Forward(target)
+    return rerouted
+
+
+class _Forward(io.TextIOBase):
+    """Writes to rich's proxy (a console unwraps the proxy itself and would write past the bars)."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def write(self, text: str) -> int:
+        return self.target.write(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def isatty(self) -> bool:
+        return True
 
 
 @contextlib.contextmanager
