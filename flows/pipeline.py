@@ -76,7 +76,7 @@ def pipeline_flow(params: PipelineParams = PipelineParams()) -> dict:
     if params.ppo:
         done["ppo"] = ppo_flow(PPOParams(evolved=evolved, tasks=tasks, reward_dir=str(lay.reward), out=str(lay.ppo),
                                          **common))
-    done["plots"] = attach_plots(lay, "pipeline-plots", "Pipeline plots", lambda: _pipeline_plots(lay, plots))
+    attach_plots(lay, "pipeline-plots", "Pipeline plots", lambda: _pipeline_plots(lay, plots))  # OUT/plots/
     logger.info("pipeline done: %s", ", ".join(done))
     return done
 
@@ -88,6 +88,7 @@ def _pipeline_plots(lay: PipelineLayout, stage_plots: dict[str, dict]) -> dict[s
         by_stage += cost_summary(read_ledger(folder)).get("by_stage", [])
     out = {"cost_tokens_by_stage": cost_and_tokens_by_stage(by_stage)}
     for stage, files in stage_plots.items():
-        out.update({f"{stage}_{name}": read_bytes(location(path)) for name, path in files.items()
+        out.update({name if name.startswith(stage) else f"{stage}_{name}": read_bytes(location(path))
+                    for name, path in files.items()
                     if name != "cost_tokens_by_stage"})
     return out

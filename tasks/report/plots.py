@@ -14,6 +14,7 @@ matplotlib.use("Agg")  # headless: no display, no GUI toolkit
 
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 DPI = 110
 COLORS = plt.get_cmap("tab10").colors
@@ -83,7 +84,7 @@ def eliminations_by_rule(rounds: list[dict]) -> bytes:
         return _empty(title, "nothing was eliminated")
     rules = sorted(counts, key=lambda r: sum(counts[r].values()))
     round_nos = sorted({r for c in counts.values() for r in c})
-    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.45 * len(rules)))
+    fig, ax = plt.subplots(figsize=(7, 1.6 + 0.45 * len(rules)))
     left = [0] * len(rules)
     for k, rno in enumerate(round_nos):
         vals = [counts[rule].get(rno, 0) for rule in rules]
@@ -93,8 +94,8 @@ def eliminations_by_rule(rounds: list[dict]) -> bytes:
         ax.text(total, y, f" {total}", va="center", fontsize=8)
     ax.set_xlim(0, max(left) * 1.15 + 1)
     ax.set_xlabel("eliminated attempts")
-    ax.set_title(title)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title, pad=22)
+    ax.legend(fontsize=8, ncols=min(6, len(round_nos)), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     ax.grid(axis="x", alpha=0.3)
     return _png(fig)
 
@@ -121,8 +122,8 @@ def cost_and_tokens_by_stage(by_stage: list[dict]) -> bytes:
     ax_t.bar(stages, prompt, color=COLORS[0], label="prompt")
     ax_t.bar(stages, completion, bottom=prompt, color=COLORS[1], label="completion")
     ax_t.set_ylabel("tokens")
-    ax_t.set_title("Tokens")
-    ax_t.legend(fontsize=8)
+    ax_t.set_title("Tokens", pad=22)
+    ax_t.legend(fontsize=8, ncols=2, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     usd = [0.0 if merged[s]["unknown"] else merged[s]["usd"] for s in stages]
     bars = ax_c.bar(stages, usd, color=COLORS[2])
     ax_c.bar_label(bars, labels=["unknown" if merged[s]["unknown"] else f"${merged[s]['usd']:.4g}" for s in stages],
@@ -159,8 +160,8 @@ def task_difficulty(tasks: list[dict]) -> bytes:
     ax.set_xticks(range(len(levels)), levels)
     ax.set_ylabel("tasks")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
-    ax.set_title(f"{title}: {len(kept)} of {len(tasks)} proposed")
-    ax.legend(fontsize=8)
+    ax.set_title(f"{title}: {len(kept)} of {len(tasks)} proposed", pad=22)
+    ax.legend(fontsize=8, ncols=len(kinds), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     ax.grid(axis="y", alpha=0.3)
     return _png(fig)
 
@@ -170,7 +171,7 @@ def score_histograms(scores: dict[str, list[float]], healthy: tuple[float, float
     names = list(scores)
     if not names:
         return _empty(title, "no scores")
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names) + 0.5, 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names) + 0.5, 3.9), squeeze=False)
     for ax, name in zip(axes[0], names):
         vals = [float(s) for s in scores[name] if s is not None]
         ax.axvspan(*healthy, color="green", alpha=0.08, label=f"healthy mean {healthy[0]}-{healthy[1]}")
@@ -181,11 +182,13 @@ def score_histograms(scores: dict[str, list[float]], healthy: tuple[float, float
             ax.axvline(mean, color=COLORS[3], lw=1.5, label=f"mean {mean:.2f}")
         else:
             ax.text(0.5, 0.5, "no scores", ha="center", va="center", transform=ax.transAxes, color="gray")
-        ax.set_xlim(0, 1)
-        ax.set_title(f"{name} (n={len(vals)})")
+        ax.set_xlim(-0.02, 1.02)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(f"{name} (n={len(vals)})", pad=24)
         ax.set_xlabel("score")
         ax.set_ylabel("count")
-        ax.legend(fontsize=7, loc="upper left")
+        # above the axes, under the title: never over a bar
+        ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False)
     fig.suptitle(title)
     return _png(fig)
 
