@@ -4,11 +4,13 @@ A dataset folder holds several tables (an evolve run's dataset/: sft, evolved, l
 run: tasks, rejected, cost_per_task; reward data: irm_pairs, irm_groups, prm_steps, prm_rejected). Its card
 lists each table as its own `configs:` entry (the Hugging Face Hub and `datasets` read it):
 
-    datasets.load_dataset("runs/x/dataset", "sft")            # one config, split "train"
-    datasets.load_dataset("parquet", data_files="runs/x/dataset/sft.parquet")
+    datasets.load_dataset("runs/x/dataset", "lineage")        # one config, split "train"
+    datasets.load_dataset("parquet", data_dir="runs/x/dataset")  # the SFT view: dataset/sft/train.parquet
 
-(`load_dataset("parquet", data_dir=FOLDER)` reads every parquet file of the folder as one table, so it only
-works on a folder of one table; `datasets` reads the card's configs when given the folder itself.)
+(`load_dataset("parquet", data_dir=FOLDER)` ignores the card: it takes the files whose names match a split
+name, else every parquet file of the folder as one table. In an evolve run's dataset/ only the SFT view,
+sft/train.parquet, matches; the synthesis and reward folders hold several tables and their checkpoints, so
+they load by config. `datasets` reads the card's configs when given the folder itself.)
 The header also carries `dataset_info` (each config's features and row count, from the parquet schema through
 `datasets.Features`, so it always matches the files), `size_categories`, and an `evolforge:` block with the
 lineage, generation settings, models and cost the body shows.

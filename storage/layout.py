@@ -18,7 +18,7 @@ OutputFolder is the base of every stage's layout (a local folder or an fsspec UR
       dataset/evolved.parquet        seeds + every accepted evolution (the training pool)
       dataset/lineage.parquet        every evolution attempt with its lineage and status
       dataset/final_pool.parquet     the pool after the last round (what a next night evolves)
-      dataset/sft.parquet            the evolved dataset as SFT conversations (`messages`, TRL SFTTrainer)
+      dataset/sft/train.parquet      the evolved dataset as SFT conversations (`messages`, TRL SFTTrainer)
       dataset/README.md              the dataset card: one config per table, features, sizes, settings, cost
       plots/*.png                    the run's plots (also on the Prefect run as a markdown artifact)
       cost_ledger.parquet            the ledger compacted at the end of the run
@@ -100,8 +100,10 @@ class RunLayout(OutputFolder):
 
     @property
     def sft(self) -> AnyPath:
-        """The evolved dataset as TRL SFTTrainer conversations (storage/cards.py write_sft_view)."""
-        return self.dataset_dir / "sft.parquet"
+        """The evolved dataset as TRL SFTTrainer conversations (storage/cards.py write_sft_view). Named
+        sft/train.parquet: the only file of dataset/ a split name matches, so `load_dataset("parquet",
+        data_dir=OUT/dataset)` reads it (and the other tables, through the card's configs, by name)."""
+        return self.dataset_dir / "sft" / "train.parquet"
 
     @property
     def logs_dir(self) -> Path:

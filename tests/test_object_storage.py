@@ -402,7 +402,7 @@ def test_evolve_run_lives_on_s3_resumes_and_matches_a_local_run(tmp_path, server
     assert calls == 6 * 3 * 2
     for key in ("run.json", "summary.json", "dataset/evolved.parquet", "dataset/lineage.parquet",
                 "dataset/final_pool.parquet", "cost_ledger.parquet", "rejects.jsonl", "rounds/round_02/_SUCCESS",
-                "rounds/round_01/parts/batch_00002.parquet", "dataset/sft.parquet", "dataset/README.md",
+                "rounds/round_01/parts/batch_00002.parquet", "dataset/sft/train.parquet", "dataset/README.md",
                 "plots/survival_by_operation.png", "plots/eliminations_by_rule.png", "plots/cost_tokens_by_stage.png"):
         assert s3.exists(f"evolforge/nightly/run-a/{key}"), key
     assert summary["card"] == f"{url}/dataset/README.md" and len(summary["plots"]) == 3  # written, not warned away

@@ -70,7 +70,7 @@ def test_publish_commits_the_card_and_its_tables_only(run_folder, tmp_path):
     assert res.returncode == 0, res.stderr
     assert TOKEN not in res.stdout + res.stderr and hub.auth == {f"Bearer {TOKEN}"}
     assert hub.repos == ["me/evolved"]
-    assert set(hub.files) == {"README.md", "sft.parquet", "evolved.parquet"}
-    assert hub.files["sft.parquet"] == lay.sft.read_bytes()
+    assert set(hub.files) == {"README.md", "sft/train.parquet", "evolved.parquet"}
+    assert hub.files["sft/train.parquet"] == lay.sft.read_bytes()
     card = hub.files["README.md"].decode()
     assert 'where = "me/evolved"' in card and str(lay.dataset_dir) not in card

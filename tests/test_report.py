@@ -106,6 +106,9 @@ def test_evolve_plots_card_and_sft_view(tmp_path, server, monkeypatch):
         assert row["messages"][0]["content"] == by_id[row["id"]]["instruction"]
         assert row["messages"][1]["content"] == by_id[row["id"]]["answer"]
     assert load_dataset("parquet", data_files=str(lay.sft), split="train").num_rows == 6
+    # data_dir ignores the card: in dataset/ only the SFT view is named for a split, so that is what it reads
+    by_dir = load_dataset("parquet", data_dir=str(lay.dataset_dir))
+    assert list(by_dir) == ["train"] and by_dir["train"].num_rows == 6 and "messages" in by_dir["train"].column_names
 
     assert SECRET not in (lay.dataset_dir / "README.md").read_text()
     assert SECRET not in artifact_markdown("evolve-plots")
