@@ -115,6 +115,12 @@ def _verl_config(cfg: PPOSettings, lay: store.PPOLayout, policy: str, irm: Path,
     overrides = ppo_verl.verl_overrides(cfg, train_files=str(lay.train), val_files=str(lay.test), policy_path=policy,
                                         irm_dir=str(irm), prm_dir=str(prm))
     ppo_verl.validate_config(overrides)  # the documented schema; invalid settings stop the run here
+    checked_by = "evolforge's schema of verl's keys"
+    if cfg.verl_python:  # verl's own Hydra compose and validate_config, as main_ppo runs them
+        verdict = ppo_verl.check_with_verl(overrides, python=cfg.verl_python)
+        if verdict["problems"]:
+            raise ValueError(f"verl {verdict['verl']} refuses the PPO configuration: " + "; ".join(verdict["problems"]))
+        checked_by = f"verl {verdict['verl']} (Hydra compose + validate_config)"
     line = ppo_verl.shell_line(ppo_verl.ray_submit_command(overrides, cfg.ray_address, submission_id,
                                                            cfg.ray_working_dir))
     store.write_yaml(lay.verl_config, ppo_verl.nested(overrides),
@@ -123,7 +129,7 @@ def _verl_config(cfg: PPOSettings, lay: store.PPOLayout, policy: str, irm: Path,
     write_text_atomic(lay.submit_script, "#!/bin/sh\n# RAY_ADDRESS: the cluster's dashboard, e.g. "
                             "http://head:8265\nset -e\n" + line + "\n", permissions=0o755)
     algorithm = "PPO (critic, GAE)" if cfg.adv_estimator == "gae" else f"{cfg.adv_estimator} (verl)"
-    return {"algorithm": algorithm, "command": line, "config": str(lay.verl_config),
+    return {"algorithm": algorithm, "checked_by": checked_by, "command": line, "config": str(lay.verl_config),
             "entrypoint": ppo_verl.main_ppo_command(overrides)}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import typing
 from pathlib import Path
 
@@ -287,3 +288,22 @@ def test_verl_reward_without_evolforge_installed(through_verl, stage):
     scores, _ = _expected(stage, with_evolforge=False)
     assert not through_verl["without_evolforge"]["evolforge_loaded"]
     assert through_verl["without_evolforge"]["scores"] == pytest.approx(scores, abs=1e-4)
+
+
+def test_the_stage_checks_its_config_with_verl_when_verl_python_is_set(verl_env, stage, tmp_path):
+    """ppo.verl_python: the PPO stage runs verl's own compose + validate_config before it writes anything to submit."""
+    from evolforge.flows.ppo import _verl_config
+
+    wrapper = tmp_path / "verl-python"
+    env = verl_env.environ()
+    wrapper.write_text(f"#!/bin/sh\nexport PYTHONPATH={shlex.quote(env.get('PYTHONPATH', ''))}\n"
+                       f"exec {shlex.quote(verl_env.python)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    lay = PPOLayout(tmp_path / "ppo").ensure()
+    cfg = load_settings(None, {"ppo": {"verl_python": str(wrapper)}}, environ={}).ppo
+    done = _verl_config(cfg, lay, str(stage["policy"]), stage["irm"], stage["prm"], "job-1")
+    assert done["checked_by"].startswith(f"verl {verl_env.version}")
+    # verl itself refuses what the project's schema cannot see: a policy folder that is not there
+    with pytest.raises(ValueError, match="refuses the PPO configuration"):
+        _verl_config(cfg, PPOLayout(tmp_path / "ppo2").ensure(), str(tmp_path / "no-policy"), stage["irm"],
+                     stage["prm"], "j")

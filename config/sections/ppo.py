@@ -50,6 +50,11 @@ class PPOSettings(Section):
     project_name: str = Field("evolforge", description="verl trainer.project_name (logger project).")
     experiment_name: str = Field("rleif-ppo", description="verl trainer.experiment_name.")
     ray_address: str = Field("", description="Ray dashboard address of the cluster's Jobs API, e.g. http://head:8265 (the dashboard port, not the GCS port 6379); empty: $RAY_ADDRESS, and without it the `ray job submit` command is written and printed only.")
+    verl_python: str = Field("", description="A python that imports verl and hydra (e.g. the training cluster's image, or a "
+                             "venv with `pip install verl`). When set, the stage checks the written configuration with verl's "
+                             "own code before submitting: Hydra composes it onto verl's ppo_trainer config (an unknown or "
+                             "mistyped key fails) and verl's validate_config runs; a problem stops the stage. Empty: only the "
+                             "project's own schema of verl's keys is checked.")
     ray_working_dir: str = Field("", description="Folder uploaded as the job's runtime_env working_dir (`ray job submit --working-dir`); empty uploads nothing (code, data and models on a shared filesystem).")
     ray_job: Literal["verl_ppo", "grpo_smoke"] = Field("verl_ppo", description="What the Ray job runs: verl_ppo, the verl PPO trainer (GPU nodes with verl and vLLM/SGLang); grpo_smoke, this stage's local GRPO smoke run (CPU, needs evolforge on the cluster) to check the cluster, its shared filesystem and the reward models before spending GPU hours. With grpo_smoke and a cluster address the smoke run happens on the cluster instead of in the flow.")
     ray_wait_seconds: float = Field(0, ge=0, description="How long the flow waits for the submitted job to finish (then its log is fetched, a failed job fails the flow, and a grpo_smoke job's figures enter the summary); 0 submits and returns (follow with `ray job logs -f ID`).")

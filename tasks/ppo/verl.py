@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -156,22 +155,6 @@ def ray_submit_command(overrides: dict[str, Any], address: str, submission_id: s
 
 def shell_line(cmd: list[str]) -> str:
     return " ".join(c if c == "$RAY_ADDRESS" else shlex.quote(c) for c in cmd)
-
-
-class RaySubmitError(RuntimeError):
-    pass
-
-
-def submit(cmd: list[str], timeout_s: float = 300.0) -> dict:
-    """Run `ray job submit ... --no-wait`; the job id is the command's --submission-id."""
-    ray = shutil.which(cmd[0])
-    if ray is None:
-        raise RaySubmitError("`ray` is not installed here: pip install 'ray[default]' (the job runs on the cluster; "
-                             "this machine only needs the CLI), or run the written submit.sh where it is")
-    proc = subprocess.run([ray, *cmd[1:]], capture_output=True, text=True, timeout=timeout_s)
-    if proc.returncode != 0:
-        raise RaySubmitError(f"ray job submit failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    return {"submission_id": cmd[cmd.index("--submission-id") + 1], "stdout": proc.stdout[-4000:]}
 
 
 # Runs in a python where verl is importable (its own environment: verl pins packages older than evolforge's).
