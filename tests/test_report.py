@@ -194,3 +194,21 @@ def test_an_empty_table_is_no_config(tmp_path):
     header, body = read_card(tmp_path)
     assert [c["config_name"] for c in header["configs"]] == ["full"] and "not a config: empty" in body
     assert load_dataset(str(tmp_path), split="train").num_rows == 1
+
+
+def test_pipeline_shows_every_stage_plots(tmp_path, server):
+    from evolforge.flows.pipeline import PipelineParams, pipeline_flow
+
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "c1", "instruction": "Write a function that adds two numbers.", "domain": "code"},
+        {"id": "m1", "instruction": "A shop sells 3 boxes of 4 apples each. How many apples?", "domain": "math"}]) + "\n")
+    price = {"overrides": {"smollm2-135m-instruct": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}}}
+    done = pipeline_flow(PipelineParams(seeds=str(seeds), out=str(tmp_path / "p"), rounds=1, reward=False,
+                                        base_url=server.base_url, overrides={"pricing": price, **FAST}))
+    assert set(done) == {"evolve", "synthesize"}
+    assert_plots(tmp_path / "p", {"cost_tokens_by_stage", "evolve_survival_by_operation",
+                                  "evolve_eliminations_by_rule", "synthesize_task_difficulty"}, "pipeline-plots")
+    # the stages' own plots are the same images
+    assert (tmp_path / "p" / "plots" / "synthesize_task_difficulty.png").read_bytes() == \
+        (tmp_path / "p" / "synthesize" / "plots" / "task_difficulty.png").read_bytes()
