@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 
-from evolforge.cli import costs, publish, run, sandbox, services, stages, status
+from evolforge.cli import costs, prefect_server, publish, run, sandbox, services, stages, status
 from evolforge.cli.common import run_command
 
 # Each command module registers its sub-commands; a new stage adds its module here.
-COMMANDS = (run, stages, services, costs, sandbox, status, publish)
+COMMANDS = (run, stages, services, costs, sandbox, status, publish, prefect_server)
 
 
 def main(argv: list[str] | None = None) -> int:

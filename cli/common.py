@@ -23,9 +23,19 @@ def add_endpoint_args(p) -> None:
     p.add_argument("--model", help="model for every stage without its own model in the config")
 
 
-def prefect_defaults() -> None:
+def prefect_defaults(params=None) -> None:
+    """Prefect's settings for a command, and the server it reports to (runner.prefect_server of the params'
+    settings: a reused local server by default, see cli/prefect_server.py)."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from evolforge.cli.prefect_server import attach
+    from evolforge.config.settings import ConfigError
+
+    try:
+        mode = params.settings().runner.prefect_server if hasattr(params, "settings") else "reuse"
+    except ConfigError:  # reported by the flow itself, in its own words
+        mode = "ephemeral"
+    attach(mode)
 
 
 def settings_or_exit(args, extra: dict | None = None):
@@ -89,7 +99,7 @@ def run_flow(fn, params, out: str | None = None) -> int:
     """Run a stage flow with live progress; print its result, or one clear line when it fails."""
     from evolforge.cli.progress import live_progress
 
-    prefect_defaults()
+    prefect_defaults(params)
     try:
         with live_progress():
             result = fn(params)

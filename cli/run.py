@@ -18,7 +18,6 @@ def cmd_run(args) -> int:
 
 
 def _run_with(args, overrides: dict) -> int:
-    prefect_defaults()
     from evolforge.cli.progress import live_progress
     from evolforge.flows.evolve import EvolveParams, evolve_flow
     from evolforge.storage.fs import location
@@ -27,6 +26,7 @@ def _run_with(args, overrides: dict) -> int:
     params = EvolveParams(seeds=str(location(args.seeds)), out=str(location(args.out)),
                           rounds=args.rounds, config=args.config, base_url=args.base_url, model=args.model,
                           overrides=overrides, force_settings=getattr(args, "force_settings", False))
+    prefect_defaults(params)
     try:
         with live_progress():
             summary = evolve_flow(params)

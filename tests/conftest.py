@@ -12,6 +12,9 @@ os.environ.setdefault("PREFECT_HOME", _HOME)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+# commands run by tests use Prefect's temporary server, never a background one that would outlive the test
+# (tests/test_prefect_server_reuse.py covers the reused server and stops it)
+os.environ.setdefault("EVOLFORGE__RUNNER__PREFECT_SERVER", "ephemeral")
 for _k in ("EVOLFORGE_API_KEY", "OPENAI_API_KEY"):
     os.environ.pop(_k, None)
 

@@ -40,6 +40,12 @@ class RunnerSettings(Section):
     kind: Literal["threads", "dask", "ray"] = Field("threads", description="threads (default), dask or ray.")
     max_workers: int = Field(4, ge=1, description="Batches in flight at once (threads runner / local Dask workers).")
     address: str = Field("", description="Existing Dask scheduler or Ray cluster address; empty starts a local one.")
+    prefect_server: Literal["reuse", "ephemeral"] = Field(
+        "reuse", description="The Prefect server an `evolforge` command reports to when PREFECT_API_URL is not set. "
+        "reuse: a local server (127.0.0.1, UI included) that the first command starts in the background and leaves "
+        "running, so later commands start their first model call in about a second instead of waiting for a server "
+        "(its URL and pid are kept in PREFECT_HOME/evolforge-server.json; `evolforge server stop` stops it). "
+        "ephemeral: Prefect's temporary server for the one command, gone when it ends.")
 
 
 class StorageSettings(Section):
