@@ -420,7 +420,7 @@ def test_cli_exports_a_recorded_folder_with_unfinished_sessions(traffic, tmp_pat
     from evolforge.cli import main
 
     assert main(["trajectories", "--proxy-out", str(traffic["rec"]), "--out", str(tmp_path / "bad"),
-                 "--rewards", str(tmp_path / "missing.csv"), "--no-tokens"]) == 1
+                 "--rewards", str(tmp_path / "missing.csv"), "--no-tokens"]) == 2  # a user error, found up front
     assert "rewards file" in capsys.readouterr().err
-    assert main(["trajectories", "--proxy-out", str(tmp_path), "--out", str(tmp_path / "bad"), "--no-tokens"]) == 1
-    assert "recording proxy" in capsys.readouterr().err
+    assert main(["trajectories", "--proxy-out", str(tmp_path), "--out", str(tmp_path / "bad"), "--no-tokens"]) == 2
+    assert "recording proxy" in capsys.readouterr().err and not (tmp_path / "bad").exists()
