@@ -17,7 +17,7 @@ solution replaced by `return None`) must fail in the sandbox wherever it fails i
 --suite synthetic:
 
 Each job is a small passing pytest file (3 tests) against a one-function solution.
-- sandboxed:   `run_many(jobs, SandboxSettings(max_parallel=N))` (bwrap mode, all limits on);
+- sandboxed:   `run_many(jobs, SandboxSettings(max_parallel=N))` (bwrap mode, all limits on, warm workers: the default);
 - unsandboxed: the same command (`python -m pytest -q -p no:cacheprovider --tb=short`,
   PYTEST_DISABLE_PLUGIN_AUTOLOAD=1) in a plain subprocess (new session, as the sandbox
   uses one) in a temp dir, N at a time;
