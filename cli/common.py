@@ -8,6 +8,7 @@ it left checkpoints to resume from.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -23,11 +24,17 @@ def add_endpoint_args(p) -> None:
     p.add_argument("--model", help="model for every stage without its own model in the config")
 
 
-def prefect_defaults(params=None) -> None:
-    """Prefect's settings for a command, and the server it reports to (runner.prefect_server of the params'
-    settings: a reused local server by default, see cli/prefect_server.py)."""
+def prefect_env() -> None:
+    """Prefect's settings for a command: before Prefect is first imported (it reads them then)."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def prefect_defaults(params=None):
+    """Prefect's settings for a command and the server it reports to (runner.prefect_server of the params'
+    settings: a reused local server by default, see cli/prefect_server.py), as a context around the flow call
+    (Prefect reads its settings when first imported: a server found later is applied as a settings context)."""
+    prefect_env()
     from evolforge.cli.prefect_server import attach
     from evolforge.config.settings import ConfigError
 
@@ -35,7 +42,12 @@ def prefect_defaults(params=None) -> None:
         mode = params.settings().runner.prefect_server if hasattr(params, "settings") else "reuse"
     except ConfigError:  # reported by the flow itself, in its own words
         mode = "ephemeral"
-    attach(mode)
+    url = attach(mode)
+    if not url:
+        return contextlib.nullcontext()
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    return temporary_settings(updates={PREFECT_API_URL: url})
 
 
 def settings_or_exit(args, extra: dict | None = None):
@@ -99,9 +111,8 @@ def run_flow(fn, params, out: str | None = None) -> int:
     """Run a stage flow with live progress; print its result, or one clear line when it fails."""
     from evolforge.cli.progress import live_progress
 
-    prefect_defaults(params)
     try:
-        with live_progress():
+        with prefect_defaults(params), live_progress():
             result = fn(params)
     except Exception as e:
         return failed(fn.name, e, out)

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-from evolforge.cli.common import add_endpoint_args, failed, prefect_defaults, settings_or_exit
+from evolforge.cli.common import add_endpoint_args, failed, prefect_defaults, prefect_env, settings_or_exit
 
 
 def cmd_run(args) -> int:
@@ -18,6 +18,7 @@ def cmd_run(args) -> int:
 
 
 def _run_with(args, overrides: dict) -> int:
+    prefect_env()
     from evolforge.cli.progress import live_progress
     from evolforge.flows.evolve import EvolveParams, evolve_flow
     from evolforge.storage.fs import location
@@ -26,9 +27,8 @@ def _run_with(args, overrides: dict) -> int:
     params = EvolveParams(seeds=str(location(args.seeds)), out=str(location(args.out)),
                           rounds=args.rounds, config=args.config, base_url=args.base_url, model=args.model,
                           overrides=overrides, force_settings=getattr(args, "force_settings", False))
-    prefect_defaults(params)
     try:
-        with live_progress():
+        with prefect_defaults(params), live_progress():
             summary = evolve_flow(params)
     except RunInputsChanged as e:  # nothing was done: no resume hint
         print(f"\nevolforge run: {e}", file=sys.stderr)

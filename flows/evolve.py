@@ -41,9 +41,7 @@ from evolforge.tasks.core.batch import close_gateways, gateway_for, settings_fro
 from evolforge.tasks.core.checks import check_evolve
 from evolforge.tasks.core.reporting import CostTally, cost_summary, markdown_summary, round_rows
 from evolforge.tasks.evolve.batch import run_evolve_batch
-from evolforge.tasks.evolve.dedup_round import dedup_round, index_seeds
 from evolforge.tasks.report.card import evolve_card
-from evolforge.tasks.report.plots import evolve_plots
 
 
 class EvolveParams(EndpointParams):
@@ -78,12 +76,22 @@ def evolve_batch_task(out_dir: str, round_no: int, batch_index: int, settings_js
 
 @task(name="dedup-seeds")
 def index_seeds_task(out_dir: str, settings_json: str, index_dir: str) -> dict:
+    from evolforge.tasks.evolve.dedup_round import index_seeds  # the dedup stack loads when dedup runs
+
     return index_seeds(RunLayout(out_dir), settings_from_json(settings_json), location(index_dir))
 
 
 @task(name="dedup-round")
 def dedup_round_task(out_dir: str, round_no: int, settings_json: str, index_dir: str) -> dict:
+    from evolforge.tasks.evolve.dedup_round import dedup_round
+
     return dedup_round(RunLayout(out_dir), round_no, settings_from_json(settings_json), location(index_dir))
+
+
+def _evolve_plots(summary: dict) -> dict:
+    from evolforge.tasks.report.plots import evolve_plots  # matplotlib loads at the end, not before the first call
+
+    return evolve_plots(summary)
 
 
 # ----------------------------------------------------------------- the flow
@@ -212,7 +220,7 @@ def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, 
                      "final_pool": str(layout.final_pool), "cost_ledger": str(layout.ledger_parquet),
                      "rejects": str(layout.rejects)},
     }
-    summary["plots"] = attach_plots(layout, "evolve-plots", "Evol-Instruct plots", lambda: evolve_plots(summary))
+    summary["plots"] = attach_plots(layout, "evolve-plots", "Evol-Instruct plots", lambda: _evolve_plots(summary))
     summary["card"] = attach_card(layout.dataset_dir, {"sft": layout.sft, "evolved": layout.evolved,
                                                        "lineage": layout.lineage, "final_pool": layout.final_pool},
                                   evolve_card(summary, settings.fingerprint()))
