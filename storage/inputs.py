@@ -25,6 +25,8 @@ class SeedFileError(ValueError):
 
 def _location(path):
     """A local Path without importing fsspec; a URL through storage.fs."""
+    if not isinstance(path, (str, os.PathLike)):  # a remote UPath (storage.fs.location) already
+        return path
     s = os.fspath(path)
     if "://" in s and not s.startswith("file://"):
         from evolforge.storage.fs import location
@@ -127,6 +129,8 @@ def folder_problem(path) -> str | None:
     stays: a probe file is made and removed in the folder, or in its nearest existing parent (so permissions,
     read-only mounts and full quotas are all seen). A remote URL is not probed (its store answers on the
     first write)."""
+    if not isinstance(path, (str, os.PathLike)):  # a remote UPath
+        return None
     s = os.fspath(path)
     if "://" in s and not s.startswith("file://"):
         return None
