@@ -24,6 +24,8 @@ def _print_stage(st: dict, indent: str = "") -> None:
         print(f"{indent}  {u['unit']}: batches {u['done']} done, {u['failed']} failed{failed}, {u['pending']} pending "
               f"of {u['batches']}; records {u['records_done']}/{u['records']} done, {u['accepted']} accepted, "
               f"{u['errors']} errors{extra}")
+    if "models_trained" in st:
+        print(f"{indent}  reward models trained: {', '.join(st['models_trained']) or 'none'}")
     if "cost" in st:
         print(f"{indent}  {_cost(st['cost'])}")
         for s in st["cost"]["by_stage"]:

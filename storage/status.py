@@ -125,6 +125,7 @@ def folder_status(out: str | Path) -> dict:
             return {"kind": "pipeline", "root": str(root), "exists": True, "stages": stages}
         return {"kind": None, "root": str(root), "exists": True}
     units: list[dict] = []
+    extra: dict = {}
     if kind == "evolve":
         units = _evolve_units(RunLayout(root))
     elif kind == "reward":
@@ -133,6 +134,7 @@ def folder_status(out: str | Path) -> dict:
         lay = RewardLayout(root)
         units = [batch_unit(k, lay.input, lambda b, k=k: lay.part(k, b)) for k in ("irm", "prm")
                  if exists(root / k)]
+        extra = {"models_trained": [k for k in ("irm", "prm") if lay.model_ready(k)]}
     elif kind == "modules":
         from evolforge.storage.module_sets import ModulesLayout
 
@@ -144,4 +146,4 @@ def folder_status(out: str | Path) -> dict:
         lay = SynthLayout(root)
         units = [batch_unit("tasks", lay.input, lay.synth_part)]
     return {"kind": kind, "root": str(root), "exists": True, "finished": exists(root / "summary.json"),
-            "units": units, "cost": ledger_totals(root)}
+            "units": units, "cost": ledger_totals(root), **extra}

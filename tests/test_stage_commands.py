@@ -47,6 +47,7 @@ def test_reward_data_then_train_reward_commands(tmp_path, server, capsys):
     metrics = json.loads(lay.metrics.read_text())
     assert list(metrics["models"]) == ["irm"] and metrics["models"]["irm"]["train_pairs"] > 0
     assert lay.model_ready("irm") and not lay.model_ready("prm")
+    assert folder_status(out)["models_trained"] == ["irm"]
 
     with pytest.raises(SystemExit) as exc:  # argparse: a bad --models value is a usage error
         main(["train-reward", "--data", str(out), "--models", "irm,orm"])
