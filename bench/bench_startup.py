@@ -5,7 +5,8 @@
 Each case runs the real command (a fresh interpreter) over 20 seeds, 1 round, against testing/instant_server.py
 (answers at once), per-round dedup off: a user's first small run. Measured from just before the command is
 spawned to the start of its first model call (the pre-flight probe) and of its first evolve call, both from the
-run's cost ledger (each call's end time minus its latency), and the whole command. Cases, in one run:
+run's cost ledger (each call's end time minus its latency), and the whole command. Each repeat uses a fresh
+PREFECT_HOME whose database one unmeasured command has created first. Cases, in one run:
   ephemeral    runner.prefect_server = "ephemeral": Prefect starts a temporary server inside the command
   reuse-cold   "reuse" with no server yet: the command starts the background server and waits for it
   reuse-warm   "reuse" with the server a previous command left running
@@ -98,6 +99,7 @@ def main() -> None:
         wait_up(f"{base_url}/models")
         for i in range(a.repeat):
             home = work / f"home-{i}"
+            one("ephemeral", home, base_url, seeds, config, work, 100 + i)  # the Prefect database exists in every case
             runs["ephemeral"].append(one("ephemeral", home, base_url, seeds, config, work, i))
             runs["reuse-cold"].append(one("reuse-cold", home, base_url, seeds, config, work, i))
             runs["reuse-warm"].append(one("reuse-warm", home, base_url, seeds, config, work, i))
