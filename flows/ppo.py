@@ -6,7 +6,8 @@ Reads top to bottom like the stage it runs:
   written, with its `ray job submit` command -> the Ray job (ppo.ray_job: the verl PPO trainer, or the GRPO
   smoke run) submitted through the Ray Jobs API when a cluster address is set -> the GRPO smoke run with the
   r = rI * rA reward and the in-training reward health watch (here, or on the cluster as that job), SFT vs
-  trained on the held-out prompts -> summary.json and artifacts -> the health policy and the job's outcome.
+  trained on the held-out prompts -> the dataset card data/README.md (config `prompts`: train, test) ->
+  summary.json and artifacts -> the health policy and the job's outcome.
 
 Two algorithms, named as they are: the verl job is PPO (critic, GAE; ppo.adv_estimator); the smoke run is GRPO
 (TRL's GRPOTrainer, SmolLM2-135M on a CPU: a plumbing check, not training).
@@ -26,6 +27,7 @@ from pydantic import Field
 
 from evolforge.config.settings import PPOSettings, RewardSettings
 from evolforge.flows._params import StageParams
+from evolforge.flows._report import attach_card
 from evolforge.storage import ppo as store
 from evolforge.storage.fs import local_copy, location, write_text_atomic
 from evolforge.storage.layout import RunLayout
@@ -38,6 +40,7 @@ from evolforge.tasks.ppo import verl as ppo_verl
 from evolforge.tasks.ppo.data import build_prompt_rows
 from evolforge.tasks.ppo.preflight import preflight
 from evolforge.tasks.ppo.training_health import health_markdown
+from evolforge.tasks.report.card import ppo_card
 from evolforge.tasks.reward.health import enforce
 
 
@@ -249,6 +252,9 @@ def ppo_flow(params: PPOParams) -> dict:
                   "policy": local["policy_dir"] if local else None, "metrics": str(lay.metrics) if local else None,
                   "training_health": str(lay.local_health) if local and local.get("health") else None},
     }
+    # the dataset card of data/: the prompts as one config with its train and test splits
+    summary["card"] = attach_card(lay.data_dir, {"prompts": {"train": lay.train, "test": lay.test}},
+                                  ppo_card(summary, params.settings().fingerprint(), str(irm), str(prm)))
     store.write_json(lay.summary, summary)
     create_markdown_artifact(key="ppo-summary", markdown=_markdown(summary), description="PPO stage summary")
     if local and local.get("health"):

@@ -9,6 +9,8 @@ proxy.session_idle_seconds, or an ancestor's finish event; others skipped unless
     OUT/duplicates.parquet   prompts dropped as duplicates of another session's, with the reason
     OUT/skipped.parquet      unfinished sessions, failed calls, ... with the reason
     OUT/summary.json         counts by reward presence, finished / unfinished, failed calls, drift rate
+    OUT/README.md            the dataset card: the parquet tables as `datasets` configs (sft.jsonl is json: its
+                             body says how to load it)
 Formats: storage/trajectory_sets.py. The steps (one Prefect task each): tasks/trajectories/export.py.
 """
 
@@ -19,7 +21,11 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
 from evolforge.flows._params import StageParams
+from evolforge.flows._report import attach_card
+from evolforge.storage.cards import column_counts
+from evolforge.storage.trajectory_sets import TrajectoryLayout
 from evolforge.tasks.core.checks import check_trajectories
+from evolforge.tasks.report.card import trajectories_card
 from evolforge.tasks.trajectories.export import collect, dedup_prompts, publish, token_samples
 
 
@@ -76,6 +82,11 @@ def trajectories_flow(params: TrajectoriesParams) -> dict:
     if params.tokens:
         tokens_task(pj)
     summary = publish_task(pj)
+    lay = TrajectoryLayout(params.out)
+    models = column_counts(lay.transitions, "model", ("prompt_tokens", "completion_tokens"))
+    summary["card"] = attach_card(lay.root, {"transitions": lay.transitions, "tokens": lay.tokens,
+                                            "duplicates": lay.duplicates, "skipped": lay.skipped},
+                                  trajectories_card(summary, params.settings().fingerprint(), models))
     s, r, tok = summary["sessions"], summary["rewards"], summary["tokens"] or {}
     create_table_artifact(key="trajectories-summary", description=f"Trajectories from {params.proxy_out}", table=[
         {"what": "sessions exported", "count": s["exported"]},

@@ -59,49 +59,73 @@ def _size_category(n: int) -> str:
     return next((label for bound, label in SIZE_CATEGORIES if n < bound), "n>100M")
 
 
-def _config_info(name: str, path: AnyPath) -> tuple[dict, dict]:
-    """(the table's `dataset_info` entry, its size facts) from the parquet footer."""
+def _config_info(name: str, splits: dict[str, AnyPath]) -> tuple[dict, dict]:
+    """(the table's `dataset_info` entry, its size facts) from the parquet footers of its split files."""
     from datasets import Features  # lazy: datasets imports in ~1 s
 
-    meta = parquet_file(path).metadata
-    schema = parquet_file(path).schema_arrow
+    schema = parquet_file(next(iter(splits.values()))).schema_arrow
     features = Features.from_arrow_schema(schema)
-    n_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-    info = {"config_name": name, "features": features._to_yaml_list(),
-            "splits": [{"name": "train", "num_bytes": n_bytes, "num_examples": meta.num_rows}],
-            "dataset_size": n_bytes}
-    return info, {"rows": meta.num_rows, "bytes": n_bytes, "columns": schema.names}
+    split_infos = []
+    for split, path in splits.items():
+        meta = parquet_file(path).metadata
+        n_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        split_infos.append({"name": split, "num_bytes": n_bytes, "num_examples": meta.num_rows})
+    n_bytes = sum(s["num_bytes"] for s in split_infos)
+    info = {"config_name": name, "features": features._to_yaml_list(), "splits": split_infos, "dataset_size": n_bytes}
+    return info, {"rows": sum(s["num_examples"] for s in split_infos), "bytes": n_bytes, "columns": schema.names,
+                  "splits": {s["name"]: s["num_examples"] for s in split_infos}}
 
 
-def write_dataset_card(folder: AnyPath, tables: dict[str, AnyPath], *, title: str, description: str,
-                       sections: dict[str, list[str]], facts: dict, default: str | None = None) -> AnyPath:
+def _relative(folder: AnyPath, path: AnyPath) -> str:
+    rel = str(path)[len(str(folder)):].lstrip("/")
+    if str(path) != f"{str(folder).rstrip('/')}/{rel}":
+        raise ValueError(f"{path} is not inside the dataset folder {folder}")
+    return rel
+
+
+def write_dataset_card(folder: AnyPath, tables: dict[str, AnyPath | dict[str, AnyPath]], *, title: str,
+                       description: str, sections: dict[str, list[str]], facts: dict,
+                       default: str | None = None) -> AnyPath:
     """README.md in `folder`: YAML header (configs, dataset_info, size_categories, `evolforge:` facts) and a body
     with how to load it, one line per table, then `sections` (heading -> markdown lines). `tables` maps config
-    name -> parquet file inside `folder`; tables that do not exist or have no rows are left out."""
-    present = {name: path for name, path in tables.items() if exists(path)}
-    # a table without rows is no config: `datasets` cannot load an empty parquet file (ArrowInvalid: BatchSize 0)
-    empty = [name for name, path in present.items() if parquet_file(path).metadata.num_rows == 0]
-    present = {name: path for name, path in present.items() if name not in empty}
+    name -> parquet file inside `folder` (its split "train"), or -> {split name: parquet file} for a table in
+    several splits (PPO prompts: train, test). Files that do not exist or have no rows are left out (a config
+    with none left is no config). Parquet only: `datasets` picks one builder for every config of a card (from
+    the first config's files), so a card cannot mix parquet and json configs."""
+    by_config = {name: (dict(path) if isinstance(path, dict) else {"train": path}) for name, path in tables.items()}
+    present: dict[str, dict[str, AnyPath]] = {}
+    empty = []
+    for name, splits in by_config.items():
+        found = {split: path for split, path in splits.items() if exists(path)}
+        # a file without rows is no split: `datasets` cannot load an empty parquet file (ArrowInvalid: BatchSize 0)
+        rows = {split: path for split, path in found.items() if parquet_file(path).metadata.num_rows > 0}
+        if rows:
+            present[name] = rows
+        elif found:
+            empty.append(name)
     default = default if default in present else next(iter(present), None)
     configs, infos, sizes = [], [], {}
-    for name, path in present.items():
-        rel = str(path)[len(str(folder)):].lstrip("/")
-        if str(path) != f"{str(folder).rstrip('/')}/{rel}":
-            raise ValueError(f"{path} is not inside the dataset folder {folder}")
-        configs.append({"config_name": name, "data_files": [{"split": "train", "path": rel}],
+    for name, splits in present.items():
+        configs.append({"config_name": name,
+                        "data_files": [{"split": split, "path": _relative(folder, path)} for split, path in splits.items()],
                         **({"default": True} if name == default else {})})
-        info, sizes[name] = _config_info(name, path)
+        info, sizes[name] = _config_info(name, splits)
         infos.append(info)
     header = {"pretty_name": title, "tags": ["evolforge", "synthetic"],
               "size_categories": [_size_category(max((s["rows"] for s in sizes.values()), default=0))],
               "configs": configs, "dataset_info": infos, "evolforge": facts}
     body = [f"# {title}", "", description, "", "## Load it", "", "```python", "from datasets import load_dataset",
             "", f'where = "{folder}"  # this folder, or its Hugging Face Hub repo id once published', ""]
-    body += [f'{name} = load_dataset(where, "{name}", split="train")' for name in present]
+    body += [f'{name} = load_dataset(where, "{name}"' + (', split="train")' if list(splits) == ["train"] else
+                                                         ")  # splits: " + ", ".join(splits))
+             for name, splits in present.items()]
     body += ["```", "", "## Tables", "", "| config | file | rows | bytes (uncompressed) | columns |",
              "|---|---|---|---|---|"]
-    body += [f"| {name} | `{c['data_files'][0]['path']}` | {sizes[name]['rows']} | {sizes[name]['bytes']} | "
-             f"{', '.join(sizes[name]['columns'])} |" for name, c in zip(present, configs)]
+    body += [f"| {name} | " + ", ".join(f"`{f['path']}`" + (f" ({f['split']})" if len(c["data_files"]) > 1 else "")
+                                        for f in c["data_files"]) +
+             f" | {sizes[name]['rows']}" + (" (" + ", ".join(f"{k} {v}" for k, v in sizes[name]["splits"].items()) + ")"
+                                            if len(c["data_files"]) > 1 else "") +
+             f" | {sizes[name]['bytes']} | {', '.join(sizes[name]['columns'])} |" for name, c in zip(present, configs)]
     if empty:
         body += ["", f"Empty, so not a config: {', '.join(empty)}."]
     for heading, lines in sections.items():
@@ -109,6 +133,18 @@ def write_dataset_card(folder: AnyPath, tables: dict[str, AnyPath], *, title: st
     text = "---\n" + yaml.safe_dump(header, sort_keys=False, allow_unicode=True, width=1000) + "---\n\n" + \
         "\n".join(body) + "\n"
     return write_text_atomic(card_path(folder), text)
+
+
+def column_counts(path: AnyPath, column: str, sums: tuple[str, ...] = ()) -> list[dict]:
+    """Rows of a parquet file grouped by `column` (nulls left out): [{column: value, "rows": n, each of `sums`:
+    its total}], most rows first; [] when the file does not exist."""
+    if not exists(path):
+        return []
+    t = read_parquet(path, columns=[column, *sums]).filter(pc.is_valid(pc.field(column)))
+    grouped = t.group_by(column).aggregate([(column, "count"), *((s, "sum") for s in sums)])
+    rows = [{column: r[column], "rows": r[f"{column}_count"], **{s: r[f"{s}_sum"] or 0 for s in sums}}
+            for r in grouped.to_pylist()]
+    return sorted(rows, key=lambda r: (-r["rows"], str(r[column])))
 
 
 def read_card(folder: AnyPath) -> tuple[dict, str] | None:

@@ -113,3 +113,130 @@ def _yaml(data: dict) -> str:
     import yaml
 
     return yaml.safe_dump(data, sort_keys=True, width=1000)
+
+
+def _no_calls_cost() -> dict:
+    return {"usd": 0.0, "attempts": 0, "prompt_tokens": 0, "completion_tokens": 0, "unpriced_attempts": 0}
+
+
+# the PPO settings a card shows: what shapes the prompt data and its reward, never the cluster's address, job
+# environment (ray_env_vars may hold tokens) or paths
+PPO_DATA_KEYS = ("test_fraction", "split_seed", "unverified_ground_truth", "answer_in_steps", "aggregation",
+                 "answer_weight", "adv_estimator", "kl_coef", "max_prompt_length", "max_response_length")
+
+
+def ppo_card(summary: dict, settings: dict, irm: str, prm: str) -> dict:
+    """The card of a PPO run's data/ folder: the verl prompt parquet (train / test splits of one config);
+    `irm`, `prm`: the reward model folders the PPO job scores with."""
+    ppo = settings.get("ppo", {})
+    gen = {k: ppo.get(k) for k in PPO_DATA_KEYS}
+    data = summary["data"]
+    policy = ppo.get("policy_path") or "the SFT policy converted from " + (ppo.get("policy_gguf") or
+                                                                          "SmolLM2-135M-Instruct (GGUF)")
+    facts = {"stage": "ppo", "evolforge_version": __version__, "run_id": summary["run_id"],
+             "lineage": {"evolved": summary.get("evolved"), "tasks": summary.get("tasks"),
+                         "train": data.get("train"), "test": data.get("test"),
+                         "with_ground_truth": data.get("with_ground_truth"),
+                         "ground_truth_sources": summary.get("ground_truth_sources")},
+             "generation": {"ppo": gen},
+             "models": [{"stage": "policy", "model": policy, "calls": 0},
+                        {"stage": "reward (IRM)", "model": irm, "calls": 0},
+                        {"stage": "reward (PRM)", "model": prm, "calls": 0}],
+             "cost": _no_calls_cost()}
+    sources = ", ".join(f"{k}: {v}" for k, v in (summary.get("ground_truth_sources") or {}).items()) or "none"
+    sections = {
+        "Lineage": [f"Prompts made from the evolved instructions `{summary.get('evolved')}`"
+                    + (f" and the synthesized tasks `{summary['tasks']}`" if summary.get("tasks") else "") +
+                    f": {data.get('train')} train and {data.get('test')} held-out test prompts (split by seed "
+                    f"lineage), {data.get('with_ground_truth')} with a ground truth (by source: {sources}). verl's "
+                    "PPO trainer reads them (`data.train_files`, `data.val_files`); the reward is rI (IRM) x rA "
+                    "(PRM, with the rule-based answer check where a ground truth exists)."],
+        "Generation settings": ["```yaml", *_yaml(gen).splitlines(), "```"],
+        "Models used": ["No model was called to make these prompts. Training uses:", "",
+                        f"- policy: `{policy}`",
+                        f"- instruction reward model (IRM): `{irm}`", f"- process reward model (PRM): `{prm}`"],
+        "Cost": ["$0: the prompt data is built locally without model calls (training cost is the cluster's)."],
+    }
+    return {"title": "evolforge PPO prompts",
+            "description": "RL prompt data for verl's PPO trainer made by evolforge (RLEIF): `prompts` has a `train` "
+                           "and a `test` split, each row a chat prompt with its data source, ability, reward model "
+                           "style and ground truth (verl's RL dataset columns).",
+            "sections": sections, "facts": facts, "default": "prompts"}
+
+
+def trajectories_card(summary: dict, settings: dict, models: list[dict]) -> dict:
+    """The card of a trajectories folder. `models`: the recorded calls by model (storage.cards.column_counts of
+    transitions.parquet with the token sums); the agent made those calls, evolforge made none."""
+    dedup = settings.get("dedup", {})
+    gen = {"session_idle_seconds": summary["sessions"].get("idle_seconds"),
+           "include_unfinished": summary["sessions"].get("include_unfinished"),
+           "dedup": {**dedup, "enabled": (summary.get("duplicates") or {}).get("enabled")}}
+    s, r = summary["sessions"], summary["rewards"]
+    facts = {"stage": "trajectories", "evolforge_version": __version__, "proxy_out": summary.get("proxy_out"),
+             "exported_at": summary.get("exported_at"),
+             "lineage": {"sessions": s, "rewards": r, "conversations": summary["conversations"],
+                         "transitions": summary["transitions"],
+                         "duplicates_dropped": (summary.get("duplicates") or {}).get("dropped", 0)},
+             "generation": gen,
+             "models": [{"stage": "agent (recorded)", "model": m["model"], "calls": m["rows"]} for m in models],
+             "cost": {**_no_calls_cost(), "prompt_tokens": sum(m.get("prompt_tokens", 0) for m in models),
+                      "completion_tokens": sum(m.get("completion_tokens", 0) for m in models)}}
+    sections = {
+        "Lineage": [f"Agent traffic recorded by `evolforge proxy` in `{summary.get('proxy_out')}`: {s['total']} "
+                    f"sessions seen, {s['exported']} exported ({s['skipped_unfinished']} unfinished skipped), "
+                    f"{r.get('with_reward')} with a reward and {r.get('without_reward')} without; "
+                    f"{summary['conversations']['exported']} conversations, {summary['transitions']['exported']} "
+                    f"transitions; {(summary.get('duplicates') or {}).get('dropped', 0)} duplicate prompts dropped; "
+                    f"{summary['calls']['failed_skipped']} failed calls skipped.",
+                    "", "The SFT conversations are `sft.jsonl` (TRL SFTTrainer's conversational form, tool calls "
+                    "included). A card's configs share one file format, so it is not a config here; load it with:",
+                    "", "```python", f'load_dataset("json", data_files="{summary.get("out")}/sft.jsonl", '
+                    'split="train")', "```"],
+        "Generation settings": ["```yaml", *_yaml(gen).splitlines(), "```"],
+        "Models used": ["| model (recorded agent calls) | calls | prompt tokens | completion tokens |",
+                        "|---|---|---|---|"] +
+                       [f"| `{m['model']}` | {m['rows']} | {m.get('prompt_tokens', 0)} | "
+                        f"{m.get('completion_tokens', 0)} |" for m in models] if models
+                       else ["No recorded call names a model."],
+        "Cost": [f"$0 by evolforge (it only exports recorded traffic). The agent's calls used "
+                 f"{facts['cost']['prompt_tokens']} prompt and {facts['cost']['completion_tokens']} completion "
+                 "tokens, priced by whoever ran the agent."],
+    }
+    return {"title": "evolforge agent trajectories",
+            "description": "Agent trajectories exported by evolforge from recorded traffic: `transitions` (one row "
+                           "per model call: prompt, completion, the session reward; GRPO / RLOO), `tokens` (input "
+                           "ids, assistant loss mask, turn boundaries, drift flags), `duplicates` (prompts dropped "
+                           "as another session's duplicate), `skipped` (what was not exported, with the reason).",
+            "sections": sections, "facts": facts, "default": "transitions"}
+
+
+def modules_card(summary: dict, settings: dict) -> dict:
+    """The card of a module-DAG (DeCoRL) folder: items, PRM steps, and the single-shot comparison when run."""
+    mods = settings.get("modules", {})
+    facts = {"stage": "modules", "evolforge_version": __version__, "run_id": summary["run_id"],
+             "lineage": {"input": summary.get("input"), "items": summary.get("items"),
+                         "by_status": summary.get("by_status"), "prm_rows": (summary.get("prm") or {}).get("rows"),
+                         "comparison": (summary.get("comparison") or {}).get("overall")},
+             "generation": {"modules": mods, "models": settings.get("models", {})},
+             "models": _models(summary["cost"]), "cost": _cost(summary["cost"])}
+    graph = ["| module | output | depends on |", "|---|---|---|"] + [
+        f"| {m.get('id')}{' (exit)' if m.get('exit') else ''} | {m.get('output')} | "
+        f"{', '.join(m.get('dependencies') or []) or '-'} |" for m in mods.get("graph", [])]
+    sections = {
+        "Lineage": [f"{summary.get('items')} questions from `{summary.get('input')}` answered by a graph of "
+                    f"{len(mods.get('graph', []))} modules along their dependencies (aggregation "
+                    f"`{mods.get('aggregation')}`, ablation `{mods.get('ablation')}`); a judge scored the answer "
+                    "with and without each module, so each module step carries its contribution and PRM label. "
+                    "By status: " + ", ".join(f"{k} {v}" for k, v in (summary.get("by_status") or {}).items()) + ".",
+                    "", *graph],
+        "Generation settings": ["```yaml", *_yaml({k: v for k, v in mods.items() if k != "graph"}).splitlines(),
+                                "```"],
+        **_common_sections(facts),
+    }
+    return {"title": "evolforge module-DAG reasoning",
+            "description": "Module-DAG reasoning data (DeCoRL) made by evolforge: `items` (each question's module "
+                           "outputs, final answer and per-module contributions), `prm_steps` (TRL stepwise "
+                           "supervision: prompt, completions, labels), `prm_rejected` (items that gave no PRM row, "
+                           "with the reason), `comparison` (graph vs single-shot answer, same judge; only with "
+                           "compare).",
+            "sections": sections, "facts": facts, "default": "items"}
