@@ -139,3 +139,31 @@ def test_ppo_card_lists_the_prompts_with_train_and_test_splits(tmp_path):
     assert facts["models"][1] == {"stage": "reward (IRM)", "model": str(shared_reward_models() / "models" / "irm"), "calls": 0}
     # the verl data files are the card's files
     assert [f["path"] for f in header["configs"][0]["data_files"]] == ["train.parquet", "test.parquet"]
+
+
+def test_a_hostile_recorded_model_name_cannot_break_the_card(tmp_path):
+    """Agent traffic is untrusted: a model name with a YAML end marker, pipes and newlines stays one value in the
+    header and one row of the body's table; the card still parses and loads."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from evolforge.storage.cards import column_counts, write_dataset_card
+    from evolforge.tasks.report.card import trajectories_card
+
+    evil = "m|x\n---\nconfigs: []\n| injected | row |\n`"
+    pq.write_table(pa.table({"model": [evil, evil, "plain"], "prompt_tokens": [3, 4, 5],
+                             "completion_tokens": [1, 1, 1]}), tmp_path / "transitions.parquet")
+    models = column_counts(tmp_path / "transitions.parquet", "model", ("prompt_tokens", "completion_tokens"))
+    assert models[0] == {"model": evil, "rows": 2, "prompt_tokens": 7, "completion_tokens": 2}
+    summary = {"out": str(tmp_path), "proxy_out": "rec", "sessions": {"total": 1, "exported": 1, "skipped_unfinished": 0},
+               "rewards": {}, "conversations": {"exported": 1}, "transitions": {"exported": 3},
+               "calls": {"failed_skipped": 0}, "duplicates": {}}
+    write_dataset_card(tmp_path, {"transitions": tmp_path / "transitions.parquet"},
+                       **trajectories_card(summary, {}, models))
+    header, body = read_card(tmp_path)
+    assert [c["config_name"] for c in header["configs"]] == ["transitions"]
+    assert header["evolforge"]["models"][0]["model"] == evil  # the header keeps the exact value, quoted
+    rows = [line for line in body.splitlines() if line.startswith("| `")]
+    assert len(rows) == 2 and all(line.count(" | ") == 3 for line in rows)
+    assert "| injected | row |" not in body
+    assert load_dataset(str(tmp_path), "transitions", split="train").num_rows == 3

@@ -115,6 +115,11 @@ def _yaml(data: dict) -> str:
     return yaml.safe_dump(data, sort_keys=True, width=1000)
 
 
+def _cell(value: object) -> str:
+    """A value from untrusted input (an agent's model name) as one markdown table cell: no pipe, no line break."""
+    return " ".join(str(value).split()).replace("|", "\\|").replace("`", "'")
+
+
 def _no_calls_cost() -> dict:
     return {"usd": 0.0, "attempts": 0, "prompt_tokens": 0, "completion_tokens": 0, "unpriced_attempts": 0}
 
@@ -195,7 +200,7 @@ def trajectories_card(summary: dict, settings: dict, models: list[dict]) -> dict
         "Generation settings": ["```yaml", *_yaml(gen).splitlines(), "```"],
         "Models used": ["| model (recorded agent calls) | calls | prompt tokens | completion tokens |",
                         "|---|---|---|---|"] +
-                       [f"| `{m['model']}` | {m['rows']} | {m.get('prompt_tokens', 0)} | "
+                       [f"| `{_cell(m['model'])}` | {m['rows']} | {m.get('prompt_tokens', 0)} | "
                         f"{m.get('completion_tokens', 0)} |" for m in models] if models
                        else ["No recorded call names a model."],
         "Cost": [f"$0 by evolforge (it only exports recorded traffic). The agent's calls used "
