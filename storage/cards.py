@@ -1,8 +1,10 @@
 """Datasets others can load: dataset cards (README.md with a YAML header) and the SFT view of an evolved dataset.
 
 A dataset folder holds several tables (an evolve run's dataset/: sft, evolved, lineage, final_pool; a synthesis
-run: tasks, rejected, cost_per_task; reward data: irm_pairs, irm_groups, prm_steps, prm_rejected). Its card
-lists each table as its own `configs:` entry (the Hugging Face Hub and `datasets` read it):
+run: tasks, rejected, cost_per_task; reward data: irm_pairs, irm_groups, prm_steps, prm_rejected; a PPO
+run's data/: prompts with a train and a test split; trajectories: transitions, tokens, duplicates, skipped;
+module-DAG: items, prm_steps, prm_rejected, comparison). Its card lists each table as its own `configs:` entry
+(the Hugging Face Hub and `datasets` read it):
 
     datasets.load_dataset("runs/x/dataset", "lineage")        # one config, split "train"
     datasets.load_dataset("parquet", data_dir="runs/x/dataset")  # the SFT view: dataset/sft/train.parquet
