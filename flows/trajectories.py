@@ -23,6 +23,7 @@ from pydantic import Field
 from evolforge.flows._params import StageParams
 from evolforge.flows._report import attach_card
 from evolforge.storage.cards import column_counts
+from evolforge.storage.fs import write_json_atomic
 from evolforge.storage.trajectory_sets import TrajectoryLayout
 from evolforge.tasks.core.checks import check_trajectories
 from evolforge.tasks.report.card import trajectories_card
@@ -87,6 +88,7 @@ def trajectories_flow(params: TrajectoriesParams) -> dict:
     summary["card"] = attach_card(lay.root, {"transitions": lay.transitions, "tokens": lay.tokens,
                                             "duplicates": lay.duplicates, "skipped": lay.skipped},
                                   trajectories_card(summary, params.settings().fingerprint(), models))
+    write_json_atomic(lay.summary, summary)  # summary.json names the card too
     s, r, tok = summary["sessions"], summary["rewards"], summary["tokens"] or {}
     create_table_artifact(key="trajectories-summary", description=f"Trajectories from {params.proxy_out}", table=[
         {"what": "sessions exported", "count": s["exported"]},

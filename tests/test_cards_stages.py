@@ -104,6 +104,7 @@ def test_trajectories_card_lists_the_parquet_tables_and_points_at_sft_jsonl(tmp_
     summary = trajectories_flow(TrajectoriesParams(proxy_out=str(rec), out=str(out)))
     trans = pl.read_parquet(out / "transitions.parquet")
     assert summary["duplicates"]["dropped"] >= 1 and summary["sessions"]["skipped_unfinished"] == 1
+    assert json.loads((out / "summary.json").read_text())["card"] == summary["card"] == str(out / "README.md")
     configs = {"transitions": {"train": trans.height},
                "tokens": {"train": pl.read_parquet(out / "tokens.parquet").height},
                "duplicates": {"train": pl.read_parquet(out / "duplicates.parquet").height},
