@@ -27,7 +27,9 @@ def run_folder(tmp_path):
 
 
 def publish(out, tmp_path, **env):
-    base = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    # offline switches other tests leave in this process's environment (TRANSFORMERS_OFFLINE makes
+    # huggingface_hub offline too) must not reach the command
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k != "TRANSFORMERS_OFFLINE"}
     base.update(HF_HOME=str(tmp_path / "hf-home"), **env)  # no token stored from an earlier login
     return subprocess.run([sys.executable, "-m", "evolforge.cli", "publish", "--out", str(out), "--repo", "me/evolved"],
                           env=base, capture_output=True, text=True, timeout=120)
