@@ -110,10 +110,10 @@ class AgentUpstream:
                     sent += data
                     if outer.delay:
                         time.sleep(outer.delay)
+                with outer.lock:  # noted before the last chunk ends the response
+                    outer.sent.append(sent)
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
-                with outer.lock:
-                    outer.sent.append(sent)
 
             def _chunk(self, body, delta, finish=None, **extra):
                 ch = {"index": 0, "delta": delta, "finish_reason": finish, **extra}
@@ -157,9 +157,9 @@ class AgentUpstream:
                 self.send_header("content-type", ctype)
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
-                with outer.lock:
+                with outer.lock:  # noted before the bytes go out: a client that has them finds them here
                     outer.sent.append(data)
+                self.wfile.write(data)
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True
