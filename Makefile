@@ -24,6 +24,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	# CPU build of torch from local disk first (an unpinned torch pulls a multi-GB CUDA build)
 	$(BIN)/python -m pip install -q "torch==2.13.0" || $(BIN)/python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[embedded,test]"
+	# llama.cpp's llama-server for the embedded model (parallel calls): built once per machine into
+	# ~/.cache/evolforge (10-20 min on 2 cores), skipped when there; without it llama-cpp-python's server serves
+	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/evolforge serve-model --build \
+	  || echo "warning: could not build llama-server; the embedded model serves one call at a time (retry: $(BIN)/evolforge serve-model --build)"
 	touch $@
 
 run: setup

