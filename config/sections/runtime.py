@@ -14,7 +14,9 @@ class EmbeddedModelSettings(Section):
     server, loopback only)."""
 
     server: Literal["auto", "llama-server", "llama-cpp-python"] = Field(
-        "auto", description="Which server runs the model. llama-server: llama.cpp's own server (parallel slots, "
+        "llama-cpp-python", description="Which server runs the model (default llama-cpp-python: llama-server is opt-in "
+        "until the module-DAG stage's JSON-schema calls are checked on it; a run of that stage on it did not finish "
+        "in 20 minutes). llama-server: llama.cpp's own server (parallel slots, "
         "continuous batching: concurrent calls share each decoding step), built once per machine by "
         "`evolforge serve-model --build` (or `make setup`) from the llama.cpp source vendored in the installed "
         "llama-cpp-python; llama-cpp-python: its Python OpenAI server (one call at a time); auto: llama-server "
