@@ -35,8 +35,9 @@ def test_auto_falls_back_to_llama_cpp_python_without_a_binary(tmp_path):
 
 
 def test_auto_picks_llama_server_and_its_slots_cap_the_gateway(tmp_path):
-    cfg = embedded_cfg(server_binary=str(fake_binary(tmp_path)), parallel=6, n_ctx=1024)
+    cfg = embedded_cfg(server="auto", server_binary=str(fake_binary(tmp_path)), parallel=6, n_ctx=1024)
     assert llama_server.chosen_server(cfg) == "llama-server"
+    assert llama_server.chosen_server(embedded_cfg(server_binary=str(fake_binary(tmp_path)))) == "llama-cpp-python"
     assert llama_server.concurrency_cap(cfg) == 6
     assert llama_server.concurrency_cap(cfg.model_copy(update={"max_concurrent_calls": 3})) == 3  # explicit wins
     cmd = server_command(cfg, 9999)
