@@ -8,6 +8,7 @@ the only way it is ever shown); it goes over plain http only to a loopback host 
 
 from __future__ import annotations
 
+import hmac
 import os
 from urllib.parse import urlsplit
 
@@ -60,3 +61,14 @@ def mask_secret(secret: str | None) -> str:
     if len(secret) <= 8:
         return "****"
     return f"{secret[:3]}...{secret[-2:]} ({len(secret)} chars)"
+
+
+def token_accepted(expected: str | None, given: str | None, authorization: str = "") -> bool:
+    """An access token check for the project's servers (proxy, sandbox service): no token configured accepts
+    everything; else `given` (its own header or path part) or the bearer of `authorization`, compared in
+    constant time."""
+    if not expected:
+        return True
+    if given is None:
+        given = authorization[7:] if authorization.lower().startswith("bearer ") else None
+    return given is not None and hmac.compare_digest(given.encode(), expected.encode())

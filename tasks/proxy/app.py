@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import re
 import threading
@@ -45,6 +44,7 @@ from evolforge.config.settings import Settings
 from evolforge.storage.ledger import LedgerWriter
 from evolforge.storage.proxy_sets import ProxyLayout, RecordLog
 from evolforge.tasks.core.gateway import is_loopback, read_api_key
+from evolforge.tasks.core.keys import token_accepted
 from evolforge.tasks.core.pricing import PriceBook
 from evolforge.tasks.proxy.recording import StreamAssembler, dumps, loads, request_part, response_part
 
@@ -174,13 +174,8 @@ def _session_of(request) -> str | None:
 
 
 def _authorized(state: ProxyState, request) -> bool:
-    if not state.token:
-        return True
-    given = request.headers.get("x-evolforge-proxy-token")
-    if given is None:
-        auth = request.headers.get("authorization", "")
-        given = auth[7:] if auth.lower().startswith("bearer ") else None
-    return given is not None and hmac.compare_digest(given.encode(), state.token.encode())
+    return token_accepted(state.token, request.headers.get("x-evolforge-proxy-token"),
+                          request.headers.get("authorization", ""))
 
 
 def _forward_headers(state: ProxyState, request) -> dict[str, str]:

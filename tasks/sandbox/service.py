@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import math
 import os
@@ -49,6 +48,7 @@ from starlette.routing import Route
 
 from evolforge.config.sections.sandbox import SandboxSettings
 from evolforge.tasks.core.gateway import is_loopback
+from evolforge.tasks.core.keys import token_accepted
 from evolforge.tasks.sandbox.run import SandboxResult, check_sandbox_available, run_python_program
 
 # SandboxFusion's `Language` (sandbox/runners/types.py), in its order
@@ -144,13 +144,7 @@ def _validation_error(errors: list[dict]) -> JSONResponse:
 
 
 def _authorized(state: ServiceState, request: Request) -> bool:
-    if not state.token:
-        return True
-    given = request.path_params.get("token")
-    if given is None:
-        auth = request.headers.get("authorization", "")
-        given = auth[7:] if auth.lower().startswith("bearer ") else None
-    return given is not None and hmac.compare_digest(given.encode(), state.token.encode())
+    return token_accepted(state.token, request.path_params.get("token"), request.headers.get("authorization", ""))
 
 
 async def _read_body(request: Request, limit: int) -> bytes | None:
