@@ -1,9 +1,11 @@
 """Live progress in the terminal: one bar per round or stage while a command runs.
 
-The numbers come from tasks/core/progress.py (published by flows/_fanout.py `run_batches`, the same ones
-the Prefect progress artifact shows). On a terminal: rich bars with records done / total, accepted, calls/s,
-tokens/s, cost so far and ETA. When stdout is not a terminal (a log file, CI, a pipe): plain lines with the
-same figures, one when a batch ends and at least every `plain_every` seconds while batches run.
+The numbers come from tasks/core/progress.py (published by flows/_fanout.py `run_batches` for batched stages,
+by a StepProgress for the stages without batches: training steps, sessions), the same ones the Prefect progress
+artifact shows. On a terminal: rich bars with records done / total, accepted, calls/s, tokens/s, cost so far and
+ETA (steps done / total, their rate, the loss or reward and ETA for a stage without batches). When stdout is not
+a terminal (a log file, CI, a pipe): plain lines with the same figures, one when a batch ends (at most 50 per
+stage without batches) and at least every `every` seconds while batches run.
 """
 
 from __future__ import annotations
@@ -13,7 +15,17 @@ import io
 import sys
 import time
 
-from evolforge.tasks.core.progress import cost_text, duration, listening, progress_line
+from evolforge.tasks.core.progress import cost_text, duration, listening, progress_line, rate_text
+
+STEP_LINES = 50  # plain lines of a stage without batches (one per 2 % of its steps when it has many)
+
+
+def _ticks(snap: dict) -> int:
+    """What a new plain line waits for: a batch ending, or (no batches) the count passing the next 2 %."""
+    if not snap.get("unit"):
+        return snap["batches_done"] + snap["batches_failed"]
+    done, total = snap["records_done"], snap["records_total"]
+    return done if not total or total <= STEP_LINES else done * STEP_LINES // total
 
 
 class PlainProgress:
@@ -26,7 +38,7 @@ class PlainProgress:
 
     def __call__(self, snap: dict) -> None:
         key = snap["what"]
-        ended = snap["batches_done"] + snap["batches_failed"]
+        ended = _ticks(snap)
         last_t, last_ended, _ = self._last.get(key, (0.0, -1, 0))
         now = time.monotonic()
         if ended == last_ended and not snap["finished"] and now - last_t < self.every:
@@ -51,8 +63,8 @@ class RichProgress:
         self.console = console or Console()
         self.bars = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(bar_width=28),
-            TextColumn("{task.fields[records]} records"), TextColumn("{task.fields[accepted]} accepted"),
-            TextColumn("{task.fields[calls_per_s]} calls/s"), TextColumn("{task.fields[tokens_per_s]} tok/s"),
+            TextColumn("{task.fields[records]}"), TextColumn("{task.fields[accepted]}"),
+            TextColumn("{task.fields[calls_per_s]}"), TextColumn("{task.fields[tokens_per_s]}"),
             TextColumn("{task.fields[cost]}"), TextColumn("{task.fields[eta]}"),
             console=self.console, refresh_per_second=4, transient=False)
         self.tasks: dict[str, int] = {}
@@ -61,11 +73,15 @@ class RichProgress:
 
     def __call__(self, snap: dict) -> None:
         total = snap["records_total"]
-        fields = dict(records=f"{snap['records_done']}/{'?' if total is None else total}",
-                      accepted=snap["accepted"], calls_per_s=f"{snap['calls_per_s']:.2f}",
-                      tokens_per_s=f"{snap['tokens_per_s']:.0f}", cost=cost_text(snap),
-                      eta=("done " + duration(snap["elapsed_s"])) if snap["finished"]
-                      else "ETA " + duration(snap["eta_s"]))
+        eta = ("done " + duration(snap["elapsed_s"])) if snap["finished"] else "ETA " + duration(snap["eta_s"])
+        done_of = f"{snap['records_done']}/{'?' if total is None else total}"
+        if snap.get("unit"):  # a stage without batches: its steps, their rate and the loss / reward
+            fields = dict(records=f"{done_of} {snap['unit']}", accepted=rate_text(snap), calls_per_s=snap["detail"],
+                          tokens_per_s="", cost="", eta=eta)
+        else:
+            fields = dict(records=f"{done_of} records", accepted=f"{snap['accepted']} accepted",
+                          calls_per_s=f"{snap['calls_per_s']:.2f} calls/s",
+                          tokens_per_s=f"{snap['tokens_per_s']:.0f} tok/s", cost=cost_text(snap), eta=eta)
         if snap["batches_failed"]:
             fields["records"] += f" ({snap['batches_failed']} batches failed)"
         key = snap["what"]

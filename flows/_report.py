@@ -1,19 +1,51 @@
 """What a stage shows when it ends: its plots (PNG files in OUT/plots/ and one markdown artifact on the Prefect
 run) and, for a stage that makes datasets, the dataset card beside them. A plot that cannot be drawn is a
-warning, never a failed stage: the data is already written."""
+warning, never a failed stage: the data is already written.
+
+`progress_artifacts`: the live progress of a stage without batches (tasks/core/progress.StepProgress: training
+steps, sessions) in Prefect progress artifacts, the same line the terminal shows."""
 
 from __future__ import annotations
 
+import contextlib
+import re
+import time
 from typing import Callable
 
 from prefect import get_run_logger
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from evolforge.storage.cards import write_dataset_card
 from evolforge.storage.fs import AnyPath
 from evolforge.storage.layout import OutputFolder
 from evolforge.storage.plots import write_plots
+from evolforge.tasks.core import progress as live_progress
 from evolforge.tasks.report.markdown import plots_markdown
+
+
+@contextlib.contextmanager
+def progress_artifacts(key: str, prefix: str, every: float = 5.0):
+    """While the block runs, every StepProgress whose `what` starts with `prefix` gets a Prefect progress
+    artifact keyed `<key>-<what in lower case, dashes>` (key "train-reward-progress", what "train irm":
+    "train-reward-progress-train-irm"), updated when it finishes and at most every `every` seconds before; its
+    description is the progress line."""
+    artifacts: dict[str, tuple[object, float]] = {}
+
+    def mirror(snap: dict) -> None:
+        if not snap.get("unit") or not snap["what"].startswith(prefix):
+            return
+        what, now = snap["what"], time.monotonic()
+        line = live_progress.progress_line(snap)
+        percent = round(100.0 * snap["fraction"], 2)
+        if what not in artifacts:
+            slug = re.sub(r"[^a-z0-9]+", "-", what.lower()).strip("-")
+            artifacts[what] = (create_progress_artifact(progress=percent, key=f"{key}-{slug}", description=line), now)
+        elif snap["finished"] or now - artifacts[what][1] >= every:
+            update_progress_artifact(artifacts[what][0], progress=percent, description=line)
+            artifacts[what] = (artifacts[what][0], now)
+
+    with live_progress.listening(mirror):
+        yield
 
 
 def attach_plots(folder: OutputFolder, key: str, title: str, draw: Callable[[], dict[str, bytes]]) -> dict[str, str]:

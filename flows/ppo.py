@@ -5,8 +5,8 @@ Reads top to bottom like the stage it runs:
   (train / held-out test) -> SFT policy as a transformers folder -> verl PPO configuration, validated and
   written, with its `ray job submit` command -> the Ray job (ppo.ray_job: the verl PPO trainer, or the GRPO
   smoke run) submitted through the Ray Jobs API when a cluster address is set -> the GRPO smoke run with the
-  r = rI * rA reward and the in-training reward health watch (here, or on the cluster as that job), SFT vs
-  trained on the held-out prompts -> the dataset card data/README.md (config `prompts`: train, test) ->
+  r = rI * rA reward and the in-training reward health watch (here, or on the cluster as that job; here its
+  steps are live progress: the terminal's bar, the `ppo-progress-grpo` artifact), SFT vs trained on the held-out prompts -> the dataset card data/README.md (config `prompts`: train, test) ->
   summary.json and artifacts -> the health policy and the job's outcome.
 
 Two algorithms, named as they are: the verl job is PPO (critic, GAE; ppo.adv_estimator); the smoke run is GRPO
@@ -27,7 +27,7 @@ from pydantic import Field
 
 from evolforge.config.settings import PPOSettings, RewardSettings
 from evolforge.flows._params import StageParams
-from evolforge.flows._report import attach_card
+from evolforge.flows._report import attach_card, progress_artifacts
 from evolforge.storage import ppo as store
 from evolforge.storage.fs import local_copy, location, write_text_atomic
 from evolforge.storage.layout import RunLayout
@@ -232,7 +232,8 @@ def ppo_flow(params: PPOParams) -> dict:
         if local:
             local["ran_on"] = "ray_job"
     elif cfg.local_steps > 0:
-        local = {**local_grpo_task(spec), "ran_on": "flow"}
+        with progress_artifacts("ppo-progress", "GRPO"):  # the GRPO steps, then the held-out comparison, live
+            local = {**local_grpo_task(spec), "ran_on": "flow"}
     if local:
         create_table_artifact(key="ppo-local-steps", table=local["steps"],
                               description="GRPO smoke run: reward, KL, loss and seconds per step")

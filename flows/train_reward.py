@@ -3,7 +3,8 @@ classification) -> held-out metrics -> model health checks -> metrics.json.
 
 Reads top to bottom like the stage it runs:
   settings -> the data folder's health.json (policy 'stop' with failed checks refuses to train unless
-  `override_health`) -> one Prefect task per model (trained one after the other: CPU-bound) -> the trained
+  `override_health`) -> one Prefect task per model (trained one after the other: CPU-bound; its optimizer
+  steps are live progress: the terminal's bar and the `train-reward-progress-train-<kind>` artifact) -> the trained
   models score a sample of the data -> health checks on those scores (health.json "model") -> metrics.json
   and a markdown artifact. A model already trained in the output folder is kept unless `retrain`.
 Scoring API for the PPO stage: evolforge.tasks.reward.scoring.score_instructions / score_steps.
@@ -20,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import Field
 
 from evolforge.flows._params import StageParams
-from evolforge.flows._report import attach_plots
+from evolforge.flows._report import attach_plots, progress_artifacts
 from evolforge.storage import reward_sets as store
 from evolforge.storage.fs import read_json, write_json_atomic
 from evolforge.tasks.core.batch import settings_from_json
@@ -75,8 +76,9 @@ def train_reward_flow(params: TrainRewardParams) -> dict:
             logger.info("%s model already trained in %s: kept (retrain=True trains again)", kind, layout.model_dir(kind))
             metrics["models"][kind] = previous["models"][kind]
             continue
-        m = train_reward_model_task.with_options(task_run_name=f"train-{kind}")(
-            kind=kind, data_dir=str(data.root), out_dir=str(layout.root), settings_json=settings.model_dump_json())
+        with progress_artifacts("train-reward-progress", f"train {kind}"):  # the optimizer steps, live
+            m = train_reward_model_task.with_options(task_run_name=f"train-{kind}")(
+                kind=kind, data_dir=str(data.root), out_dir=str(layout.root), settings_json=settings.model_dump_json())
         metrics["models"][kind] = {**m, "path": str(layout.model_dir(kind))}
         logger.info("%s trained: %s", kind, m)
 

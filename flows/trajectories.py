@@ -12,6 +12,7 @@ proxy.session_idle_seconds, or an ancestor's finish event; others skipped unless
     OUT/README.md            the dataset card: the parquet tables as `datasets` configs (sft.jsonl is json: its
                              body says how to load it)
 Formats: storage/trajectory_sets.py. The steps (one Prefect task each): tasks/trajectories/export.py.
+Live progress (the terminal, the `trajectories-progress-*` artifacts): sessions grouped, conversations tokenized.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
 from evolforge.flows._params import StageParams
-from evolforge.flows._report import attach_card
+from evolforge.flows._report import attach_card, progress_artifacts
 from evolforge.storage.cards import column_counts
 from evolforge.storage.fs import write_json_atomic
 from evolforge.storage.trajectory_sets import TrajectoryLayout
@@ -76,12 +77,13 @@ def trajectories_flow(params: TrajectoriesParams) -> dict:
     params.settings()  # a bad config fails before anything is read
     check_trajectories(params.proxy_out, params.out, params.rewards)  # before anything is created (tasks/core/checks.py)
     pj = params.model_dump_json()
-    collected = collect_task(pj)
-    logger.info("trajectories: %d records, %d sessions (%d exported)", collected["counts"].get("records", 0),
-                collected["counts"].get("sessions", 0), collected["counts"].get("sessions_exported", 0))
-    dedup_task(pj)
-    if params.tokens:
-        tokens_task(pj)
+    with progress_artifacts("trajectories-progress", "trajectories "):  # sessions, then token samples
+        collected = collect_task(pj)
+        logger.info("trajectories: %d records, %d sessions (%d exported)", collected["counts"].get("records", 0),
+                    collected["counts"].get("sessions", 0), collected["counts"].get("sessions_exported", 0))
+        dedup_task(pj)
+        if params.tokens:
+            tokens_task(pj)
     summary = publish_task(pj)
     lay = TrajectoryLayout(params.out)
     models = column_counts(lay.transitions, "model", ("prompt_tokens", "completion_tokens"))

@@ -7,6 +7,10 @@ progress artifact, the CLI draws them in the terminal) and nothing imports Prefe
     report_records(...)  `run_batch` reports a running batch's records here (this process's batches only:
                          batches on Dask / Ray workers count when they finish)
     listening(fn)        `fn(snapshot)` receives every snapshot published while the block runs (the CLI)
+    StepProgress         a stage without batches, counted in its own unit (training steps, sessions,
+                         conversations): done / total, the rate, ETA and a short detail (the loss, the reward);
+                         its snapshot has the same keys (plus `unit`, `detail`), so the same views show it
+    trainer_callback(p)  a transformers TrainerCallback reporting a Trainer's optimizer steps to `p`
 """
 
 from __future__ import annotations
@@ -143,11 +147,89 @@ class StageProgress:
         }
 
 
+class StepProgress:
+    """Progress of a stage without batches: `done` of `total` `unit`s, published on every `update` (the
+    views throttle). `what` names the bar ("train irm", "GRPO"); the snapshot keeps StageProgress's keys."""
+
+    def __init__(self, what: str, total: int | None, unit: str = "steps"):
+        self.what, self.total, self.unit = what, total, unit
+        self.done = 0
+        self.detail = ""
+        self.finished = False
+        self.started = time.monotonic()
+
+    def update(self, done: int | None = None, *, total: int | None = None, detail: str | None = None,
+               advance: int = 0) -> None:
+        if total is not None:
+            self.total = total
+        self.done = (self.done if done is None else done) + advance
+        if detail is not None:
+            self.detail = detail
+        publish(self.snapshot())
+
+    def finish(self, detail: str | None = None) -> None:
+        self.finished = True
+        if self.total is None or self.done > self.total:
+            self.total = self.done
+        self.update(detail=detail)
+
+    def snapshot(self) -> dict:
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        rate = self.done / elapsed
+        total = self.total
+        eta = 0.0 if self.finished else (max(total - self.done, 0) / rate if total is not None and rate > 0 else None)
+        return {
+            "what": self.what, "unit": self.unit, "detail": self.detail, "finished": self.finished,
+            "elapsed_s": round(elapsed, 1), "batches": 0, "batches_done": 0, "batches_failed": 0,
+            "records_done": self.done, "records_total": total, "accepted": 0,
+            "fraction": min(self.done / total, 1.0) if total else (1.0 if self.finished else 0.0),
+            "per_s": round(rate, 3), "calls": 0, "tokens": 0, "calls_per_s": 0.0, "tokens_per_s": 0.0,
+            "cost_usd": 0.0, "unpriced_calls": 0, "eta_s": None if eta is None else round(eta, 1),
+        }
+
+
+@contextlib.contextmanager
+def counting(what: str, total: int | None, unit: str = "steps"):
+    """A StepProgress published at the start and, when the block ends without an error, as finished."""
+    p = StepProgress(what, total, unit)
+    p.update()
+    yield p
+    p.finish()
+
+
+def trainer_callback(progress: StepProgress):
+    """A transformers TrainerCallback: each optimizer step of the Trainer (state.global_step of
+    state.max_steps) and its logged loss / reward reach `progress`."""
+    from transformers import TrainerCallback
+
+    class ProgressCallback(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            progress.update(state.global_step, total=state.max_steps or None)
+
+        def on_step_end(self, args, state, control, **kw):
+            progress.update(state.global_step, total=state.max_steps or None)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            shown = [(k, logs[k]) for k in ("loss", "reward", "kl") if (logs or {}).get(k) is not None]
+            if shown and "train_runtime" not in logs:
+                progress.detail = ", ".join(f"{k} {float(v):.4g}" for k, v in shown)
+
+    return ProgressCallback()
+
+
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "?"
     s = int(round(seconds))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def rate_text(snap: dict) -> str:
+    """The speed of a StepProgress snapshot: units per second, or seconds per unit when slower than one a second."""
+    rate, unit = snap["per_s"], snap["unit"]
+    if rate <= 0:
+        return f"0 {unit}/s"
+    return f"{rate:.2f} {unit}/s" if rate >= 1 else f"{1 / rate:.1f} s per {unit.rstrip('s') or unit}"
 
 
 def cost_text(snap: dict) -> str:
@@ -156,6 +238,12 @@ def cost_text(snap: dict) -> str:
 
 def progress_line(snap: dict) -> str:
     """One line with every figure: what the progress artifact and a plain (non-terminal) output show."""
+    if snap.get("unit"):  # a stage without batches (StepProgress)
+        total = "?" if snap["records_total"] is None else snap["records_total"]
+        detail = f", {snap['detail']}" if snap.get("detail") else ""
+        return (f"{snap['what']}: {snap['records_done']}/{total} {snap['unit']} ({snap['fraction']:.0%}), "
+                f"{rate_text(snap)}{detail}, " + ("done in " + duration(snap["elapsed_s"]) if snap["finished"]
+                                                  else "ETA " + duration(snap["eta_s"])))
     total = "?" if snap["records_total"] is None else snap["records_total"]
     failed = f", {snap['batches_failed']} failed" if snap["batches_failed"] else ""
     return (f"{snap['what']}: {snap['records_done']}/{total} records ({snap['fraction']:.0%}), "

@@ -22,6 +22,7 @@ from typing import Any
 
 from evolforge.config.settings import PPOSettings, RewardSettings
 from evolforge.storage import ppo as store
+from evolforge.tasks.core.progress import StepProgress, counting
 from evolforge.tasks.ppo import local
 from evolforge.tasks.ppo.reward import load_reward
 from evolforge.tasks.ppo.training_health import TrainingHealth
@@ -49,12 +50,14 @@ def run_smoke(spec: dict[str, Any]) -> dict[str, Any]:
     local.use_threads(cfg.local_torch_threads)
     reward = load_reward(spec["irm"], spec["prm"], cfg.aggregation, cfg.answer_weight)
     health = TrainingHealth(cfg, reward_cfg, reward.aggregation, reward.answer_weight) if cfg.health_steps else None
+    progress = StepProgress("GRPO", cfg.local_steps, "steps")  # live progress (the CLI bar, the flow's artifact)
     run = local.grpo_train(
         Path(spec["sft_dir"]), lay.train, reward, lay.local_dir, steps=cfg.local_steps,
         prompts_per_step=cfg.local_prompts_per_step, num_generations=cfg.local_num_generations,
         max_completion_length=cfg.local_max_completion_length, learning_rate=cfg.local_learning_rate,
         beta=cfg.kl_coef, clip_ratio=cfg.clip_ratio, temperature=cfg.local_temperature,
-        max_prompts=cfg.local_train_prompts, seed=cfg.local_seed, health=health)
+        max_prompts=cfg.local_train_prompts, seed=cfg.local_seed, health=health, progress=progress)
+    progress.finish("stopped by the reward health watch" if run["stopped_early"] else None)
     store.write_jsonl(lay.metrics, run["steps"])
     if run["health"] is not None:
         store.write_json(lay.local_health, run["health"])
@@ -63,8 +66,9 @@ def run_smoke(spec: dict[str, Any]) -> dict[str, Any]:
         held_out, eval_split = store.read_prompt_rows(lay.test, cfg.local_eval_prompts), "test"
         if not held_out:  # a single seed lineage cannot be split: compare on training prompts, and say so
             held_out, eval_split = store.read_prompt_rows(lay.train, cfg.local_eval_prompts), "train (no held-out prompts)"
-        full = local.compare_policies(Path(spec["sft_dir"]), Path(run["policy_dir"]), held_out, reward,
-                                      cfg.local_eval_max_new_tokens)
+        with counting("GRPO held-out comparison", 2, "policies") as p:
+            full = local.compare_policies(Path(spec["sft_dir"]), Path(run["policy_dir"]), held_out, reward,
+                                          cfg.local_eval_max_new_tokens, on_policy=lambda: p.update(advance=1))
         full["eval_split"] = eval_split
         store.write_json(lay.comparison, full)
         comparison = {k: full[k] for k in COMPARISON_KEYS} | {"sft_mean_reward": full["sft"]["mean_reward"],

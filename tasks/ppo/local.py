@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from evolforge.storage.fs import atomic_dir
+from evolforge.tasks.core.progress import StepProgress, trainer_callback
 from evolforge.tasks.ppo.reward import PPOReward
 from evolforge.tasks.ppo.training_health import TrainingHealth
 
@@ -133,9 +134,10 @@ def _health_callback(health: TrainingHealth):
 def grpo_train(policy_dir: Path, train_parquet: Path, reward: PPOReward, out_dir: Path, *, steps: int,
                prompts_per_step: int, num_generations: int, max_completion_length: int, learning_rate: float,
                beta: float, clip_ratio: float, temperature: float, max_prompts: int, seed: int,
-               health: TrainingHealth | None = None) -> dict[str, Any]:
+               health: TrainingHealth | None = None, progress: StepProgress | None = None) -> dict[str, Any]:
     """`steps` GRPO steps on the first `max_prompts` training prompts; saves the policy to out_dir/policy.
-    With `health`, result["health"] is its report and result["stopped_early"] says whether it ended training."""
+    With `health`, result["health"] is its report and result["stopped_early"] says whether it ended training.
+    With `progress`, each optimizer step and its logged reward reach it (the live progress views)."""
     from datasets import load_dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -151,6 +153,8 @@ def grpo_train(policy_dir: Path, train_parquet: Path, reward: PPOReward, out_dir
     )
     records: list[dict] = []
     callbacks = [_step_callback(records)]
+    if progress is not None:
+        callbacks.append(trainer_callback(progress))
     if health is not None:
         reward = ObservedReward(reward, health.observe)
         callbacks.append(_health_callback(health))
@@ -205,10 +209,15 @@ def mean_reward(policy_dir: Path, rows: list[dict], reward: PPOReward, max_new_t
 
 
 def compare_policies(sft_dir: Path, trained_dir: Path, rows: list[dict], reward: PPOReward,
-                     max_new_tokens: int) -> dict[str, Any]:
-    """SFT vs trained mean reward on the same prompts. RLEIF's bar: +3 points on a held-out set."""
+                     max_new_tokens: int, on_policy=None) -> dict[str, Any]:
+    """SFT vs trained mean reward on the same prompts. RLEIF's bar: +3 points on a held-out set.
+    `on_policy()` is called after each policy is scored (live progress)."""
     sft = mean_reward(sft_dir, rows, reward, max_new_tokens)
+    if on_policy:
+        on_policy()
     trained = mean_reward(trained_dir, rows, reward, max_new_tokens)
+    if on_policy:
+        on_policy()
     delta = trained["mean_reward"] - sft["mean_reward"]
     return {"n_prompts": len(rows), "sft": sft, "trained": trained, "delta": delta,
             "beats_sft_by_3_points": delta >= 0.03,  # rewards in [0, 1]: 3 points = 0.03

@@ -25,6 +25,7 @@ from pathlib import Path
 from evolforge.config.settings import RewardSettings
 from evolforge.storage import reward_sets as store
 from evolforge.storage.fs import exists, location, read_parquet
+from evolforge.tasks.core.progress import StepProgress, trainer_callback
 from evolforge.tasks.reward import scoring
 from evolforge.tasks.reward.health import check_health
 
@@ -56,7 +57,8 @@ def _common_args(cfg: RewardSettings, output_dir: str, max_steps: int) -> dict:
                 disable_tqdm=True, activation_checkpointing=False)
 
 
-def train_irm(pairs_path: str | Path, model_dir: str | Path, cfg: RewardSettings) -> dict:
+def train_irm(pairs_path: str | Path, model_dir: str | Path, cfg: RewardSettings,
+              progress: StepProgress | None = None) -> dict:
     import datasets
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from trl import RewardConfig, RewardTrainer
@@ -84,7 +86,8 @@ def train_irm(pairs_path: str | Path, model_dir: str | Path, cfg: RewardSettings
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="irm-trainer-") as tmp:
         args = RewardConfig(**_common_args(cfg, tmp, cfg.irm_max_steps), max_length=cfg.max_length)
-        trainer = RewardTrainer(model=model, args=args, train_dataset=train_tok, processing_class=tok)
+        trainer = RewardTrainer(model=model, args=args, train_dataset=train_tok, processing_class=tok,
+                                callbacks=[trainer_callback(progress)] if progress else None)
         result = trainer.train()
         trainer.save_model(str(model_dir))
     train_seconds = time.perf_counter() - t0
@@ -101,7 +104,8 @@ def train_irm(pairs_path: str | Path, model_dir: str | Path, cfg: RewardSettings
     return metrics
 
 
-def train_prm(steps_path: str | Path, model_dir: str | Path, cfg: RewardSettings) -> dict:
+def train_prm(steps_path: str | Path, model_dir: str | Path, cfg: RewardSettings,
+              progress: StepProgress | None = None) -> dict:
     import datasets
     from transformers import (
         AutoModelForTokenClassification,
@@ -129,7 +133,8 @@ def train_prm(steps_path: str | Path, model_dir: str | Path, cfg: RewardSettings
     with tempfile.TemporaryDirectory(prefix="prm-trainer-") as tmp:
         trainer = Trainer(model=model, args=TrainingArguments(**_common_args(cfg, tmp, cfg.prm_max_steps)),
                           train_dataset=datasets.Dataset.from_list(feats), processing_class=tok,
-                          data_collator=DataCollatorForTokenClassification(tok))
+                          data_collator=DataCollatorForTokenClassification(tok),
+                          callbacks=[trainer_callback(progress)] if progress else None)
         result = trainer.train()
         trainer.save_model(str(model_dir))
     train_seconds = time.perf_counter() - t0
@@ -181,6 +186,10 @@ def train_reward_model(kind: str, data_dir: str, out_dir: str, cfg: RewardSettin
     data, layout = store.RewardLayout(data_dir), store.RewardLayout(out_dir)
     dest = layout.training_dir(kind)
     dest.mkdir(parents=True, exist_ok=True)
-    result = train_irm(data.irm_pairs, dest, cfg) if kind == "irm" else train_prm(data.prm_steps, dest, cfg)
+    # live progress: the optimizer steps (tasks/core/progress.py; the CLI's bar, the flow's progress artifact)
+    progress = StepProgress(f"train {kind}", cfg.irm_max_steps if kind == "irm" else cfg.prm_max_steps, "steps")
+    train = train_irm if kind == "irm" else train_prm
+    result = train(data.irm_pairs if kind == "irm" else data.prm_steps, dest, cfg, progress)
+    progress.finish(f"train loss {result['train_loss']:.4g}")
     layout.publish_model(kind)
     return result

@@ -32,6 +32,7 @@ from evolforge.storage.trajectory_sets import (
     read_rewards,
     table_stream,
 )
+from evolforge.tasks.core.progress import StepProgress
 from evolforge.tasks.dedup.pipeline import dedup
 from evolforge.tasks.trajectories.samples import SessionContext, build_session, sft_row
 from evolforge.tasks.trajectories.sessions import finished_by, gather_events, root_of, session_reward
@@ -64,9 +65,12 @@ def collect(proxy_out: str, out: str, *, idle_seconds: float, rewards_file: str 
         sessions = spool.sessions()
         status = finished_by(sessions, events, idle_seconds, now)
         parents = {s.session: s.parent_session for s in sessions}
+        progress = StepProgress("trajectories sessions", len(sessions), "sessions")  # live progress
+        progress.update()
         with jsonl_writer(lay.work_conversations) as conv_out, jsonl_writer(lay.work_transitions) as tr_out, \
                 jsonl_writer(lay.work_skipped) as skip_out:
             for s in sessions:
+                progress.update(c["sessions"])
                 seen_sessions.add(s.session)
                 c["sessions"] += 1
                 c["sub_agent_sessions"] += bool(s.parent_session)
@@ -103,6 +107,8 @@ def collect(proxy_out: str, out: str, *, idle_seconds: float, rewards_file: str 
                     tr_out(row)
                 c["conversations"] += len(built.conversations)
                 c["transitions"] += len(built.transitions)
+        progress.update(c["sessions"])
+        progress.finish(f"{c['sessions_exported']} exported")
     result = {
         "proxy_out": str(proxy.root), "exported_at": now, "include_unfinished": include_unfinished,
         "idle_seconds": idle_seconds, "grouping": "SQLite spool in a local temporary folder: one streamed pass "
@@ -188,8 +194,12 @@ def token_samples(out: str, tokenizer: str | None = None, embedded_model_path: s
     dropped = _dropped(lay)
     c: Counter = Counter()
     failures = []
+    built = ((read_json(lay.work_collect) or {}).get("counts") or {}).get("conversations")
+    progress = StepProgress("trajectories token samples", built, "conversations")  # live progress
+    progress.update()
     with table_stream(lay.tokens, TOKEN_SCHEMA, batch_rows=256) as t:
         for conv in iter_jsonl(lay.work_conversations):
+            progress.update(advance=1)
             if conv["conversation_id"] in dropped:
                 continue
             try:
@@ -207,6 +217,7 @@ def token_samples(out: str, tokenizer: str | None = None, embedded_model_path: s
             c["drifted"] += row["drift"]
             c[f"rendering:{row['rendering']}"] += 1
             c["with_warnings"] += bool(row["warnings"])
+    progress.finish(f"{c['samples']} samples")
     n, up = c["samples"], c["with_upstream_ids"]
     result = {"tokenizer": name, "native_tool_calls": renderer.native_calls, "native_tools": renderer.native_tools,
               "samples": n, "tokens": c["tokens"], "assistant_tokens": c["assistant_tokens"],
