@@ -5,7 +5,8 @@ Reads top to bottom like the stage it runs:
   -> model endpoint (embedded or configured) -> pre-flight of the judge and every module model -> one Prefect
   task per batch (inside: each question's modules run along the dependency graph, then 1 + k judge calls) ->
   items.parquet, prm_steps.parquet (TRL stepwise form), graph.md + markdown artifact (the Mermaid graph with mean
-  latency and mean contribution per module) -> the dataset card README.md (a `datasets` config per table)
+  latency and mean contribution per module) -> plots/*.png (per-module contribution histograms, schema pass
+  rates, tokens and cost; the `modules-plots` artifact) -> the dataset card README.md (a `datasets` config per table)
   -> summary.json.
 With `compare` (modules.compare, `--compare`), the same Prefect task then answers every question of its batch
 single-shot and judges it with the same judge (tasks/modules/compare.py) -> comparison.parquet, summary.json
@@ -27,7 +28,7 @@ from pydantic import Field
 
 from evolforge.flows._fanout import BATCH_TASK_OPTIONS, run_batches
 from evolforge.flows._params import EndpointParams, endpoint_label, model_endpoint
-from evolforge.flows._report import attach_card
+from evolforge.flows._report import attach_card, attach_plots
 from evolforge.flows._runners import build_task_runner
 from evolforge.storage import module_sets as store
 from evolforge.storage.fs import exists, read_text, write_json_atomic
@@ -38,8 +39,10 @@ from evolforge.tasks.core.checks import check_modules
 from evolforge.tasks.core.reporting import cost_summary
 from evolforge.tasks.modules.batch import assemble, run_modules_batch
 from evolforge.tasks.modules.compare import assemble_comparison, comparison_table, run_compare_batch, single_shot_model
+from evolforge.tasks.modules.report import contributions_by_module
 from evolforge.tasks.modules.run import judge_model, module_models
 from evolforge.tasks.report.card import modules_card
+from evolforge.tasks.report.plots import modules_plots
 
 
 class ModulesParams(EndpointParams):
@@ -139,6 +142,9 @@ def modules_flow(params: ModulesParams) -> dict:
     tables = {"items": layout.items, "prm_steps": layout.prm_steps, "prm_rejected": layout.prm_rejected,
               **({"comparison": layout.comparison} if cfg.compare else {})}
     summary["card"] = attach_card(layout.root, tables, modules_card(summary, settings.fingerprint()))
+    summary["plots"] = attach_plots(layout, "modules-plots", "Module-DAG plots", lambda: modules_plots(
+        contributions_by_module(store.read_items(layout.items).to_dicts(), sets["graph"]["modules"], sets["graph"]["exit"]),
+        sets["modules"], summary["cost"].get("by_stage", [])))
     write_json_atomic(layout.summary, summary)
     create_table_artifact(key="modules-counts", table=[{"status": k, "questions": v} for k, v in sets["by_status"].items()],
                           description="Module-DAG reasoning: questions by status")

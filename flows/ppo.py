@@ -6,8 +6,9 @@ Reads top to bottom like the stage it runs:
   written, with its `ray job submit` command -> the Ray job (ppo.ray_job: the verl PPO trainer, or the GRPO
   smoke run) submitted through the Ray Jobs API when a cluster address is set -> the GRPO smoke run with the
   r = rI * rA reward and the in-training reward health watch (here, or on the cluster as that job; here its
-  steps are live progress: the terminal's bar, the `ppo-progress-grpo` artifact), SFT vs trained on the held-out prompts -> the dataset card data/README.md (config `prompts`: train, test) ->
-  summary.json and artifacts -> the health policy and the job's outcome.
+  steps are live progress: the terminal's bar, the `ppo-progress-grpo` artifact), SFT vs trained on the
+  held-out prompts -> plots/*.png (grpo_training, held_out_reward; the `ppo-plots` artifact) -> the dataset
+  card data/README.md (config `prompts`: train, test) -> summary.json and artifacts -> the health policy and the job's outcome.
 
 Two algorithms, named as they are: the verl job is PPO (critic, GAE; ppo.adv_estimator); the smoke run is GRPO
 (TRL's GRPOTrainer, SmolLM2-135M on a CPU: a plumbing check, not training).
@@ -27,10 +28,10 @@ from pydantic import Field
 
 from evolforge.config.settings import PPOSettings, RewardSettings
 from evolforge.flows._params import StageParams
-from evolforge.flows._report import attach_card, progress_artifacts
+from evolforge.flows._report import attach_card, attach_plots, progress_artifacts
 from evolforge.storage import ppo as store
 from evolforge.storage.fs import local_copy, location, write_text_atomic
-from evolforge.storage.layout import RunLayout
+from evolforge.storage.layout import OutputFolder, RunLayout
 from evolforge.storage.reward_sets import META_FILE
 from evolforge.tasks.core.checks import check_ppo
 from evolforge.tasks.core.reporting import markdown_table
@@ -41,6 +42,7 @@ from evolforge.tasks.ppo.data import build_prompt_rows
 from evolforge.tasks.ppo.preflight import preflight
 from evolforge.tasks.ppo.training_health import health_markdown
 from evolforge.tasks.report.card import ppo_card
+from evolforge.tasks.report.plots import ppo_plots
 from evolforge.tasks.reward.health import enforce
 
 
@@ -254,6 +256,10 @@ def ppo_flow(params: PPOParams) -> dict:
                   "training_health": str(lay.local_health) if local and local.get("health") else None},
     }
     # the dataset card of data/: the prompts as one config with its train and test splits
+    if local:  # reward, KL, loss and the health watch per GRPO step; SFT vs trained on held-out prompts
+        summary["plots"] = attach_plots(OutputFolder(lay.root), "ppo-plots", "GRPO smoke run plots", lambda: ppo_plots(
+            local["steps"], local.get("health"),
+            store.read_json(lay.comparison) if local.get("comparison") and lay.comparison.exists() else None))
     summary["card"] = attach_card(lay.data_dir, {"prompts": {"train": lay.train, "test": lay.test}},
                                   ppo_card(summary, params.settings().fingerprint(), str(irm), str(prm)))
     store.write_json(lay.summary, summary)

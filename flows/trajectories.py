@@ -9,6 +9,8 @@ proxy.session_idle_seconds, or an ancestor's finish event; others skipped unless
     OUT/duplicates.parquet   prompts dropped as duplicates of another session's, with the reason
     OUT/skipped.parquet      unfinished sessions, failed calls, ... with the reason
     OUT/summary.json         counts by reward presence, finished / unfinished, failed calls, drift rate
+    OUT/plots/*.png          trajectory_calls (calls per session, tokens and latency per call), session_rewards;
+                             inline in the `trajectories-plots` markdown artifact
     OUT/README.md            the dataset card: the parquet tables as `datasets` configs (sft.jsonl is json: its
                              body says how to load it)
 Formats: storage/trajectory_sets.py. The steps (one Prefect task each): tasks/trajectories/export.py.
@@ -22,12 +24,13 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
 from evolforge.flows._params import StageParams
-from evolforge.flows._report import attach_card, progress_artifacts
+from evolforge.flows._report import attach_card, attach_plots, progress_artifacts
 from evolforge.storage.cards import column_counts
 from evolforge.storage.fs import write_json_atomic
-from evolforge.storage.trajectory_sets import TrajectoryLayout
+from evolforge.storage.trajectory_sets import TrajectoryLayout, call_figures
 from evolforge.tasks.core.checks import check_trajectories
 from evolforge.tasks.report.card import trajectories_card
+from evolforge.tasks.report.plots import trajectory_plots
 from evolforge.tasks.trajectories.export import collect, dedup_prompts, publish, token_samples
 
 
@@ -90,7 +93,9 @@ def trajectories_flow(params: TrajectoriesParams) -> dict:
     summary["card"] = attach_card(lay.root, {"transitions": lay.transitions, "tokens": lay.tokens,
                                             "duplicates": lay.duplicates, "skipped": lay.skipped},
                                   trajectories_card(summary, params.settings().fingerprint(), models))
-    write_json_atomic(lay.summary, summary)  # summary.json names the card too
+    summary["plots"] = attach_plots(lay, "trajectories-plots", "Trajectories plots",
+                                    lambda: trajectory_plots(call_figures(lay)))
+    write_json_atomic(lay.summary, summary)  # summary.json names the card and the plots too
     s, r, tok = summary["sessions"], summary["rewards"], summary["tokens"] or {}
     create_table_artifact(key="trajectories-summary", description=f"Trajectories from {params.proxy_out}", table=[
         {"what": "sessions exported", "count": s["exported"]},

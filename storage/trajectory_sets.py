@@ -54,6 +54,7 @@ from evolforge.storage.fs import (
     location,
     parquet_writer,
     read_bytes,
+    read_parquet,
     scratch_dir,
     unlink,
 )
@@ -301,3 +302,21 @@ def filling_tokenizer_cache(folder: Path) -> Iterator[Path]:
     """A scratch folder that becomes the cache folder whole when the block succeeds."""
     with atomic_dir(Path(folder)) as tmp:
         yield tmp
+
+
+def call_figures(lay: TrajectoryLayout) -> dict[str, list]:
+    """What the trajectories plots draw, from transitions.parquet: model calls per session, prompt / completion
+    tokens and latency per call, one reward per session (None: the session has none)."""
+    if not exists(lay.transitions):
+        return {"calls_per_session": [], "prompt_tokens": [], "completion_tokens": [], "latency_s": [],
+                "session_rewards": []}
+    t = read_parquet(lay.transitions, ["session", "prompt_tokens", "completion_tokens", "latency_s", "reward"])
+    calls: dict[str, int] = {}
+    rewards: dict[str, float | None] = {}
+    for session, reward in zip(t.column("session").to_pylist(), t.column("reward").to_pylist()):
+        calls[session] = calls.get(session, 0) + 1
+        if rewards.get(session) is None:
+            rewards[session] = reward
+    return {"calls_per_session": list(calls.values()), "prompt_tokens": t.column("prompt_tokens").to_pylist(),
+            "completion_tokens": t.column("completion_tokens").to_pylist(), "latency_s": t.column("latency_s").to_pylist(),
+            "session_rewards": [rewards[s] for s in calls]}

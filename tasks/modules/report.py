@@ -84,3 +84,13 @@ def summary_markdown(summary: dict) -> str:
     out += ["", f"Mean per question: wall {t['mean_wall_s']} s, module graph {t['mean_forward_s']} s, longest "
             f"dependency chain {t['mean_chain_s']} s, level-by-level sum {t['mean_levels_s']} s."]
     return "\n".join(out) + "\n"
+
+
+def contributions_by_module(items: list[dict], order: list[str], exit_module: str) -> dict[str, list[float]]:
+    """Every measured contribution reward per module (dependency order, the exit module left out: it has none)."""
+    out: dict[str, list[float]] = {m: [] for m in order if m != exit_module}
+    for it in items:
+        for m in it["modules"] or []:
+            if m["contribution"] is not None and m["id"] in out:
+                out[m["id"]].append(float(m["contribution"]))
+    return out

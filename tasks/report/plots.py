@@ -216,3 +216,239 @@ def reward_plots(name: str, scores: dict[str, list[float]], healthy: tuple[float
     if by_stage is not None:
         out["cost_tokens_by_stage"] = cost_and_tokens_by_stage(by_stage)
     return out
+
+
+# ----------------------------------------------------------------- PPO (GRPO smoke run), trajectories, modules
+
+def _finite(values) -> list[float]:
+    out = []
+    for v in values:
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            continue
+        if f == f and f not in (float("inf"), float("-inf")):
+            out.append(f)
+    return out
+
+
+def grpo_training(steps: list[dict], health: dict | None = None) -> bytes:
+    """Per GRPO step: mean reward (band: +-reward_std) with its rI and rA parts, KL to the SFT policy, loss; the
+    steps the reward health watch saw are shaded, its verdict and drift window means are drawn on the reward."""
+    title = "GRPO smoke run: reward and health per step"
+    steps = sorted((s for s in steps if isinstance(s.get("step"), (int, float))), key=lambda s: s["step"])
+    if not steps:
+        return _empty(title, "no GRPO steps were logged")
+    xs = [s["step"] for s in steps]
+
+    def series(key):
+        pts = [(x, s.get(key)) for x, s in zip(xs, steps)]
+        return [(x, float(v)) for x, v in pts if _finite([v])]
+
+    fig, (ax_r, ax_k, ax_l) = plt.subplots(1, 3, figsize=(12, 4))
+    reward = series("reward")
+    if reward:
+        rx, ry = zip(*reward)
+        std = {x: float(s["reward_std"]) for x, s in zip(xs, steps) if _finite([s.get("reward_std")])}
+        if std:
+            ax_r.fill_between(rx, [y - std.get(x, 0.0) for x, y in reward], [y + std.get(x, 0.0) for x, y in reward],
+                              color=COLORS[0], alpha=0.15, label="+- reward std")
+        ax_r.plot(rx, ry, marker="o", color=COLORS[0], label="reward r = rI * rA")
+    for k, (key, label) in enumerate((("reward/r_i", "rI (IRM)"), ("reward/r_a_prm", "rA (PRM)"))):
+        pts = series(key)
+        if pts:
+            ax_r.plot(*zip(*pts), marker=".", ls="--", color=COLORS[k + 1], label=label)
+    verdict = ""
+    if health:
+        watched = int(health.get("steps_watched") or 0)
+        if watched:
+            ax_r.axvspan(min(xs) - 0.5, min(xs) - 0.5 + watched, color="green", alpha=0.07, label="health watch")
+        drift = health.get("drift") or {}
+        for key, ls, label in (("baseline_mean", ":", "baseline mean"), ("recent_mean", "-.", "recent mean")):
+            if drift.get(key) is not None:
+                ax_r.axhline(float(drift[key]), color="gray", ls=ls, lw=1, label=label)
+        r_a = health.get("r_a") or {}
+        share = r_a.get("share_below_half")
+        verdict = (f"health {'PASSED' if health.get('passed') else 'FAILED'}"
+                   + (f", {share:.0%} of rA < 0.5" if share is not None else "")
+                   + (f", stopped at step {health['stopped_at_step']}" if health.get("stopped_at_step") else ""))
+    ax_r.set_ylim(-0.05, 1.05)
+    ax_r.set_ylabel("reward")
+    ax_r.set_title("Reward", pad=30)
+    ax_r.legend(fontsize=7, ncols=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    for ax, key, name in ((ax_k, "kl", "KL to the SFT policy"), (ax_l, "loss", "Loss")):
+        pts = series(key)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", color=COLORS[3 if key == "kl" else 4])
+        else:
+            ax.text(0.5, 0.5, f"no {key} logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+        ax.set_title(name, pad=30)
+    for ax in (ax_r, ax_k, ax_l):
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{title}" + (f" ({verdict})" if verdict else ""))
+    return _png(fig)
+
+
+def policy_rewards(sft: list[float], trained: list[float], eval_split: str = "test") -> bytes:
+    """Held-out rewards of the SFT and the trained policy's greedy completions (0..1, same prompts), with means."""
+    title = f"Held-out reward: SFT vs trained ({eval_split} prompts)"
+    sets = {"SFT": _finite(sft), "trained": _finite(trained)}
+    if not any(sets.values()):
+        return _empty(title, "no held-out comparison (the run was stopped, or no prompts)")
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.hist(list(sets.values()), bins=10, range=(0, 1), color=[COLORS[0], COLORS[1]],
+            label=[f"{k} (n={len(v)})" for k, v in sets.items()], edgecolor="white")
+    for k, (name, vals) in enumerate(sets.items()):
+        if vals:
+            m = sum(vals) / len(vals)
+            ax.axvline(m, color=COLORS[k], lw=1.5, ls="--", label=f"{name} mean {m:.3f}")
+    ax.set_xlim(-0.02, 1.02)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("reward r = rI * rA")
+    ax.set_ylabel("prompts")
+    ax.set_title(title, pad=34)  # above the two-row legend
+    ax.legend(fontsize=7, ncols=2, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    return _png(fig)
+
+
+def _hist(ax, values: list[float], name: str, xlabel: str, color, log: bool = False, integer: bool = False) -> None:
+    vals = _finite(values)
+    if not vals:
+        ax.text(0.5, 0.5, "no values", ha="center", va="center", transform=ax.transAxes, color="gray")
+    else:
+        lo, hi = min(vals), max(vals)
+        if integer:
+            bins = [b - 0.5 for b in range(int(lo), int(hi) + 2)] if hi - lo < 40 else 20
+        else:
+            bins = 20
+        ax.hist(vals, bins=bins, color=color, edgecolor="white", log=log)
+        mean = sum(vals) / len(vals)
+        ax.axvline(mean, color="black", lw=1, ls="--", label=f"mean {mean:.3g}")
+        ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+        if integer:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(f"{name} (n={len(vals)})", pad=20)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("count")
+    ax.grid(axis="y", alpha=0.3)
+
+
+def trajectory_calls(calls_per_session: list[int], prompt_tokens: list, completion_tokens: list,
+                     latency_s: list) -> bytes:
+    """Exported trajectories: model calls per session, prompt and completion tokens per call (as the upstream
+    reported them), latency per call."""
+    title = "Recorded agent traffic (exported calls)"
+    if not calls_per_session:
+        return _empty(title, "no exported sessions")
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3.9))
+    _hist(axes[0], calls_per_session, "Calls per session", "calls", COLORS[0], integer=True)
+    _hist(axes[1], prompt_tokens, "Prompt tokens per call", "tokens", COLORS[1])
+    _hist(axes[2], completion_tokens, "Completion tokens per call", "tokens", COLORS[2])
+    _hist(axes[3], latency_s, "Latency per call", "seconds", COLORS[3])
+    fig.suptitle(title)
+    return _png(fig)
+
+
+def session_rewards(rewards: list) -> bytes:
+    """The sessions' rewards (the rewards file or the proxy's reward events); sessions without one counted."""
+    title = "Session rewards"
+    vals = _finite(rewards)
+    missing = len(rewards) - len(vals)
+    if not rewards:
+        return _empty(title, "no exported sessions")
+    fig, ax = plt.subplots(figsize=(6.5, 3.9))
+    _hist(ax, vals, title, "reward", COLORS[4])
+    ax.set_title(f"{title}: {len(vals)} sessions with a reward, {missing} without", pad=20)
+    return _png(fig)
+
+
+def module_contributions(contributions: dict[str, list[float]]) -> bytes:
+    """Per module (dependency order), its contribution rewards (judge score of the full answer minus the score
+    without the module, 0-10 judge points): one histogram per module on a shared axis."""
+    title = "Per-module contribution rewards (judge points: full - without the module)"
+    mods = [m for m, v in contributions.items()]
+    if not mods or not any(_finite(v) for v in contributions.values()):
+        return _empty(title, "no contribution was measured (no judged question)")
+    cols = min(3, len(mods))
+    rows = -(-len(mods) // cols)
+    allv = [v for vs in contributions.values() for v in _finite(vs)]
+    lo, hi = min(min(allv), -1.0), max(max(allv), 1.0)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.8 * cols + 0.6, 2.4 * rows + 0.9), squeeze=False, sharex=True)
+    for k, m in enumerate(mods):
+        ax = axes[k // cols][k % cols]
+        vals = _finite(contributions[m])
+        ax.axvline(0, color="gray", lw=0.8, ls=":")
+        if vals:
+            ax.hist(vals, bins=20, range=(lo, hi), color=COLORS[k % 10], edgecolor="white")
+            mean = sum(vals) / len(vals)
+            ax.axvline(mean, color="black", lw=1.2, ls="--")
+            ax.set_title(f"{m[:28]} (n={len(vals)}, mean {mean:+.2f})", fontsize=9)
+        else:
+            ax.text(0.5, 0.5, "no contribution", ha="center", va="center", transform=ax.transAxes, color="gray")
+            ax.set_title(f"{m[:28]} (n=0)", fontsize=9)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(axis="y", alpha=0.3)
+    for k in range(len(mods), rows * cols):
+        axes[k // cols][k % cols].set_axis_off()
+    for c in range(min(cols, len(mods))):  # the x axis under the lowest drawn panel of each column
+        last = axes[(len(mods) - 1 - c) // cols][c]
+        last.tick_params(labelbottom=True)
+        last.set_xlabel("contribution")
+    fig.suptitle(title)
+    return _png(fig)
+
+
+MODULE_OUTCOMES = (("ok", "valid (schema passed)"), ("invalid", "invalid"), ("truncated", "truncated"),
+                   ("error", "endpoint error"))
+
+
+def module_schema_pass(stats: list[dict]) -> bytes:
+    """Per module: share of runs whose output passed its JSON schema (ok) vs invalid / truncated / error, with the
+    schema re-asks it took (tasks/modules/report.module_stats rows)."""
+    title = "Module outputs: schema pass rate"
+    rows = [s for s in stats if s.get("runs")]
+    if not rows:
+        return _empty(title, "no module ran")
+    rows = rows[::-1]  # dependency order, top to bottom
+    names = [str(s["id"])[:28] for s in rows]
+    fig, ax = plt.subplots(figsize=(8, 1.5 + 0.42 * len(rows)))
+    left = [0.0] * len(rows)
+    for k, (key, label) in enumerate(MODULE_OUTCOMES):
+        vals = [(s.get(key) or 0) / s["runs"] for s in rows]
+        ax.barh(names, vals, left=left, color=("tab:green", "tab:orange", "tab:purple", "tab:red")[k], label=label)
+        left = [a + b for a, b in zip(left, vals)]
+    for y, s in enumerate(rows):
+        ax.text(1.01, y, f"{s.get('ok') or 0}/{s['runs']}, {s.get('reasks') or 0} re-asks", va="center", fontsize=8)
+    ax.set_xlim(0, 1.35)
+    ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax.set_xlabel("share of runs")
+    ax.set_title(title, pad=22)
+    ax.legend(fontsize=8, ncols=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def ppo_plots(steps: list[dict], health: dict | None, comparison: dict | None) -> dict[str, bytes]:
+    """grpo_training (reward, KL, loss per step, the health watch) and held_out_reward (SFT vs trained)."""
+    c = comparison or {}
+    return {"grpo_training": grpo_training(steps, health),
+            "held_out_reward": policy_rewards((c.get("sft") or {}).get("rewards") or [],
+                                              (c.get("trained") or {}).get("rewards") or [],
+                                              c.get("eval_split") or "test")}
+
+
+def trajectory_plots(calls: dict[str, list]) -> dict[str, bytes]:
+    """trajectory_calls and session_rewards from storage/trajectory_sets.call_figures."""
+    return {"trajectory_calls": trajectory_calls(calls["calls_per_session"], calls["prompt_tokens"],
+                                                 calls["completion_tokens"], calls["latency_s"]),
+            "session_rewards": session_rewards(calls["session_rewards"])}
+
+
+def modules_plots(contributions: dict[str, list[float]], stats: list[dict], by_stage: list[dict]) -> dict[str, bytes]:
+    """module_contributions, module_schema_pass and cost_tokens_by_stage of a modules run."""
+    return {"module_contributions": module_contributions(contributions), "module_schema_pass": module_schema_pass(stats),
+            "cost_tokens_by_stage": cost_and_tokens_by_stage(by_stage)}
