@@ -19,6 +19,10 @@
 - `check_models(stages)`: one minimal completion per distinct model of the
   stages a flow is about to use (what `evolforge preflight` prints), so a key the
   endpoint refuses or a model it does not serve stops the run before any work.
+
+The calls go out on a plain pooled httpx client (JSON in, JSON out): importing the
+openai SDK took 0.6 to 2 s of a command's start-up, and its request building was
+client CPU per call; the gateway used only its transport, auth and error types.
 """
 
 from __future__ import annotations
@@ -34,7 +38,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import httpx
-import openai
 
 from evolforge.config.settings import Settings
 from evolforge.storage.journal import CallJournal
@@ -74,6 +77,27 @@ class EndpointDown(GatewayError):
 
 class MalformedResponse(Exception):
     pass
+
+
+class StatusError(Exception):
+    """The endpoint answered with an HTTP error status (the body is in the message, the headers in `response`)."""
+
+    def __init__(self, response: httpx.Response):
+        try:
+            body = response.text
+        except Exception:  # noqa: BLE001 - an undecodable body is not worth a second error
+            body = "<undecodable body>"
+        super().__init__(f"Error code: {response.status_code} - {body[:500]}")
+        self.status_code = response.status_code
+        self.response = response
+
+
+class CallTimeout(Exception):
+    """The call did not finish within gateway.timeout_seconds."""
+
+
+class ConnectionFailed(Exception):
+    """The endpoint could not be reached, or dropped the connection before a whole reply."""
 
 
 @dataclass
@@ -150,15 +174,18 @@ class Gateway:
         self.embedded_models = set(embedded_models)
         self._api_key = api_key if api_key is not None else (read_api_key() or NO_KEY)
         check_key_transport(self.base_url, self._api_key, self.cfg.allow_key_over_http)
-        self._client = openai.OpenAI(
-            base_url=self.base_url,
-            api_key=self._api_key,
-            timeout=self.cfg.timeout_seconds,
-            max_retries=0,  # retries are ours: counted, ledgered, Retry-After aware
-        )
         self.max_in_flight = self.cfg.concurrency
         if self.embedded_models:  # calls beyond the embedded server's slots only queue and time out
             self.max_in_flight = min(self.max_in_flight, concurrency_cap(settings.embedded))
+        # retries are ours (counted, ledgered, Retry-After aware): the client itself never retries
+        self._client = httpx.Client(
+            timeout=self.cfg.timeout_seconds,
+            limits=httpx.Limits(max_connections=max(100, 2 * self.max_in_flight),
+                                max_keepalive_connections=max(20, self.max_in_flight)),
+            headers={"Authorization": f"Bearer {self._api_key}", "Content-Type": "application/json",
+                     "Accept": "application/json"},
+        )
+        self._completions_url = self.base_url + "/chat/completions"
         self._sem = threading.BoundedSemaphore(self.max_in_flight)
         self._sleep = sleep
         self._down_lock = threading.Lock()
@@ -287,18 +314,14 @@ class Gateway:
             t0 = time.perf_counter()
             with self._slot():
                 try:
-                    # The SDK's transport, auth, timeouts and error types, without its per-call TypedDict
-                    # transform and pydantic model build: half the client CPU per call (see BENCHMARKS.md).
-                    resp = self._client.post("/chat/completions", body={"model": model, "messages": messages, **params},
-                                             cast_to=object)
-                    text, finish, pt, ct = _unpack(resp)
-                except openai.APIStatusError as e:
+                    text, finish, pt, ct = _unpack(self._post({"model": model, "messages": messages, **params}))
+                except StatusError as e:
                     status = e.status_code
                     retry_after = _retry_after(e.response)
                     err: Exception = e
-                except (openai.APITimeoutError, openai.APIConnectionError) as e:
+                except (CallTimeout, ConnectionFailed) as e:
                     err = e
-                except (MalformedResponse, openai.APIResponseValidationError, json.JSONDecodeError, ValueError, TypeError) as e:
+                except (MalformedResponse, json.JSONDecodeError, ValueError, TypeError) as e:
                     err = MalformedResponse(str(e)) if not isinstance(e, MalformedResponse) else e
                 else:
                     latency = time.perf_counter() - t0
@@ -320,7 +343,7 @@ class Gateway:
                     f"Likely fix: {_fix_hint(status, self.base_url, model)}",
                     status=status,
                 ) from None
-            if isinstance(err, openai.APIConnectionError) and not isinstance(err, openai.APITimeoutError):
+            if isinstance(err, ConnectionFailed):
                 pass  # counted as unreachable only when retries are exhausted
             else:
                 self._mark_reachable()
@@ -328,7 +351,7 @@ class Gateway:
                 self.stats.add(retries=1)
                 self._sleep(self._backoff(attempt, retry_after))
         self.stats.add(failures=1)
-        if isinstance(last_err, openai.APIConnectionError) and not isinstance(last_err, openai.APITimeoutError):
+        if isinstance(last_err, ConnectionFailed):
             self._mark_unreachable(last_err)
         raise GatewayError(
             f"{model!r} at {self.base_url} failed {attempts_allowed} attempts for stage {stage!r} "
@@ -336,6 +359,19 @@ class Gateway:
             status=last_status,
             retryable=True,
         )
+
+    def _post(self, body: dict) -> Any:
+        """One chat completion request: the parsed JSON body, or StatusError / CallTimeout / ConnectionFailed /
+        json.JSONDecodeError (a 2xx body that is not JSON)."""
+        try:
+            resp = self._client.post(self._completions_url, content=json.dumps(body, ensure_ascii=False).encode())
+        except httpx.TimeoutException as e:
+            raise CallTimeout(f"Request timed out after {self.cfg.timeout_seconds:g} s ({type(e).__name__})") from None
+        except httpx.TransportError as e:  # refused, reset, closed or truncated mid-reply
+            raise ConnectionFailed(f"Connection error ({type(e).__name__}: {e})") from None
+        if resp.status_code >= 400:
+            raise StatusError(resp)
+        return json.loads(resp.content)
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         cap = self.cfg.backoff_max_seconds
@@ -438,9 +474,9 @@ def _retry_after(response: httpx.Response | None) -> float | None:
 def _outcome(err: Exception | None, status: int | None) -> str:
     if status is not None:
         return f"http_{status}"
-    if isinstance(err, openai.APITimeoutError):
+    if isinstance(err, CallTimeout):
         return "timeout"
-    if isinstance(err, openai.APIConnectionError):
+    if isinstance(err, ConnectionFailed):
         return "connection_error"
     if isinstance(err, MalformedResponse):
         return "malformed_response"
