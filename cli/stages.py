@@ -127,7 +127,7 @@ def register(sub) -> None:
     p = sub.add_parser("modules", help="module-DAG reasoning (DeCoRL): questions through a graph of modules, "
                        "per-module contribution rewards and PRM rows (resumes over the same --out)")
     p.add_argument("--input", required=True, help="jsonl / csv / parquet with a question (or instruction) field")
-    p.add_argument("--out", required=True, help="output folder (items.parquet, prm_steps.parquet, summary.json)")
+    p.add_argument("--out", required=True, help="output folder (items in data/, prm_steps.parquet, summary.json)")
     p.add_argument("--max-items", type=int, help="use at most this many questions (default: modules.max_items)")
     p.add_argument("--aggregation", choices=["integrate", "concat"], help="default: modules.aggregation")
     p.add_argument("--ablation", choices=["mask", "recompute"], help="default: modules.ablation")
@@ -149,7 +149,7 @@ def register(sub) -> None:
     p = sub.add_parser("trajectories", help="agent traffic recorded by the proxy -> SFT conversations, "
                        "per-call transitions and token-level samples")
     p.add_argument("--proxy-out", required=True, help="the recording proxy's folder (evolforge proxy --out)")
-    p.add_argument("--out", required=True, help="output folder (sft.jsonl, transitions.parquet, tokens.parquet, ...)")
+    p.add_argument("--out", required=True, help="output folder (sft.jsonl, transitions in data/, tokens.parquet, ...)")
     p.add_argument("--rewards", help="jsonl / csv / parquet with session and reward columns (wins over reward events)")
     p.add_argument("--include-unfinished", action="store_true",
                    help="also export sessions without a finish event that are not idle yet")
@@ -162,7 +162,7 @@ def register(sub) -> None:
     p = sub.add_parser("reward-data", help="reward-model data from an evolve run: IRM preference pairs, PRM step "
                        "labels, health checks (resumes over the same --out)")
     p.add_argument("--evolve-out", required=True, help="output folder of a finished evolve run (evolforge run --out)")
-    p.add_argument("--out", required=True, help="output folder (irm_pairs.parquet, prm_steps.parquet, health.json)")
+    p.add_argument("--out", required=True, help="output folder (IRM pairs in data/, prm_steps.parquet, health.json)")
     p.add_argument("--method", choices=["judge", "decorl", "math_shepherd", "modules"],
                    help="PRM step-label method (default: reward.step_label_method)")
     p.add_argument("--max-instructions", type=int, help="use at most this many instructions (default: "
@@ -187,7 +187,7 @@ def register(sub) -> None:
     p.add_argument("--evolved", required=True, help="an evolve run's output folder or its dataset/evolved.parquet")
     p.add_argument("--reward-dir", required=True, help="the train-reward stage's output folder")
     p.add_argument("--out", required=True, help="output folder (data/, verl/, local/, summary.json)")
-    p.add_argument("--tasks", help="the synthesis stage's tasks.parquet or output folder (verified ground truth)")
+    p.add_argument("--tasks", help="the synthesis stage's output folder or its tasks table (verified ground truth)")
     p.add_argument("--irm-dir", help="IRM folder (default: REWARD_DIR / ppo.irm_subdir)")
     p.add_argument("--prm-dir", help="PRM folder (default: REWARD_DIR / ppo.prm_subdir)")
     p.add_argument("--ignore-reward-health", action="store_true", help="run although the reward stage is unhealthy")

@@ -4,7 +4,7 @@ Reads top to bottom like the stage it runs:
   settings (the module graph is checked at load) -> output folder -> snapshot of the questions (row group = batch)
   -> model endpoint (embedded or configured) -> pre-flight of the judge and every module model -> one Prefect
   task per batch (inside: each question's modules run along the dependency graph, then 1 + k judge calls) ->
-  items.parquet, prm_steps.parquet (TRL stepwise form), graph.md + markdown artifact (the Mermaid graph with mean
+  items (data/train-00000-of-00001.parquet), prm_steps.parquet (TRL stepwise form), graph.md + markdown artifact (the Mermaid graph with mean
   latency and mean contribution per module) -> plots/*.png (per-module contribution histograms, schema pass
   rates, tokens and cost; the `modules-plots` artifact) -> the dataset card README.md (a `datasets` config per table)
   -> summary.json.

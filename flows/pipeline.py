@@ -50,7 +50,7 @@ def pipeline_flow(params: PipelineParams = PipelineParams()) -> dict:
     common = dict(config=params.config, overrides=params.overrides)
     endpoint = dict(base_url=params.base_url, model=params.model)
     done: dict[str, Any] = {}
-    tasks = None  # the synthesis stage's tasks.parquet: verified ground truth for the PPO prompts
+    tasks = None  # the synthesis stage's tasks table: verified ground truth for the PPO prompts
 
     plots: dict[str, dict] = {}  # stage -> its plot files, shown together on the pipeline run
     evolve = evolve_flow(EvolveParams(seeds=params.seeds, out=str(lay.evolve), rounds=params.rounds,

@@ -50,7 +50,7 @@ class PPOParams(StageParams):
     """Parameters of the PPO flow (the form the Prefect UI shows)."""
 
     evolved: str = Field(description="An evolve run's dataset/evolved.parquet, or the evolve run's output folder.")
-    tasks: str | None = Field(None, description="The synthesis stage's tasks.parquet, or its output folder: kept math tasks (majority-verified answers) and code tasks (their tests) become prompts with a verified ground truth.")
+    tasks: str | None = Field(None, description="The synthesis stage's output folder, or its tasks table (a parquet file): kept math tasks (majority-verified answers) and code tasks (their tests) become prompts with a verified ground truth.")
     reward_dir: str = Field(description="The reward-model stage's output folder: IRM and PRM folders and health.json.")
     out: str = Field("runs/ppo", description="Output folder of this stage.")
     irm_dir: str | None = Field(None, description="IRM folder (default: reward_dir / ppo.irm_subdir).")

@@ -3,7 +3,8 @@
 Reads top to bottom like the stage it runs:
   settings -> output folder -> snapshot of the evolve run's instructions (row group = batch) -> model
   endpoint (embedded or configured) -> one Prefect task per batch and kind (IRM: versions + judge ranking;
-  PRM: step split, re-ask, step labels) -> irm_pairs.parquet (TRL RewardTrainer form) and prm_steps.parquet
+  PRM: step split, re-ask, step labels) -> the IRM pairs (TRL RewardTrainer form; data/train-00000-of-00001.parquet,
+  what load_dataset("parquet", data_dir=OUT) loads) and prm_steps.parquet
   (TRL stepwise supervision) -> data health checks (health.json + markdown artifact) -> summary.json.
 
 Re-running over the same output folder resumes: finished batches are skipped, a killed batch replays its

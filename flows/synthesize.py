@@ -2,8 +2,8 @@
 
 seeds (an evolve run's dataset/evolved.parquet, or any jsonl / parquet / csv of
 instructions) -> one Prefect task per batch (propose, sandboxed tests, repair
-loop, solver check; resumable from parts and call journals) -> tasks.parquet,
-rejected.parquet, cost_per_task.parquet/.csv (the headline: calls, tokens, USD,
+loop, solver check; resumable from parts and call journals) -> the tasks table
+(data/train-00000-of-00001.parquet: what load_dataset("parquet", data_dir=OUT) loads), rejected.parquet, cost_per_task.parquet/.csv (the headline: calls, tokens, USD,
 wall and sandbox seconds of proposal, repairs and solver attempts per task),
 summary.json, and Prefect table + markdown artifacts.
 """

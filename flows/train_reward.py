@@ -35,7 +35,7 @@ from evolforge.tasks.reward.training import model_health, train_reward_model
 class TrainRewardParams(StageParams):
     """Parameters of the reward-model training flow (the form the Prefect UI shows)."""
 
-    data: str = Field(..., description="Output folder of the reward-data flow (irm_pairs.parquet, prm_steps.parquet, health.json).")
+    data: str = Field(..., description="Output folder of the reward-data flow (IRM pairs, prm_steps.parquet, health.json).")
     out: str | None = Field(None, description="Where models/, metrics.json and the model health go (default: the data folder).")
     models: list[Literal["irm", "prm"]] = Field(["irm", "prm"], description="Which reward models to train.")
     base_model: str | None = Field(None, description="Model folder to fine-tune (default: reward.base_model, else all-MiniLM-L6-v2).")

@@ -4,7 +4,9 @@ token-level samples.
 PROXY_OUT (records/, events/ of `evolforge proxy`) -> finished sessions (a finish event, idle for
 proxy.session_idle_seconds, or an ancestor's finish event; others skipped unless include_unfinished) ->
     OUT/sft.jsonl            TRL SFTTrainer conversations: messages (OpenAI form, tool calls) + tools
-    OUT/transitions.parquet  one row per call: prompt, completion, the session reward (GRPO / RLOO)
+    OUT/data/train-00000-of-00001.parquet
+                             transitions, one row per call: prompt, completion, the session reward (GRPO /
+                             RLOO); what load_dataset("parquet", data_dir=OUT) loads
     OUT/tokens.parquet       input_ids, assistant loss mask, turn boundaries, drift flags
     OUT/duplicates.parquet   prompts dropped as duplicates of another session's, with the reason
     OUT/skipped.parquet      unfinished sessions, failed calls, ... with the reason
@@ -38,7 +40,7 @@ class TrajectoriesParams(StageParams):
     """Parameters of the trajectories flow (sessions go idle after [proxy] session_idle_seconds)."""
 
     proxy_out: str = Field(..., description="The recording proxy's folder (evolforge proxy --out).")
-    out: str = Field(..., description="Output folder: sft.jsonl, transitions.parquet, tokens.parquet, summary.json.")
+    out: str = Field(..., description="Output folder: sft.jsonl, transitions (data/), tokens.parquet, summary.json.")
     rewards: str | None = Field(None, description="A jsonl / csv / parquet file with session and reward columns; "
                                 "it wins over the proxy's reward events for the sessions it lists.")
     tokenizer: str | None = Field(None, description="Tokenizer of the token-level samples: a model folder or a GGUF "

@@ -8,11 +8,18 @@ module-DAG: items, prm_steps, prm_rejected, comparison). Its card lists each tab
 
     datasets.load_dataset("runs/x/dataset", "lineage")        # one config, split "train"
     datasets.load_dataset("parquet", data_dir="runs/x/dataset")  # the SFT view: dataset/sft/train.parquet
+    datasets.load_dataset("parquet", data_dir="runs/x/syn")      # the main table: data/train-00000-of-00001.parquet
 
-(`load_dataset("parquet", data_dir=FOLDER)` ignores the card: it takes the files whose names match a split
-name, else every parquet file of the folder as one table. In an evolve run's dataset/ only the SFT view,
-sft/train.parquet, matches; the synthesis and reward folders hold several tables and their checkpoints, so
-they load by config. `datasets` reads the card's configs when given the folder itself.)
+`load_dataset("parquet", data_dir=FOLDER)` ignores the card. It resolves data files by fixed rules, first match
+wins (datasets 5.x, datasets/data_files.py `_get_data_files_patterns`): `data/{split}-NNNNN-of-NNNNN.*` files;
+else any file (any extension: it would read a model's training_args.bin or a PNG as parquet) under a folder, or
+named, with a split keyword (train / training, test / eval, validation / valid / dev / val) followed by one of
+"-._ " or a digit; else every file as one table. So a folder with several tables keeps its main table at
+MAIN_TABLE, `data/train-00000-of-00001.parquet` (`main_table`): the first rule matches it alone and every other
+file is ignored, whatever its name. That holds for the synthesis (tasks), reward (irm_pairs), module-DAG (items)
+and trajectories (transitions) folders; an evolve run's dataset/ holds only tables and its SFT view
+sft/train.parquet, the PPO data/ train.parquet and test.parquet (both by the second rule). The other tables
+load by config name: `datasets` reads the card's configs when given the folder itself.
 The header also carries `dataset_info` (each config's features and row count, from the parquet schema through
 `datasets.Features`, so it always matches the files), `size_categories`, and an `evolforge:` block with the
 lineage, generation settings, models and cost the body shows.
@@ -30,6 +37,7 @@ from evolforge.storage.fs import AnyPath, exists, parquet_file, read_parquet, re
 from evolforge.storage.parts import write_table_atomic
 
 CARD = "README.md"
+MAIN_TABLE = ("data", "train-00000-of-00001.parquet")  # what data_dir loads as split "train" (see above)
 SIZE_CATEGORIES = [(1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
                    (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M")]
 SFT_SCHEMA = pa.schema([
@@ -40,6 +48,11 @@ SFT_SCHEMA = pa.schema([
 
 def card_path(folder: AnyPath) -> AnyPath:
     return folder / CARD
+
+
+def main_table(folder: AnyPath) -> AnyPath:
+    """FOLDER/data/train-00000-of-00001.parquet: the table `load_dataset("parquet", data_dir=FOLDER)` loads."""
+    return folder / MAIN_TABLE[0] / MAIN_TABLE[1]
 
 
 def write_sft_view(evolved: AnyPath, dest: AnyPath) -> int:

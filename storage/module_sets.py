@@ -8,7 +8,10 @@
       compare/batch_00000.parquet     --compare: one atomic part per batch, one row per question (COMPARE_SCHEMA)
       journal/compare_00000.jsonl     --compare: the batch's single-shot and comparison-judge calls
       comparison.parquet              --compare: every question's single-shot answer, both scores, winner
-      items.parquet                   every question: module outputs, final answer, contributions, latencies
+      data/train-00000-of-00001.parquet
+                                      the items table (config `items`, what load_dataset("parquet", data_dir=OUT)
+                                      loads, storage/cards.py): every question: module outputs, final answer,
+                                      contributions, latencies (`items.parquet` before)
       prm_steps.parquet               TRL stepwise-supervision form, one step per non-exit module (PRM_SCHEMA of
                                       storage/reward_sets.py, the form the reward stage writes)
       prm_rejected.parquet            questions without PRM rows (exit failed, judge failed, endpoint rejected)
@@ -54,6 +57,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
+from evolforge.storage.cards import main_table
 from evolforge.storage.datasets import read_any_table
 from evolforge.storage.fs import AnyPath, ensure_dir, exists, location, read_parquet, write_text_atomic
 from evolforge.storage.layout import OutputFolder
@@ -98,7 +102,7 @@ class ModulesLayout(OutputFolder):
     """A modules output folder (local or URL)."""
 
     input = property(lambda self: self.root / "modules_input.parquet")
-    items = property(lambda self: self.root / "items.parquet")
+    items = property(lambda self: main_table(self.root))
     prm_steps = property(lambda self: self.root / "prm_steps.parquet")
     prm_rejected = property(lambda self: self.root / "prm_rejected.parquet")
     summary = property(lambda self: self.root / "summary.json")

@@ -6,7 +6,10 @@
       irm/journal/batch_00000.jsonl   model calls finished inside the batch (replayed on resume)
       prm/parts/, prm/journal/        the same for PRM batches (STEP_ROW_SCHEMA)
       irm_groups.parquet              every group: versions, sources, judge ranking and scores, status
-      irm_pairs.parquet               TRL RewardTrainer form: prompt, chosen, rejected, margin (+ provenance)
+      data/train-00000-of-00001.parquet
+                                      the IRM pairs (config `irm_pairs`, what load_dataset("parquet",
+                                      data_dir=OUT) loads, storage/cards.py), TRL RewardTrainer form: prompt,
+                                      chosen, rejected, margin (+ provenance) (`irm_pairs.parquet` before)
       prm_steps.parquet               TRL stepwise-supervision form: prompt, completions, labels (+ raw scores)
       prm_rejected.parquet            answers that could not be labelled, with the reason
       health.json                     data (and, after training, model) health checks
@@ -30,6 +33,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
+from evolforge.storage.cards import main_table
 from evolforge.storage.fs import AnyPath, ensure_dir, exists, location, parquet_file, read_parquet
 from evolforge.storage.layout import OutputFolder
 from evolforge.storage.parts import num_row_groups, read_part, read_row_group, write_table_atomic
@@ -70,7 +74,7 @@ class RewardLayout(OutputFolder):
 
     input = property(lambda self: self.root / "reward_input.parquet")
     irm_groups = property(lambda self: self.root / "irm_groups.parquet")
-    irm_pairs = property(lambda self: self.root / "irm_pairs.parquet")
+    irm_pairs = property(lambda self: main_table(self.root))
     prm_steps = property(lambda self: self.root / "prm_steps.parquet")
     prm_rejected = property(lambda self: self.root / "prm_rejected.parquet")
     health = property(lambda self: self.root / "health.json")

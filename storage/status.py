@@ -101,6 +101,7 @@ def _kind(root: AnyPath) -> str | None:
     if exists(root / "rounds"):
         return "evolve"
     if exists(root / "reward_input.parquet") or exists(root / "irm_pairs.parquet") or exists(root / "metrics.json"):
+        # (irm_pairs.parquet: a reward folder from before the pairs moved to data/, storage/reward_sets.py)
         return "reward"
     if exists(root / "modules_input.parquet"):
         return "modules"

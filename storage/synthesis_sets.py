@@ -4,7 +4,10 @@
     OUT/parts/batch_NNNNN.parquet     one atomic part per finished batch (every task, kept or rejected)
     OUT/journal/batch_NNNNN.jsonl     model calls finished inside a batch (replayed on resume)
     OUT/ledger/*.jsonl                cost ledger (task_id = the synthesized task)
-    OUT/tasks.parquet                 kept tasks: statement, entry_point, solution, tests / answer, difficulty, pass_rate
+    OUT/data/train-00000-of-00001.parquet
+                                      the tasks table (config `tasks`, what load_dataset("parquet", data_dir=OUT)
+                                      loads, storage/cards.py): kept tasks: statement, entry_point, solution,
+                                      tests / answer, difficulty, pass_rate (`tasks.parquet` before)
     OUT/rejected.parquet              rejected tasks with reject_reason and every attempt
     OUT/cost_per_task.parquet (.csv)  per task: calls, tokens, USD, wall and sandbox seconds by phase
     OUT/summary.json                  yield, rejection reasons, mean / median cost and minutes per kept task
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from evolforge.storage.cards import main_table
 from evolforge.storage.fs import AnyPath, exists, list_files, location, read_parquet, write_bytes_atomic
 from evolforge.storage.layout import RunLayout
 
@@ -40,6 +44,11 @@ class SynthLayout(RunLayout):
 
     @property
     def tasks(self) -> AnyPath:
+        return main_table(self.root)
+
+    @property
+    def legacy_tasks(self) -> AnyPath:
+        """Where a synthesis run kept its tasks before the main table moved to data/ (still read)."""
         return self.root / "tasks.parquet"
 
     @property
@@ -56,13 +65,15 @@ class SynthLayout(RunLayout):
 
 
 def read_kept_tasks(path: str | AnyPath) -> list[dict]:
-    """The kept tasks of a synthesis run as rows: its tasks.parquet, or the run's output folder (local or URL)."""
+    """The kept tasks of a synthesis run as rows: its tasks table (a parquet file), or the run's output folder
+    (local or URL; an older run's OUT/tasks.parquet too)."""
     path = location(path)
     if not str(path).endswith(".parquet"):
-        path = SynthLayout(path).tasks
+        lay = SynthLayout(path)
+        path = lay.tasks if exists(lay.tasks) or not exists(lay.legacy_tasks) else lay.legacy_tasks
     if not exists(path):
         raise FileNotFoundError(f"synthesized tasks not found: {path} (run the synthesize flow first, or pass its "
-                                "OUT/tasks.parquet)")
+                                "tasks table, OUT/data/train-00000-of-00001.parquet)")
     return [r for r in read_parquet(path).to_pylist() if (r.get("status") or "kept") == "kept"]
 
 

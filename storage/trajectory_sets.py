@@ -2,7 +2,10 @@
 
     OUT/                              a trajectories output folder (`evolforge trajectories --out OUT`)
       sft.jsonl                       one conversation per line, TRL SFTTrainer's conversational form
-      transitions.parquet             one row per model call (GRPO / RLOO): prompt, completion, reward
+      data/train-00000-of-00001.parquet
+                                      the transitions table (config `transitions`, what load_dataset("parquet",
+                                      data_dir=OUT) loads, storage/cards.py): one row per model call (GRPO /
+                                      RLOO): prompt, completion, reward (`transitions.parquet` before)
       tokens.parquet                  token-level samples: input_ids, assistant loss mask, turns, drift
       duplicates.parquet              conversations (or completions-route calls) dropped as duplicate prompts
       skipped.parquet                 unfinished sessions, failed calls, sessions without a usable call
@@ -18,7 +21,7 @@ Formats, field by field:
   column; a JSON string keeps every schema exact, where arrow would merge different schemas into one struct)
   or null. Beside them: conversation_id ("SESSION#N"), session, parent_session, root_session, agent_role,
   model, reward (null: none), reward_source (event | file | null), calls, finished_by, started_at, ended_at.
-- transitions.parquet (TRANSITION_SCHEMA): `prompt` / `completion` are message lists (MESSAGE_TYPE; the
+- transitions (TRANSITION_SCHEMA): `prompt` / `completion` are message lists (MESSAGE_TYPE; the
   completion holds the one assistant message), TRL's conversational prompt-completion form; completions-route
   calls have `prompt_text` / `completion_text` instead. reward is the session's (null when none).
 - tokens.parquet (TOKEN_SCHEMA): `input_ids`, `assistant_mask` (1 on assistant tokens only, 0 elsewhere),
@@ -45,6 +48,7 @@ from typing import Iterable, Iterator
 
 import pyarrow as pa
 
+from evolforge.storage.cards import main_table
 from evolforge.storage.fs import (
     AnyPath,
     atomic_dir,
@@ -66,7 +70,7 @@ class TrajectoryLayout(OutputFolder):
     """A trajectories export folder (local or URL); see the module docstring."""
 
     sft = property(lambda self: self.root / "sft.jsonl")
-    transitions = property(lambda self: self.root / "transitions.parquet")
+    transitions = property(lambda self: main_table(self.root))
     tokens = property(lambda self: self.root / "tokens.parquet")
     duplicates = property(lambda self: self.root / "duplicates.parquet")
     skipped = property(lambda self: self.root / "skipped.parquet")
@@ -305,7 +309,7 @@ def filling_tokenizer_cache(folder: Path) -> Iterator[Path]:
 
 
 def call_figures(lay: TrajectoryLayout) -> dict[str, list]:
-    """What the trajectories plots draw, from transitions.parquet: model calls per session, prompt / completion
+    """What the trajectories plots draw, from the transitions table: model calls per session, prompt / completion
     tokens and latency per call, one reward per session (None: the session has none)."""
     if not exists(lay.transitions):
         return {"calls_per_session": [], "prompt_tokens": [], "completion_tokens": [], "latency_s": [],

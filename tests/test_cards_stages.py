@@ -46,6 +46,20 @@ def assert_card(folder, configs: dict[str, dict[str, int]]) -> tuple[dict, str]:
     return header, body
 
 
+def assert_data_dir_loads(folder, config: str) -> None:
+    """`load_dataset("parquet", data_dir=folder)` ignores the card: it loads the folder's main table (the card's
+    default config `config`) as split "train", and nothing else of the folder (side tables, checkpoints, models,
+    plots), with every row and column of the config's file."""
+    header, _ = read_card(folder)
+    entry = next(c for c in header["configs"] if c["config_name"] == config)
+    assert entry.get("default") is True and entry["data_files"] == [
+        {"split": "train", "path": "data/train-00000-of-00001.parquet"}]
+    table = pl.read_parquet(folder / "data" / "train-00000-of-00001.parquet")
+    by_dir = load_dataset("parquet", data_dir=str(folder))
+    assert list(by_dir) == ["train"]
+    assert by_dir["train"].num_rows == table.height > 0 and by_dir["train"].column_names == table.columns
+
+
 # ------------------------------------------------------------------------------------------------- modules
 def test_modules_card_lists_items_prm_steps_and_comparison(tmp_path, monkeypatch):
     from evolforge.flows.modules import ModulesParams, modules_flow
@@ -57,12 +71,13 @@ def test_modules_card_lists_items_prm_steps_and_comparison(tmp_path, monkeypatch
         summary = modules_flow(ModulesParams(input=str(src), out=str(tmp_path / "out"), base_url=srv.base_url,
                                              compare=True, overrides={"modules": {"batch_size": 2}, **FAST}))
     out = tmp_path / "out"
-    items, prm = pl.read_parquet(out / "items.parquet"), pl.read_parquet(out / "prm_steps.parquet")
+    items, prm = pl.read_parquet(out / "data" / "train-00000-of-00001.parquet"), pl.read_parquet(out / "prm_steps.parquet")
     rejected = pl.read_parquet(out / "prm_rejected.parquet").height
     configs = {"items": {"train": items.height}, "prm_steps": {"train": prm.height},
                **({"prm_rejected": {"train": rejected}} if rejected else {}),
                "comparison": {"train": pl.read_parquet(out / "comparison.parquet").height}}
     header, body = assert_card(out, configs)
+    assert_data_dir_loads(out, "items")
     assert items.height == 2 and summary["card"] == str(out / "README.md")
     facts = header["evolforge"]
     assert facts["stage"] == "modules" and facts["lineage"]["items"] == 2
@@ -102,7 +117,7 @@ def test_trajectories_card_lists_the_parquet_tables_and_points_at_sft_jsonl(tmp_
             time.sleep(0.05)
     out = tmp_path / "out"
     summary = trajectories_flow(TrajectoriesParams(proxy_out=str(rec), out=str(out)))
-    trans = pl.read_parquet(out / "transitions.parquet")
+    trans = pl.read_parquet(out / "data" / "train-00000-of-00001.parquet")
     assert summary["duplicates"]["dropped"] >= 1 and summary["sessions"]["skipped_unfinished"] == 1
     assert json.loads((out / "summary.json").read_text())["card"] == summary["card"] == str(out / "README.md")
     configs = {"transitions": {"train": trans.height},
@@ -111,6 +126,7 @@ def test_trajectories_card_lists_the_parquet_tables_and_points_at_sft_jsonl(tmp_
                "skipped": {"train": pl.read_parquet(out / "skipped.parquet").height}}
     assert trans.height == 4 and configs["skipped"]["train"] >= 1
     header, body = assert_card(out, configs)
+    assert_data_dir_loads(out, "transitions")
     facts = header["evolforge"]
     assert facts["models"] == [{"stage": "agent (recorded)", "model": "agent-model", "calls": 4}]
     assert facts["cost"]["prompt_tokens"] == trans["prompt_tokens"].sum() > 0
@@ -132,6 +148,8 @@ def test_ppo_card_lists_the_prompts_with_train_and_test_splits(tmp_path):
                                      "policy_path": "/cluster/models/sft", "ray_env_vars": {"WANDB_PROJECT": "job-env-value"}}}))
     data = out / "data"
     header, body = assert_card(data, {"prompts": {"train": summary["data"]["train"], "test": summary["data"]["test"]}})
+    by_dir = load_dataset("parquet", data_dir=str(data))  # the verl files are named for their splits
+    assert {s: d.num_rows for s, d in by_dir.items()} == {"train": summary["data"]["train"], "test": summary["data"]["test"]}
     assert summary["data"]["train"] > 0 and summary["data"]["test"] > 0
     assert summary["card"] == str(data / "README.md")
     facts = header["evolforge"]

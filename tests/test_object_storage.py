@@ -496,7 +496,7 @@ def test_reward_data_and_trained_models_on_s3_feed_the_ppo_stage(tmp_path, serve
         evolve_out=data_url, out=reward_url, base_url=server.base_url,
         overrides={"reward": {"batch_size": 4, "concurrency": 2},
                    "gateway": {"backoff_base_seconds": 0.0, "timeout_seconds": 2.0}}))
-    assert summary["irm"]["pairs"] == _s3_table(s3, "evolforge/rm/reward/irm_pairs.parquet").height == 36
+    assert summary["irm"]["pairs"] == _s3_table(s3, "evolforge/rm/reward/data/train-00000-of-00001.parquet").height == 36
     n = len(server.posts())
     reward_data_flow(RewardDataParams(evolve_out=data_url, out=reward_url, base_url=server.base_url,
                                       overrides={"reward": {"batch_size": 4, "concurrency": 2}}))

@@ -24,6 +24,6 @@ def test_pipeline_evolve_then_synthesize(tmp_path, server):
                                         base_url=server.base_url, overrides=price))
     assert set(done) == {"evolve", "synthesize"}
     assert (tmp_path / "p" / "evolve" / "dataset" / "evolved.parquet").exists()
-    tasks = pl.read_parquet(tmp_path / "p" / "synthesize" / "tasks.parquet")
+    tasks = pl.read_parquet(tmp_path / "p" / "synthesize" / "data" / "train-00000-of-00001.parquet")  # tasks table
     # the synthesis stage read the evolve stage's output: seeds plus their accepted evolutions
     assert done["synthesize"]["proposed"] == done["evolve"]["evolved"] and tasks.height >= 1

@@ -167,3 +167,20 @@ def test_ppo_command_shows_grpo_steps(tmp_path, capsys):
     assert_counts_up(step_lines(captured.out, "GRPO held-out comparison", "policies"), 2)
     art = latest_artifact("ppo-progress-grpo")
     assert art.data == 100 and art.description.startswith("GRPO: 3/3 steps (100%)")
+
+
+def test_rich_bar_of_a_stage_without_batches():
+    import io
+
+    from rich.console import Console
+
+    from evolforge.cli.progress import live_progress
+    from evolforge.tasks.core.progress import counting
+
+    buf = io.StringIO()
+    with live_progress(console=Console(file=buf, force_terminal=True, width=200, color_system="standard")):
+        with counting("train prm", 4, "steps") as p:
+            for i in range(1, 5):
+                p.update(i, detail=f"loss {1 / i:.3f}")
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue())
+    assert re.search(r"train prm .*4/4 steps .*steps/s .*loss 0\.250 .*done \dm\d\ds", plain), plain[-1000:]

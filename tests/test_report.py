@@ -71,6 +71,20 @@ def assert_card_loads(folder, configs: list[str]) -> dict:
     return header
 
 
+def assert_data_dir_loads(folder, config: str) -> None:
+    """`load_dataset("parquet", data_dir=folder)` ignores the card: it loads the folder's main table (the card's
+    default config `config`) as split "train", and nothing else of the folder (side tables, checkpoints, models,
+    plots), with every row and column of the config's file."""
+    header, _ = read_card(folder)
+    entry = next(c for c in header["configs"] if c["config_name"] == config)
+    assert entry.get("default") is True and entry["data_files"] == [
+        {"split": "train", "path": "data/train-00000-of-00001.parquet"}]
+    table = pl.read_parquet(folder / "data" / "train-00000-of-00001.parquet")
+    by_dir = load_dataset("parquet", data_dir=str(folder))
+    assert list(by_dir) == ["train"]
+    assert by_dir["train"].num_rows == table.height > 0 and by_dir["train"].column_names == table.columns
+
+
 def test_evolve_plots_card_and_sft_view(tmp_path, server, monkeypatch):
     monkeypatch.setenv("EVOLFORGE_API_KEY", SECRET)  # must reach neither the card nor the artifacts
     seeds = tmp_path / "seeds.jsonl"
@@ -128,6 +142,7 @@ def test_synthesis_plots_and_card(tmp_path, server):
     out = tmp_path / "syn"
     assert_plots(out, {"task_difficulty", "cost_tokens_by_stage"}, "synthesis-plots")
     header = assert_card_loads(out, ["tasks", "rejected", "cost_per_task"])
+    assert_data_dir_loads(out, "tasks")  # not rejected / cost_per_task / the parts / cost_per_task.csv
     assert header["evolforge"]["lineage"]["kept"] == summary["kept"] and summary["proposed"] > summary["kept"]
     # every call of the run, the pre-flight probe included (summary total_usd counts the tasks' calls only)
     assert header["evolforge"]["cost"]["usd"] == pytest.approx(read_ledger(out)["cost_usd"].sum())
@@ -145,6 +160,10 @@ def test_reward_plots_and_card(tmp_path, server):
 
     train_reward_flow(TrainRewardParams(data=str(out), overrides={"reward": TINY_TRAINING}))
     assert_plots(out, {"reward_model_scores"}, "reward-model-plots", {"reward_data_scores", "cost_tokens_by_stage"})
+    # the pairs, and not models/*/training_args.bin (a file datasets' split rules would take for "train")
+    assert (out / "models" / "irm" / "training_args.bin").exists()
+    assert_data_dir_loads(out, "irm_pairs")
+    assert load_dataset(str(out), "prm_steps", split="train").num_rows == pl.read_parquet(out / "prm_steps.parquet").height
     health = json.loads((out / "health.json").read_text())
     assert len(health["model"]["samples"]["irm"]) == health["model"]["irm"]["n"] > 0
 

@@ -1,6 +1,6 @@
 """The written reward sets, read back with `datasets` and polars, field by field against the trainers' forms.
 
-- irm_pairs.parquet: TRL RewardTrainer (explicit prompt): prompt, chosen, rejected (str), margin (float).
+- IRM pairs (data/train-00000-of-00001.parquet): TRL RewardTrainer (explicit prompt): prompt, chosen, rejected (str), margin (float).
 - prm_steps.parquet: TRL stepwise supervision: prompt (str), completions (list[str]), labels (list[bool]),
   plus raw_scores / scores (list[float]) beside the labels.
 """

@@ -51,7 +51,7 @@ def test_synthesis_flow_repairs_labels_rejects_and_costs(tmp_path, server):
         seeds=str(seeds), out=str(tmp_path / "out"), base_url=server.base_url,
         overrides={"synthesis": {"batch_size": 3, "prune_jaccard": 1.0}, "pricing": PRICED}))
     out = tmp_path / "out"
-    tasks = pl.read_parquet(out / "tasks.parquet")
+    tasks = pl.read_parquet(out / "data" / "train-00000-of-00001.parquet")  # the tasks table
     rejected = pl.read_parquet(out / "rejected.parquet")
     by_id = {r["task_id"]: r for r in pl.concat([tasks, rejected]).to_dicts()}
     assert by_id["t-ok-code"]["status"] == "kept" and by_id["t-ok-code"]["difficulty"] == "easy"

@@ -166,6 +166,9 @@ def check_ppo(evolved: str, reward_dir: str, out: str, tasks: str | None = None)
     if not input_exists(path):
         raise InputError(f"{path} not found: pass an evolve run's dataset/evolved.parquet or its output folder")
     check_folder(reward_dir, "reward folder", None, " (pass the train-reward stage's output folder)")
-    if tasks and not input_exists(tasks) and not input_exists(f"{str(tasks).rstrip('/')}/tasks.parquet"):
-        raise InputError(f"synthesis tasks not found: {tasks} (pass tasks.parquet or the synthesis output folder)")
+    folder = str(tasks).rstrip("/")
+    if tasks and not input_exists(tasks) and not any(  # the tasks table (data/), or an older run's tasks.parquet
+            input_exists(f"{folder}/{name}") for name in ("data/train-00000-of-00001.parquet", "tasks.parquet")):
+        raise InputError(f"synthesis tasks not found: {tasks} (pass the synthesis output folder or its tasks table, "
+                         "data/train-00000-of-00001.parquet)")
     check_out_dir(out)

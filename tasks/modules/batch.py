@@ -2,7 +2,7 @@
 
 `run_modules_batch` describes the batch for the batch runtime (tasks/core/batch.py: resume from the part,
 journal replay, atomic part, error rows) and runs it: one Prefect task per batch (flows/modules.py), never
-per question or module. `assemble` turns the parts into items.parquet, the PRM rows (prm_steps.parquet in the
+per question or module. `assemble` turns the parts into the items table, the PRM rows (prm_steps.parquet in the
 reward stage's form) and the summary with the annotated Mermaid graph.
 """
 
@@ -38,7 +38,7 @@ def _mean(values: list) -> float | None:
 
 
 def assemble(out_dir: str | Path, settings: Settings) -> dict:
-    """Write items.parquet, prm_steps.parquet / prm_rejected.parquet and graph.md; return the summary's body."""
+    """Write the items table, prm_steps.parquet / prm_rejected.parquet and graph.md; return the summary's body."""
     cfg, graph = settings.modules, module_graph(settings)
     layout = store.ModulesLayout(out_dir)
     table = store.concat_parts(layout)

@@ -171,7 +171,7 @@ def ppo_card(summary: dict, settings: dict, irm: str, prm: str) -> dict:
 
 def trajectories_card(summary: dict, settings: dict, models: list[dict]) -> dict:
     """The card of a trajectories folder. `models`: the recorded calls by model (storage.cards.column_counts of
-    transitions.parquet with the token sums); the agent made those calls, evolforge made none."""
+    transitions table with the token sums); the agent made those calls, evolforge made none."""
     dedup = settings.get("dedup", {})
     gen = {"session_idle_seconds": summary["sessions"].get("idle_seconds"),
            "include_unfinished": summary["sessions"].get("include_unfinished"),

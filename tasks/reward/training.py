@@ -1,7 +1,7 @@
 """Reward-model training: the IRM with TRL's RewardTrainer, the PRM with transformers' Trainer.
 
 - IRM: sequence classification with one output (the reward), pairwise loss -log sigmoid(r_chosen - r_rejected
-  - margin), trained by `trl.RewardTrainer` on the pairs of irm_pairs.parquet. The pairs are tokenized here
+  - margin), trained by `trl.RewardTrainer` on the IRM pairs (storage/reward_sets.py). The pairs are tokenized here
   (`scoring.encode_irm`: prompt + instruction, truncated rather than dropped when long) and handed to
   the trainer as its documented pre-tokenized form (chosen_ids, rejected_ids, margin).
 - PRM: token classification (correct / incorrect) at the step separators, every other token ignored (-100),

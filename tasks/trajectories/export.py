@@ -4,7 +4,7 @@
                                   conversation candidates, transitions and skipped rows (work/*.jsonl, streamed)
 2. dedup_prompts(out, settings)   the prompts of the candidates -> duplicates.parquet
 3. token_samples(out, ...)        the kept conversations -> tokens.parquet (streamed)
-4. publish(out, ...)              sft.jsonl, transitions.parquet, skipped.parquet, summary.json; work/ removed
+4. publish(out, ...)              sft.jsonl, transitions (data/), skipped.parquet, summary.json; work/ removed
 
 Dedup: a conversation's prompt is its first user message, a completions-route call's its prompt text; they
 go through the dedup library (exact, MinHash, embeddings per [dedup]), earliest kept. Only duplicates across
