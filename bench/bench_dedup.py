@@ -44,7 +44,7 @@ from evolforge.config.sections.dedup import DedupSettings  # noqa: E402
 from evolforge.tasks.dedup import embedding as emb  # noqa: E402
 from evolforge.tasks.dedup import minhash as mh  # noqa: E402
 from evolforge.tasks.dedup.normalize import normalize_many  # noqa: E402
-from evolforge.tasks.dedup.pipeline import _encoder, _groups, components, dedup  # noqa: E402
+from evolforge.tasks.dedup.pipeline import _embedding_groups, _encoder, _groups, components, dedup, numbers_substituted  # noqa: E402
 from evolforge.testing.near_dup_corpus import make_corpus  # noqa: E402
 
 
@@ -181,35 +181,42 @@ def bench_embedding(c, s: DedupSettings, rng, ann_sample: int) -> dict:
     sure = sim >= s.static_accept_cosine
     unc = np.flatnonzero(~sure)
     keep = sure.copy()
+    fsim = sim.astype(np.float64)
+    detail = np.array(["static"] * len(p), dtype=object)
     ok = None
     if s.confirm:
         ok, _ = _confirm(p[unc], sim[unc], s, empty_data(s, E.shape[1]), c.texts, 0)
         keep[unc[ok[0]]] = ok[1] >= s.cosine_threshold
+        fsim[unc[ok[0]]] = ok[1]
+        detail[unc[ok[0]]] = "full"
+    keep_before_guard = keep.copy()
+    guarded = 0
+    if s.number_guard:  # as the pipeline does (tasks/dedup/pipeline.py)
+        weak = np.flatnonzero(keep & (detail == "static") & (fsim < s.static_chain_cosine))
+        bad = weak[numbers_substituted(p[weak], c.texts.__getitem__)]
+        keep[bad] = False
+        guarded = len(bad)
     t3 = time.perf_counter()
     P = p[keep]
-    drop, rep, _, _ = _groups(0, n, P, sim[keep], None)
-    comp = components(n, P)
+    drop, rep, _, _ = _embedding_groups(0, n, P, fsim[keep], detail[keep], s, None)
     t4 = time.perf_counter()
-    cl = c.cluster
     res = {"records": n, "seconds": t4 - t0, "records_per_s": n / (t4 - t0), "model_load_seconds": load,
            "cpu_seconds": time.process_time() - c0,
            "seconds_static_encode": t1 - t0, "seconds_ann": t2 - t1, "seconds_confirm": t3 - t2, "seconds_group": t4 - t3,
            "candidates": len(p), "static_accepted": int(sure.sum()), "uncertain": len(unc),
            "confirm_checked": 0 if ok is None else len(ok[0]),
            "confirmed": 0 if ok is None else int((ok[1] >= s.cosine_threshold).sum()),
-           "unconfirmed_uncertain": len(unc) - (0 if ok is None else len(ok[0])),
-           "pair_precision": float(np.mean(cl[P[:, 0]] == cl[P[:, 1]])) if len(P) else 1.0,
-           "drop_precision": float(np.mean(cl[drop] == cl[rep])) if len(drop) else 1.0,
-           "dropped": len(drop)}
-    found = set(map(tuple, P.tolist()))
-    for lv in ("exact", "style", "0.05", "0.1", "0.2"):
-        lp = np.array([(b, v) for b, v, lev, _ in c.pairs if lev == lv])
-        if len(lp) == 0:
-            continue
-        res[f"recall_group_{lv}"] = float(np.mean(comp[lp[:, 0]] == comp[lp[:, 1]]))
-        res[f"recall_pair_{lv}"] = float(np.mean([(min(a, b), max(a, b)) in found for a, b in lp.tolist()]))
-    small = [(b, v) for b, v, lev, _ in c.pairs if lev in ("style", "0.05")]
-    res["recall_group_upto_0.05"] = float(np.mean([comp[a] == comp[b] for a, b in small])) if small else 1.0
+           "unconfirmed_uncertain": len(unc) - (0 if ok is None else len(ok[0])), "number_guarded": guarded,
+           "grouping": s.embedding_grouping, "static_chain_cosine": s.static_chain_cosine, "number_guard": s.number_guard}
+    res.update(_quality(c, P, drop, rep, n))
+    # the reference, side by side on the same pairs: the grouping before (connected components of every accepted
+    # pair, no number guard)
+    P0 = p[keep_before_guard]
+    d0, r0, _, _ = _groups(0, n, P0, fsim[keep_before_guard], None)
+    res["reference_components"] = _quality(c, P0, d0, r0, n)
+    largest = np.bincount(np.concatenate([r0, np.unique(r0)])).max() if len(r0) else 1
+    res["reference_components"]["largest_group"] = int(largest)
+    res["largest_group"] = int(np.bincount(np.concatenate([rep, np.unique(rep)])).max()) if len(rep) else 1
     # ANN vs exact search at the same threshold, for a sample of queries against all n
     q = np.sort(rng.choice(n, min(n, ann_sample), replace=False))
     is_q = np.zeros(n, bool)
@@ -220,6 +227,26 @@ def bench_embedding(c, s: DedupSettings, rng, ann_sample: int) -> dict:
     res.update(ann_queries=len(q), ann_exact_pairs=len(ex), ann_recall_vs_exact=len(np.intersect1d(ex, ann)) / max(1, len(ex)))
     res["peak_rss_mb"] = rss_mb()
     return res
+
+
+def _quality(c, P: np.ndarray, drop: np.ndarray, rep: np.ndarray, n: int) -> dict:
+    """Precision of the accepted pairs and of the dropped records; recall per edit level: the base and its variant
+    end up with the same kept representative ("group"), or are an accepted pair themselves ("pair")."""
+    cl = c.cluster
+    owner = np.arange(n)
+    owner[drop] = rep
+    out = {"pair_precision": float(np.mean(cl[P[:, 0]] == cl[P[:, 1]])) if len(P) else 1.0,
+           "drop_precision": float(np.mean(cl[drop] == cl[rep])) if len(drop) else 1.0, "dropped": len(drop)}
+    found = set(map(tuple, P.tolist()))
+    for lv in ("exact", "style", "0.05", "0.1", "0.2"):
+        lp = np.array([(b, v) for b, v, lev, _ in c.pairs if lev == lv])
+        if len(lp) == 0:
+            continue
+        out[f"recall_group_{lv}"] = float(np.mean(owner[lp[:, 0]] == owner[lp[:, 1]]))
+        out[f"recall_pair_{lv}"] = float(np.mean([(min(a, b), max(a, b)) in found for a, b in lp.tolist()]))
+    small = np.array([(b, v) for b, v, lev, _ in c.pairs if lev in ("style", "0.05")])
+    out["recall_group_upto_0.05"] = float(np.mean(owner[small[:, 0]] == owner[small[:, 1]])) if len(small) else 1.0
+    return out
 
 
 def baseline_datasketch(texts, s: DedupSettings) -> dict:
@@ -339,6 +366,12 @@ def print_table(o: dict) -> None:
                  ("  recall (same group) style / 5% / 10% / 20%", " / ".join(f"{e.get('recall_group_' + k, float('nan')):.3f}" for k in ("style", "0.05", "0.1", "0.2"))),
                  ("  recall (direct pair) 5% / 10%", f"{e['recall_pair_0.05']:.3f} / {e['recall_pair_0.1']:.3f}"),
                  ("  precision pairs / dropped records", f"{e['pair_precision']:.3f} / {e['drop_precision']:.3f}"),
+                 ("  reference (components, no number guard): precision pairs / dropped",
+                  f"{e['reference_components']['pair_precision']:.3f} / {e['reference_components']['drop_precision']:.3f}"),
+                 ("  reference recall (same group) style / 5% / 10% / 20%", " / ".join(
+                     f"{e['reference_components'].get('recall_group_' + k, float('nan')):.3f}" for k in ("style", "0.05", "0.1", "0.2"))),
+                 ("  largest group: now / reference", f"{e['largest_group']:,} / {e['reference_components']['largest_group']:,}"),
+                 ("  weak pairs dropped by the number guard", f"{e['number_guarded']:,}"),
                  ("  ANN recall vs exact search", f"{e['ann_recall_vs_exact']:.4f} ({e['ann_exact_pairs']} pairs, {e['ann_queries']} queries)"),
                  ("  full model: checked / confirmed / unconfirmed", f"{e['confirm_checked']} / {e['confirmed']} / {e['unconfirmed_uncertain']}")]
     if "pipeline" in o:

@@ -384,15 +384,36 @@ def _probe_lists(E: np.ndarray, Cf: np.ndarray, fine_start: np.ndarray, near: np
     return rec, best_i[rec, slot].astype(np.int64), primary
 
 
-def neighbor_pairs(E: np.ndarray, threshold: float, settings: DedupSettings,
-                   is_new: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def neighbor_pairs(E: np.ndarray, threshold: float, settings: DedupSettings, is_new: np.ndarray | None = None,
+                   shards: int = 1, run_shards=None) -> tuple[np.ndarray, np.ndarray]:
     """Pairs (i < j) with cosine >= threshold: exact for small n, else two-level k-means clusters with multi-probe.
 
     ~n / ann_cluster_size fine clusters, grouped in ~sqrt of that many coarse cells; every vector is a member of its
-    nearest fine cluster and is compared with the members of the fine clusters it probes (at least `ann_probes`)."""
+    nearest fine cluster and is compared with the members of the fine clusters it probes (at least `ann_probes`).
+    The search runs in `shards` shards of query rows (`ann_plan`, then `ann_search` per shard, then
+    `merge_neighbors`); `run_shards(plan, rows)` may run them elsewhere (default: here, one after the other)."""
     n = len(E)
     if n <= max(settings.ann_exact_below, 2 * settings.ann_cluster_size):
         return exact_pairs(E, threshold, is_new, max_neighbors=settings.max_neighbors)
+    plan = ann_plan(E, settings, is_new)
+    rows = row_ranges(n, shards)
+    if run_shards is None:
+        parts = [ann_search(E, plan, r, threshold, settings.max_neighbors) for r in rows]
+    else:
+        parts = run_shards(plan, rows)
+    return merge_neighbors(parts, n)
+
+
+def row_ranges(n: int, shards: int) -> list[tuple[int, int]]:
+    """`shards` contiguous, near-equal ranges of query rows [r0, r1) (fewer when n is small)."""
+    cuts = np.linspace(0, n, max(1, min(shards, n)) + 1).round().astype(np.int64)
+    return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+
+
+def ann_plan(E: np.ndarray, settings: DedupSettings, is_new: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The clusters and who probes them, computed once for all shards: members of fine cluster c are
+    m_order[m_start[c]:m_start[c + 1]], the query rows probing it (ascending) q_rec[q_start[c]:q_start[c + 1]]."""
+    n = len(E)
     k = max(2, n // settings.ann_cluster_size)
     _, Cf, fine_start, near = two_level_kmeans(E, k, settings)
     kf = len(Cf)
@@ -406,20 +427,47 @@ def neighbor_pairs(E: np.ndarray, threshold: float, settings: DedupSettings,
     m_start = np.searchsorted(primary[m_order], np.arange(kf + 1))
     q_order = np.argsort(q_cl, kind="stable")
     q_start = np.searchsorted(q_cl[q_order], np.arange(kf + 1))
-    q_rec = q_rec[q_order]
-    del q_cl, q_order
-    best_i, best_s = _top_buffers(n, min(settings.max_neighbors, n - 1))
-    for c in range(kf):
+    return {"m_order": m_order, "m_start": m_start, "q_rec": q_rec[q_order], "q_start": q_start}
+
+
+def ann_search(E: np.ndarray, plan: dict[str, np.ndarray], rows: tuple[int, int], threshold: float,
+               max_neighbors: int) -> dict[str, np.ndarray]:
+    """One shard: the `max_neighbors` best neighbours (cosine >= threshold) of query rows r0 <= row < r1, as
+    (rec, other, sim) in (row, slot) order. Memory: E (shared, read only) + (r1 - r0) x max_neighbors."""
+    n = len(E)
+    r0, r1 = rows
+    m_order, m_start, q_rec, q_start = plan["m_order"], plan["m_start"], plan["q_rec"], plan["q_start"]
+    best_i, best_s = _top_buffers(r1 - r0, min(max_neighbors, n - 1))
+    for c in range(len(m_start) - 1):
         M = m_order[m_start[c]: m_start[c + 1]]
         Q = q_rec[q_start[c]: q_start[c + 1]]
+        if r0 > 0 or r1 < n:  # this shard's rows of Q (ascending within a cluster)
+            Q = Q[np.searchsorted(Q, r0): np.searchsorted(Q, r1)]
         if len(M) == 0 or len(Q) == 0:
             continue
+        M = np.asarray(M)
+        EM = E[M]
         for s in range(0, len(Q), 4096):
-            q = Q[s: s + 4096]
-            S = E[q] @ E[M].T
+            q = np.asarray(Q[s: s + 4096])
+            S = E[q] @ EM.T
             S[q[:, None] == M[None, :]] = -np.inf  # never a record with itself
             S[S < threshold] = -np.inf
             k = min(best_i.shape[1], len(M))
             top = np.argpartition(-S, k - 1, axis=1)[:, :k] if k < len(M) else np.broadcast_to(np.arange(len(M)), S.shape)
-            _keep_top(best_i, best_s, q, M[top], S[np.arange(len(q))[:, None], top])
-    return _pairs_from_top(best_i, best_s, threshold, n)
+            _keep_top(best_i, best_s, q - r0, M[top], S[np.arange(len(q))[:, None], top])
+    rec, slot = np.nonzero((best_s >= threshold) & (best_i >= 0))
+    return {"rec": (rec + r0).astype(np.int64), "other": best_i[rec, slot].astype(np.int64),
+            "sim": best_s[rec, slot].astype(np.float32)}
+
+
+def merge_neighbors(parts: Sequence[dict[str, np.ndarray]], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unique pairs (i < j) and their cosine from the shards (in row order): a pair found from both ends keeps
+    the cosine of its first occurrence, as one search over all rows does."""
+    rec = np.concatenate([p["rec"] for p in parts]) if parts else np.zeros(0, np.int64)
+    if not len(rec):
+        return np.zeros((0, 2), np.int64), np.zeros(0, np.float32)
+    other = np.concatenate([p["other"] for p in parts])
+    sim = np.concatenate([p["sim"] for p in parts])
+    pairs = np.stack([np.minimum(rec, other), np.maximum(rec, other)], 1)
+    _, first = np.unique(pairs[:, 0] * n + pairs[:, 1], return_index=True)
+    return pairs[first], sim[first]

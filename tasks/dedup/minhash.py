@@ -364,15 +364,19 @@ def candidates_by_band(keys: np.ndarray, is_new: np.ndarray | None = None):
             big_codes = np.union1d(big_codes, big)
 
 
-def verified_pairs(sk: Sketches, settings: DedupSettings, is_new: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+def verified_pairs(sk: Sketches, settings: DedupSettings, is_new: np.ndarray | None = None,
+                   bands: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """(pairs (m, 2) in (i, j) order, their Jaccard, number of LSH candidates) with Jaccard >= threshold.
 
     Band by band: each band's new candidates are filtered and verified at once, so neither the set of all
-    candidate pairs (~19M at 1M records) nor the (n * bands) key sort is ever held."""
+    candidate pairs (~19M at 1M records) nor the (n * bands) key sort is ever held. With `bands` = (j0, j1),
+    only the candidates of those bands (a shard: tasks/dedup/shards.py); the verified pairs of all band ranges
+    together are exactly those of all bands (verification depends on the pair only)."""
     n = len(sk)
     ncand = 0
     out_p, out_s = [np.zeros((0, 2), np.int64)], [np.zeros(0)]
-    for code in candidates_by_band(sk.band_keys, is_new):
+    keys = sk.band_keys if bands is None else sk.band_keys[:, bands[0]: bands[1]]
+    for code in candidates_by_band(keys, is_new):
         ncand += len(code)
         p, s = _verify(sk, code, settings)
         out_p.append(p)
