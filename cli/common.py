@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import traceback
 
 DEBUG = False  # --debug: tracebacks of user errors and failed runs
@@ -77,18 +78,54 @@ def is_user_error(e: BaseException) -> bool:
 
 
 def run_command(args) -> int:
-    """Run the chosen command; a user error is one line on stderr and exit status 2."""
+    """Run the chosen command; a user error is one line on stderr and exit status 2.
+
+    A command registered with `fast_exit=True` (run, retry) ends its process as soon as it is done when that
+    process is the `evolforge` command itself (`fast_exit`); called in-process (tests, Python) it just returns."""
     global DEBUG
     DEBUG = bool(getattr(args, "debug", False))
     try:
-        return args.fn(args)
+        code = args.fn(args)
     except Exception as e:
         if not is_user_error(e):
             raise
         if DEBUG:
             traceback.print_exc()
         print(f"evolforge {args.cmd}: {e}", file=sys.stderr)
-        return 2
+        code = 2
+    if getattr(args, "fast_exit", False) and is_cli_process():
+        fast_exit(code)
+    return code
+
+
+def is_cli_process() -> bool:
+    """This process is the `evolforge` command (console script or `python -m evolforge.cli`)."""
+    from pathlib import Path
+
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name in ("evolforge.cli.__main__", "evolforge.cli"):
+        return True
+    return Path(sys.argv[0]).name == "evolforge"
+
+
+def fast_exit(code: int) -> None:
+    """End the process now, skipping the interpreter's teardown of its ~3,000 modules (1 to 1.5 s on a 2-core
+    machine, after the run is done): what a normal exit does first still runs, in the same order: waiting for
+    non-daemon threads, then the atexit handlers (Prefect sends its last logs and events to the server,
+    logging flushes and closes its handlers); then stdout and stderr are flushed. Everything a run writes is
+    closed before the command returns (atomic parts, journals, ledger)."""
+    import atexit
+
+    shutdown = getattr(threading, "_shutdown", None)  # joins non-daemon threads, as Py_Finalize does first
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or broken pipe: nothing more to say
+            pass
+    os._exit(code if isinstance(code, int) else 1)
 
 
 def failed(what: str, e: BaseException, out: str | None) -> int:

@@ -115,9 +115,9 @@ def register(sub) -> None:
                    help="go on over an existing --out although its seed file or result-changing settings differ "
                    "from the run's own (recorded in run.json's history)")
     add_endpoint_args(p)
-    p.set_defaults(fn=cmd_run)
+    p.set_defaults(fn=cmd_run, fast_exit=True)  # the process ends without the interpreter's teardown (cli/common.py)
 
     p = sub.add_parser("retry", help="re-run only the failed or rejected batches of the run at --out")
     p.add_argument("--out", required=True)
     p.add_argument("--base-url", help="endpoint to use this time (default: the run's own)")
-    p.set_defaults(fn=cmd_retry)
+    p.set_defaults(fn=cmd_retry, fast_exit=True)

@@ -21,6 +21,13 @@ def _flow_runs(api: str) -> list[dict]:
         return json.loads(r.read())
 
 
+def _logs(api: str, flow_run_id: str) -> list[str]:
+    body = json.dumps({"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200}).encode()
+    req = urllib.request.Request(f"{api}/logs/filter", data=body, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return [x["message"] for x in json.loads(r.read())]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -36,7 +43,7 @@ def _alive(pid: int) -> bool:
 def test_commands_reuse_one_background_server_and_stop_it(tmp_path):
     home = tmp_path / "prefect-home"
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL",)}
-    env.update(PREFECT_HOME=str(home), EVOLFORGE__RUNNER__PREFECT_SERVER="reuse")
+    env.update(PREFECT_HOME=str(home), EVOLFORGE__RUNNER__PREFECT_SERVER="reuse", PREFECT_LOGGING_LEVEL="INFO")
     seeds = tmp_path / "seeds.jsonl"
     seeds.write_text("".join(json.dumps({"id": f"s{i}", "instruction": f"List {i + 2} rivers of country {i}."}) + "\n"
                              for i in range(4)))
@@ -60,7 +67,15 @@ def test_commands_reuse_one_background_server_and_stop_it(tmp_path):
                     first = state
                 assert state == first  # the second command found the first one's server and started none
                 assert _alive(state["pid"])  # it outlives the command
-                assert len(_flow_runs(state["url"])) == n  # both runs are in that server (and its UI)
+                runs = _flow_runs(state["url"])
+                assert len(runs) == n  # both runs are in that server (and its UI)
+                # the command ends its process without the interpreter's teardown (cli/common.fast_exit): its
+                # last printed lines, the run's final state and its last log lines still get out
+                assert r.stdout.rstrip().splitlines()[-1].startswith("per-stage costs:"), r.stdout[-2000:]
+                assert "== evolforge run complete ==" in r.stdout
+                assert all(run["state_type"] == "COMPLETED" for run in runs)
+                newest = max(runs, key=lambda run: run["created"])
+                assert any(m.startswith("done: ") for m in _logs(state["url"], newest["id"])), "the last log line was lost"
         st = evolforge("server", "status")
         assert st.returncode == 0 and first["url"] in st.stdout
     finally:
