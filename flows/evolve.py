@@ -1,8 +1,8 @@
 """Evol-Instruct flow: seeds -> N rounds of evolution and elimination -> datasets + cost ledger.
 
 Reads top to bottom like the stage it runs:
-  settings -> output folder -> seeds into the round-1 pool -> model endpoint
-  (embedded or configured) -> for each round: one Prefect task per batch,
+  settings -> output folder -> seeds into the round-1 pool, while the model endpoint
+  (embedded or configured) starts and is probed -> for each round: one Prefect task per batch,
   round table artifact, completion marker, next pool -> final datasets,
   ledger, summary.json and a markdown summary artifact.
 
@@ -16,8 +16,9 @@ fewer rounds than the run finished keep every finished round in the datasets.
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import polars as pl
 from prefect import flow, get_run_logger, task
@@ -125,6 +126,28 @@ def _priced_round(layout: RunLayout, r: int, table: dict, tally: CostTally, ledg
     return table
 
 
+class _Background:
+    """A call in a daemon thread; `result()` waits for it and raises what it raised."""
+
+    def __init__(self, fn: Callable, *args: Any, **kw: Any):
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args, kw), name="evolforge-seeds", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable, args: tuple, kw: dict) -> None:
+        try:
+            self._result = fn(*args, **kw)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread by result()
+            self._error = e
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
 def _finished_rounds_after(layout: RunLayout, last: int) -> list[int]:
     """Rounds after `last` that an earlier run over the folder finished (consecutive: each evolves the one before)."""
     found: list[int] = []
@@ -149,27 +172,41 @@ def evolve_flow(params: EvolveParams = EvolveParams()) -> dict:
     record = run_record.open_run(layout, params.seeds, settings, run_id, force=params.force_settings)
     for note in record.notes:
         logger.warning("%s", note)
-    if not exists(layout.round_input(1)):
-        counts = import_seeds(params.seeds, layout.round_input(1), layout.rejects, batch_size=cfg.batch_size,
-                              **settings.input.model_dump(include={"instruction_field", "id_field", "domain_field", "max_chars"}))
-        logger.info("imported %d seeds (%d rejected -> %s)", counts["seeds"], counts["rejected"], layout.rejects)
-    record.save()  # appends this run to run.json's history; the first record is kept
+    # The seeds are imported in a thread while the model endpoint starts and answers its probe (a first run's
+    # start-up: the embedded model's start, or a remote endpoint's round trip, overlaps reading the seeds).
+    pending = [_Background(import_seeds, params.seeds, layout.round_input(1), layout.rejects, batch_size=cfg.batch_size,
+                           **settings.input.model_dump(include={"instruction_field", "id_field", "domain_field",
+                                                                "max_chars"}))
+               ] if not exists(layout.round_input(1)) else []
 
+    def seeds_ready() -> None:
+        """Wait for the seed import (its error is raised here), then record the run (once)."""
+        if pending:
+            counts = pending.pop().result()
+            logger.info("imported %d seeds (%d rejected -> %s)", counts["seeds"], counts["rejected"], layout.rejects)
+            record.save()  # appends this run to run.json's history; the first record is kept
+
+    if not pending:
+        record.save()
     tables: list[dict] = []
     try:
-        summary = _evolve_rounds(params, settings, layout, run_id, tables, logger, t_start)
+        summary = _evolve_rounds(params, settings, layout, run_id, tables, logger, t_start, seeds_ready)
     finally:
-        close_gateways(run_id)
+        try:
+            seeds_ready()  # the endpoint failed first: the import still finishes and the run is recorded with it
+        finally:
+            close_gateways(run_id)
     return summary
 
 
 def _evolve_rounds(params: EvolveParams, settings: Settings, layout: RunLayout, run_id: str, tables: list,
-                   logger, t_start: float) -> dict:
+                   logger, t_start: float, seeds_ready: Callable[[], None]) -> dict:
     cfg = settings.evol_instruct
     with model_endpoint(settings, layout) as base_url, build_task_runner(settings.runner) as runner:
         gw = gateway_for(settings, base_url, run_id, layout.root)
         gw.check_reachable()
         logger.info("model endpoint %s; models: %s", gw.describe(), settings.models.model_dump())
+        seeds_ready()  # the round-1 pool, imported meanwhile
         ledger_tail, tally = LedgerTail(layout.root), CostTally()  # prices each round from the new ledger rows only
         index_dir = None
         if cfg.dedup_each_round:
