@@ -221,7 +221,7 @@ def bench_embedding(c, s: DedupSettings, rng, ann_sample: int) -> dict:
     q = np.sort(rng.choice(n, min(n, ann_sample), replace=False))
     is_q = np.zeros(n, bool)
     is_q[q] = True
-    ep, _ = emb.exact_pairs(E, s.static_candidate_cosine, is_q)
+    ep, _ = emb.exact_pairs(E, s.static_candidate_cosine, is_q, max_neighbors=s.max_neighbors)  # the same cap as the ANN
     ann = codes(p[is_q[p[:, 0]] | is_q[p[:, 1]]], n) if len(p) else np.zeros(0, np.int64)
     ex = codes(ep, n) if len(ep) else np.zeros(0, np.int64)
     res.update(ann_queries=len(q), ann_exact_pairs=len(ex), ann_recall_vs_exact=len(np.intersect1d(ex, ann)) / max(1, len(ex)))

@@ -100,3 +100,17 @@ def test_dask_two_workers_decide_exactly_as_one_process(tmp_path, corpus):
     # the shards ran as tasks in two worker processes, not in this one
     assert len(stats["shard_workers"]) == 2 and str(os.getpid()) not in stats["shard_workers"]
     assert len(stats["shard_seconds"]["minhash"]) == 2 and len(stats["shard_seconds"]["ann"]) == 2
+
+
+def test_dedup_file_publishes_its_steps_as_progress(tmp_path, corpus):
+    """The `dedup` command's progress bar: one step per method, then finished with the kept count."""
+    from evolforge.tasks.core import progress as live_progress
+
+    path = _write(tmp_path, "in", corpus.texts[:400], 0)
+    seen = []
+    with live_progress.listening(seen.append):
+        dedup_file(path, "text", tmp_path / "out", DedupSettings(embedding=False), id_field="id")
+    assert all(s["what"] == "dedup" and s["unit"] == "steps" for s in seen)
+    assert [s["records_done"] for s in seen] == [0, 1, 2, 2] and seen[-1]["finished"]
+    assert seen[-1]["records_total"] == 2 and "kept" in seen[-1]["detail"]
+    assert "minhash" in seen[1]["detail"] and "next minhash" in seen[1]["detail"]
