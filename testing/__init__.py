@@ -10,5 +10,6 @@
 - tiny_policy:      a 2-layer random Llama with the MiniLM tokenizer: a GRPO step in about a second.
 - ray_cluster:      a real local Ray cluster (`ray start --head` on loopback), stopped by process id.
 - verl_env:         verl in its own cached pip --target folder (its pins differ from ours): ensure_verl_env().run(...).
+- distilabel_env:   distilabel in its own cached virtualenv, for the distilabel comparison benchmark only.
 - hub_server:       a scripted Hugging Face Hub on loopback (repo create, card check, commit of small files).
 """
