@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -28,7 +30,7 @@ def fake_binary(tmp_path):
 
 def test_auto_falls_back_to_llama_cpp_python_without_a_binary(tmp_path):
     cfg = embedded_cfg(server_binary=str(tmp_path / "missing"))  # the default server (auto), no binary
-    assert cfg.server == "auto" and cfg.n_threads == 1
+    assert cfg.server == "auto" and cfg.n_threads == 0
     assert llama_server.chosen_server(cfg) == "llama-cpp-python"
     assert llama_server.concurrency_cap(cfg) == 2  # one call at a time there: more only queue
     pytest.importorskip("llama_cpp.server")
@@ -232,3 +234,11 @@ def test_eight_calls_finish_within_the_gateway_timeout_while_other_processes_loa
         assert res.attempts == 1 and seconds < timeout, (res.attempts, seconds)  # no timeout, no retry from scratch
         assert res.completion_tokens > 0
     assert set(read_ledger(tmp_path)["outcome"]) == {"ok"}
+
+
+def test_thread_count_defaults_to_half_the_usable_cpus():
+    cpus = len(os.sched_getaffinity(0))
+    assert llama_server.thread_count(embedded_cfg()) == max(1, cpus // 2)
+    assert llama_server.thread_count(embedded_cfg(n_threads=3)) == 3
+    cmd = llama_server.command(Path("/bin/llama-server"), embedded_cfg(n_threads=3), "m.gguf", 1234)
+    assert cmd[cmd.index("--threads") + 1] == "3" and cmd[cmd.index("--threads-batch") + 1] == "3"

@@ -32,9 +32,10 @@ class EmbeddedModelSettings(Section):
     host: str = Field("127.0.0.1", description="Bind address; must be a loopback address.")
     port: int = Field(0, ge=0, le=65535, description="0 picks a free port.")
     n_threads: int = Field(
-        1, ge=1, description="llama.cpp threads. 1 by default: on a 2-core machine shared with other work, 2 "
-        "threads that wait for each other at every layer collapse as soon as a neighbour takes a core (3 to 6 "
-        "completion tokens/s instead of 17 to 44 measured with 1 thread, BENCHMARKS.md); 2 only pays on idle cores.")
+        0, ge=0, description="llama.cpp threads. 0 (default): half the CPUs this process may use, at least 1 (1 on "
+        "a 2-core machine). On 2 cores shared with other work, 2 threads that wait for each other at every layer "
+        "collapse as soon as a neighbour takes a core (3 to 6 completion tokens/s instead of 17 to 44 measured with "
+        "1 thread, BENCHMARKS.md); more threads only pay on idle cores.")
     n_ctx: int = Field(2048, ge=256, description="Context window.")
     startup_timeout_seconds: float = Field(180.0, gt=0)
     stall_seconds: float = Field(

@@ -88,7 +88,8 @@ def server_command(cfg: EmbeddedModelSettings, port: int) -> list[str]:
         sys.executable, "-m", "llama_cpp.server",
         "--model", model, "--model_alias", cfg.alias,
         "--host", cfg.host, "--port", str(port),
-        "--n_threads", str(cfg.n_threads), "--n_threads_batch", str(cfg.n_threads), "--n_ctx", str(cfg.n_ctx),
+        "--n_threads", str(llama_server.thread_count(cfg)), "--n_threads_batch", str(llama_server.thread_count(cfg)),
+        "--n_ctx", str(cfg.n_ctx),
         # requests are served one at a time; never abort a running completion for a queued one
         "--interrupt_requests", "False",
     ]
@@ -132,7 +133,7 @@ def embedded_server(cfg: EmbeddedModelSettings, log_dir: Path | None = None) -> 
     server = llama_server.chosen_server(cfg)
     watchdog: StallWatchdog | None = None
     try:
-        log.info("starting embedded model %s on %s (%s, %d thread(s))", cfg.alias, base_url, server, cfg.n_threads)
+        log.info("starting embedded model %s on %s (%s, %d thread(s))", cfg.alias, base_url, server, llama_server.thread_count(cfg))
         wait_healthy(base_url, proc, cfg.startup_timeout_seconds, log_path)
         if server == "llama-server" and cfg.stall_seconds:
             watchdog = StallWatchdog(f"http://{cfg.host}:{port}", proc, cfg.stall_seconds, log_path)

@@ -80,10 +80,18 @@ def concurrency_cap(cfg: EmbeddedModelSettings) -> int:
     return cfg.parallel if chosen_server(cfg) == "llama-server" else 2
 
 
+def thread_count(cfg: EmbeddedModelSettings) -> int:
+    """llama.cpp threads: `n_threads`, or for 0 half the CPUs this process may run on (at least 1)."""
+    if cfg.n_threads > 0:
+        return cfg.n_threads
+    return max(1, len(os.sched_getaffinity(0)) // 2)
+
+
 def command(binary: Path, cfg: EmbeddedModelSettings, model: str, port: int) -> list[str]:
+    threads = str(thread_count(cfg))
     return [
         str(binary), "--model", model, "--alias", cfg.alias, "--host", cfg.host, "--port", str(port),
-        "--threads", str(cfg.n_threads), "--threads-batch", str(cfg.n_threads),
+        "--threads", threads, "--threads-batch", threads,
         # every slot gets the configured context: the server's KV cache is split evenly between slots
         "--ctx-size", str(cfg.n_ctx * cfg.parallel), "--parallel", str(cfg.parallel), "--cont-batching",
         "--no-webui", "--jinja",
