@@ -11,5 +11,6 @@
 - ray_cluster:      a real local Ray cluster (`ray start --head` on loopback), stopped by process id.
 - verl_env:         verl in its own cached pip --target folder (its pins differ from ours): ensure_verl_env().run(...).
 - distilabel_env:   distilabel in its own cached virtualenv, for the distilabel comparison benchmark only.
+- cached_env:       what verl_env and distilabel_env share (cache folder, key, offline detection).
 - hub_server:       a scripted Hugging Face Hub on loopback (repo create, card check, commit of small files).
 """

@@ -20,10 +20,7 @@ removed and built again.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import re
 import shutil
 import subprocess
 import sys
@@ -31,36 +28,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evolforge.storage.locks import lock_file
+from evolforge.testing import cached_env
+from evolforge.testing.cached_env import OFFLINE, CachedEnvUnavailable
 
 DISTILABEL_VERSION = "1.5.3"
 # distilabel with its OpenAI client; requests is imported by distilabel.models (image generation) but not declared.
 REQUIREMENTS = (f"distilabel[openai]=={DISTILABEL_VERSION}", "requests")
 MARKER = ".evolforge-distilabel-env.json"
 BUILD_TIMEOUT_S = 1800.0
-_OFFLINE = re.compile(r"NewConnectionError|Network is unreachable|Temporary failure in name resolution|"
-                      r"Name or service not known|Connection refused|ConnectTimeout|timed out", re.I)
+_OFFLINE = OFFLINE
 
 
-class DistilabelEnvUnavailable(RuntimeError):
+class DistilabelEnvUnavailable(CachedEnvUnavailable):
     """distilabel's environment could not be built. `offline`: the package index was unreachable."""
-
-    def __init__(self, message: str, offline: bool = False):
-        super().__init__(message)
-        self.offline = offline
 
 
 def env_key(requirements: tuple[str, ...] = REQUIREMENTS) -> str:
-    text = f"py{sys.version_info.major}.{sys.version_info.minor}\n" + "\n".join(requirements)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return cached_env.env_key(requirements)
 
 
 def env_dir(requirements: tuple[str, ...] = REQUIREMENTS) -> Path:
     """Where the environment lives: $EVOLFORGE_DISTILABEL_ENV, else ~/.cache/evolforge/distilabel-env/<key>."""
-    given = os.environ.get("EVOLFORGE_DISTILABEL_ENV")
-    if given:
-        return Path(given).expanduser()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "evolforge" / "distilabel-env" / env_key(requirements)
+    return cached_env.env_dir("EVOLFORGE_DISTILABEL_ENV", "distilabel-env", requirements)
 
 
 @dataclass(frozen=True)

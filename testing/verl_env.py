@@ -30,10 +30,8 @@ then, with the reason); any other failure is a real error. Nothing here needs a 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -43,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from evolforge.storage.locks import lock_file
+from evolforge.testing import cached_env
+from evolforge.testing.cached_env import OFFLINE, CachedEnvUnavailable
 
 VERL_VERSION = "0.9.1"
 # verl itself (--no-deps) and what `import verl`, its Hydra config, reward loader and RLHFDataset need beyond the
@@ -60,31 +60,21 @@ REQUIREMENTS = (
     "tokenizers>=0.22,<=0.23.0",  # transformers 5.10's
     "huggingface-hub>=1.5,<2",  # transformers 5.10's
 )
-_OFFLINE = re.compile(r"NewConnectionError|Network is unreachable|Temporary failure in name resolution|"
-                      r"Name or service not known|Connection refused|ConnectTimeout|timed out", re.I)
+_OFFLINE = OFFLINE
 BUILD_TIMEOUT_S = 1800.0
 
 
-class VerlEnvUnavailable(RuntimeError):
+class VerlEnvUnavailable(CachedEnvUnavailable):
     """verl's environment could not be built. `offline`: the package index was unreachable."""
-
-    def __init__(self, message: str, offline: bool = False):
-        super().__init__(message)
-        self.offline = offline
 
 
 def env_key(requirements: tuple[str, ...] = REQUIREMENTS) -> str:
-    text = f"py{sys.version_info.major}.{sys.version_info.minor}\n" + "\n".join(requirements)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return cached_env.env_key(requirements)
 
 
 def env_dir(requirements: tuple[str, ...] = REQUIREMENTS) -> Path:
     """Where the environment lives: $EVOLFORGE_VERL_ENV, else ~/.cache/evolforge/verl-env/<key>."""
-    given = os.environ.get("EVOLFORGE_VERL_ENV")
-    if given:
-        return Path(given).expanduser()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "evolforge" / "verl-env" / env_key(requirements)
+    return cached_env.env_dir("EVOLFORGE_VERL_ENV", "verl-env", requirements)
 
 
 MARKER = ".evolforge-verl-env.json"
