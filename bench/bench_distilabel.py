@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from evolforge.testing.net import free_port, wait_up
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # The instant server with a call counter: SIGUSR1 writes the number of chat calls answered so far to COUNT_FILE.
@@ -83,28 +85,6 @@ if __name__ == "__main__":
     rows = distiset["default"]["train"]
     print(json.dumps({"rows": len(rows), "evolved": sum(1 for x in rows["evolved_instruction"] if x)}))
 """
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_up(url: str, timeout: float = 60) -> None:
-    import urllib.request
-
-    deadline = time.time() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=1).close()
-            return
-        except OSError:
-            if time.time() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 class Counter:

@@ -21,15 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from evolforge.testing.net import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def busy_share(ledger) -> tuple[float, float, float]:

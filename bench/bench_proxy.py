@@ -28,16 +28,10 @@ from pathlib import Path
 
 import httpx
 
+from evolforge.testing.net import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 BODY = {"model": "scripted", "messages": [{"role": "user", "content": "Explain step by step how to add 2 and 3."}]}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_up(url: str, timeout: float = 60) -> None:

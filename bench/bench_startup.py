@@ -27,29 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from evolforge.testing.net import free_port, wait_up
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_up(url: str, timeout: float = 60) -> None:
-    import urllib.request
-
-    deadline = time.time() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=1).close()
-            return
-        except OSError:
-            if time.time() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def first_calls(out: Path) -> tuple[float, float]:

@@ -12,5 +12,6 @@
 - verl_env:         verl in its own cached pip --target folder (its pins differ from ours): ensure_verl_env().run(...).
 - distilabel_env:   distilabel in its own cached virtualenv, for the distilabel comparison benchmark only.
 - cached_env:       what verl_env and distilabel_env share (cache folder, key, offline detection).
+- net:              free_port() and wait_up(url) on loopback.
 - hub_server:       a scripted Hugging Face Hub on loopback (repo create, card check, commit of small files).
 """
