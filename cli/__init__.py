@@ -18,19 +18,36 @@ from __future__ import annotations
 
 import argparse
 
-from evolforge.cli import costs, prefect_server, publish, run, sandbox, services, stages, status
+from evolforge.cli import costs, legacy_stages, prefect_server, publish, run, sandbox, services, stages, status
 from evolforge.cli.common import run_command
 
-# Each command module registers its sub-commands; a new stage adds its module here.
-COMMANDS = (run, stages, services, costs, sandbox, status, publish, prefect_server)
+# Each command module registers its sub-commands. `stages` adds one command per registered stage
+# (tasks/core/stages.py); a new stage needs no line here.
+COMMANDS = (stages, run, legacy_stages, services, costs, sandbox, status, publish, prefect_server)
+
+
+class _FirstWins:
+    """A sub-parser collection on which a command already added by an earlier module is not added again."""
+
+    def __init__(self, sub):
+        self._sub = sub
+        self.choices = sub.choices
+
+    def add_parser(self, name, **kw):
+        if name in self._sub.choices:
+            import argparse
+
+            return argparse.ArgumentParser(add_help=False)  # a throwaway: the first module's command stays
+        return self._sub.add_parser(name, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="evolforge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    first_wins = _FirstWins(sub)
     for module in COMMANDS:
-        module.register(sub)
+        module.register(first_wins)
     for p in sub.choices.values():  # `evolforge CMD ... --debug` works too
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     args = ap.parse_args(argv)

@@ -54,7 +54,7 @@ def prefect_defaults(params=None):
 def settings_or_exit(args, extra: dict | None = None):
     """Settings from --config, --base-url, --model and `extra`, merged as every flow merges them."""
     from evolforge.config.settings import ConfigError
-    from evolforge.flows._params import EndpointParams
+    from evolforge.tasks.core.params import EndpointParams
 
     try:
         return EndpointParams(config=getattr(args, "config", None), base_url=getattr(args, "base_url", None) or None,
@@ -66,12 +66,15 @@ def settings_or_exit(args, extra: dict | None = None):
 
 def is_user_error(e: BaseException) -> bool:
     """An error the user fixes (input, config, endpoint, key): one line and exit 2, never a traceback."""
+    from evolforge.cli.stage_args import ParamsError
     from evolforge.config.settings import ConfigError
+    from evolforge.storage.folder import FolderOfAnotherStage
     from evolforge.storage.inputs import SeedFileError
     from evolforge.tasks.core.checks import InputError
     from evolforge.tasks.core.keys import InsecureKeyTransport
 
-    kinds: tuple[type, ...] = (ConfigError, InputError, SeedFileError, InsecureKeyTransport)
+    kinds: tuple[type, ...] = (ConfigError, InputError, SeedFileError, InsecureKeyTransport, ParamsError,
+                               FolderOfAnotherStage)
     if "evolforge.storage.run_record" in sys.modules:  # loaded only by a run that got that far
         kinds += (sys.modules["evolforge.storage.run_record"].RunInputsChanged,)
     return isinstance(e, kinds)
@@ -142,6 +145,22 @@ def failed(what: str, e: BaseException, out: str | None) -> int:
             print(f"Checkpoints are kept in {out}; run the same command again to resume "
                   f"(evolforge status --out {out} shows what is done).", file=sys.stderr)
     return 1
+
+
+def run_stage(stage, params) -> int:
+    """Run a registered stage's flow with live progress; print what the stage presents (else its result as
+    JSON), or one clear line when it fails (with the resume hint when it left checkpoints)."""
+    from evolforge.cli.progress import live_progress
+
+    prefect_env()
+    out = stage.out_of(params)
+    try:
+        with prefect_defaults(params), live_progress():
+            result = stage.load_flow()(params)
+    except Exception as e:
+        return failed(stage.cli_name, e, out)
+    print(stage.present(result, params) if stage.present else json.dumps(result, indent=2, default=str)[:6000])
+    return 0
 
 
 def run_flow(fn, params, out: str | None = None) -> int:

@@ -36,8 +36,9 @@ def _print_stage(st: dict, indent: str = "") -> None:
 
 def cmd_status(args) -> int:
     from evolforge.storage.status import folder_status
+    from evolforge.tasks.core.stages import stages
 
-    st = folder_status(args.out)
+    st = folder_status(args.out, {s.name: s.folder for s in stages() if s.folder is not None})
     if args.json:
         print(json.dumps(st, indent=2, default=str))
         return 0 if st.get("kind") else 2
@@ -45,11 +46,11 @@ def cmd_status(args) -> int:
         print(f"evolforge status: {st['root']} does not exist", file=sys.stderr)
         return 2
     if st["kind"] is None:
-        print(f"evolforge status: {st['root']} holds no evolforge run (no rounds, batch parts or stage folders)",
-              file=sys.stderr)
+        print(f"evolforge status: {st['root']} holds no evolforge stage output (no stage.json marker; a folder from an "
+              "evolforge before 0.2 gets one when its stage runs over it again)", file=sys.stderr)
         return 2
-    if st["kind"] == "pipeline":
-        print(f"pipeline {st['root']}")
+    if "stages" in st:
+        print(f"{st['kind']} {st['root']}")
         for stage in st["stages"]:
             _print_stage(stage, "  ")
     else:

@@ -1,6 +1,6 @@
 """Where every file lives. Nothing else builds paths inside an output folder.
 
-OutputFolder is the base of every stage's layout (a local folder or an fsspec URL). The evolve run's:
+StageFolder (storage/folder.py) is the base of every stage's folder (a local folder or an fsspec URL). The evolve run's:
 
     OUT/
       run.json                       settings fingerprint + seeds path of the run
@@ -33,33 +33,15 @@ their readers and writers (storage/synthesis_sets.py, reward_sets.py, ppo.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from evolforge.storage.fs import AnyPath, ensure_dir, is_remote, location
-
-
-@dataclass(frozen=True, init=False)
-class OutputFolder:
-    """An output folder: a local folder or an fsspec URL (s3://bucket/run, see storage/fs.py)."""
-
-    root: AnyPath
-
-    def __init__(self, root: str | Path):
-        object.__setattr__(self, "root", location(root))
-
-    @property
-    def remote(self) -> bool:
-        return is_remote(self.root)
-
-    @property
-    def plots_dir(self) -> AnyPath:
-        """OUT/plots/<name>.png: the stage's plots (storage/plots.py)."""
-        return self.root / "plots"
+from evolforge.storage.folder import BatchedSet, OutputFolder, StageFolder
+from evolforge.storage.fs import AnyPath, ensure_dir, list_files
 
 
 @dataclass(frozen=True, init=False)
-class RunLayout(OutputFolder):
-    """The files of an evolve run (see the module docstring)."""
+class RunLayout(StageFolder):
+    """The evolve stage's folder (see the module docstring); its run-level files (summary, ledger, logs,
+    stage.json) are those of every StageFolder (storage/folder.py)."""
 
     # run-level files
     @property
@@ -69,14 +51,6 @@ class RunLayout(OutputFolder):
     @property
     def rejects(self) -> AnyPath:
         return self.root / "rejects.jsonl"
-
-    @property
-    def summary(self) -> AnyPath:
-        return self.root / "summary.json"
-
-    @property
-    def ledger_dir(self) -> AnyPath:
-        return self.root / "ledger"
 
     @property
     def ledger_parquet(self) -> AnyPath:
@@ -106,15 +80,8 @@ class RunLayout(OutputFolder):
         return self.dataset_dir / "sft" / "train.parquet"
 
     @property
-    def logs_dir(self) -> Path:
-        """Local process logs (the embedded model server); a local scratch folder when OUT is remote."""
-        if self.remote:
-            import hashlib
-            import tempfile
-
-            key = hashlib.sha1(str(self.root).encode()).hexdigest()[:12]
-            return Path(tempfile.gettempdir()) / "evolforge-logs" / key
-        return self.root / "logs"
+    def card_dir(self) -> AnyPath:
+        return self.dataset_dir
 
     # per round
     def round_dir(self, round_no: int) -> AnyPath:
@@ -157,16 +124,33 @@ class RunLayout(OutputFolder):
         `evolforge retry` can roll its rounds back out of a shared index (tasks/evolve/dedup_round.py)."""
         return self.root / "dedup_run.json"
 
+    def round_set(self, round_no: int) -> BatchedSet:
+        """The round's batched table: its input pool, parts and call journals."""
+        rdir = self.round_dir(round_no)
+        return BatchedSet(rdir / "input.parquet", rdir / "parts", rdir / "journal")
+
     def part(self, round_no: int, batch: int) -> AnyPath:
-        return self.parts_dir(round_no) / f"batch_{batch:05d}.parquet"
+        return self.round_set(round_no).part(batch)
 
     def journal(self, round_no: int, batch: int) -> AnyPath:
-        return self.round_dir(round_no) / "journal" / f"batch_{batch:05d}.jsonl"
+        return self.round_set(round_no).journal(batch)
+
+    def rounds_started(self) -> list[int]:
+        """The rounds that have a folder, in order."""
+        return sorted(int(d.name.split("_")[1]) for d in list_files(self.rounds_dir, "round_[0-9][0-9]"))
+
+    def batched_sets(self) -> dict[str, BatchedSet]:
+        return {f"round {r}": self.round_set(r) for r in self.rounds_started()}
+
+    def unit_complete(self, unit: str) -> bool:
+        """A round ("round 2") is complete: its _SUCCESS marker is whole (storage/rounds.py)."""
+        from evolforge.storage.rounds import round_is_complete
+
+        return round_is_complete(self, int(unit.split()[-1]))
 
     def ensure(self) -> "RunLayout":
-        for d in (self.root, self.ledger_dir, self.dataset_dir):
-            ensure_dir(d)
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        super().ensure()
+        ensure_dir(self.dataset_dir)
         return self
 
 

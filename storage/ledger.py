@@ -28,8 +28,8 @@ from typing import Iterable
 
 import polars as pl
 
+from evolforge.storage.folder import StageFolder
 from evolforge.storage.fs import AnyPath, location
-from evolforge.storage.layout import RunLayout
 from evolforge.storage.logs import AppendLog, json_line, json_loads, list_logs, read_log_lines
 
 LEDGER_SCHEMA: dict[str, pl.DataType] = {
@@ -106,7 +106,7 @@ def ledger_frame(lines: Iterable[bytes]) -> pl.DataFrame:
 
 def read_ledger(out_dir: str | Path) -> pl.DataFrame:
     """Every ledger row of an output folder (all runs), torn last lines skipped."""
-    return ledger_frame(read_log_lines(list_logs(RunLayout(out_dir).ledger_dir)))
+    return ledger_frame(read_log_lines(list_logs(StageFolder(out_dir).ledger_dir)))
 
 
 class LedgerTail:
@@ -119,7 +119,7 @@ class LedgerTail:
     """
 
     def __init__(self, out_dir: str | Path):
-        self.dir = RunLayout(out_dir).ledger_dir
+        self.dir = StageFolder(out_dir).ledger_dir
         self._offsets: dict[str, int] = {}
         self._seen: set[str] = set()
 

@@ -3,21 +3,21 @@
     folder_status(out)    {"kind", "root", "finished", "units": [...], "cost": {...}, "stages": [...]}
     has_checkpoints(out)  True when a run over `out` left work to resume (a batch part or a call journal)
 
-A unit is what a stage splits its batches by: an evolve run's rounds, the reward-data stage's IRM and PRM
-sets, the synthesis and modules stages' one set. Per unit: batches done (a part is checkpointed), failed
+The folder's kind is the stage named by its stage.json marker (storage/folder.py), written by the stage runner;
+a unit is one of the batched tables of the stage's folder class (`StageFolder.batched_sets`). Per unit: batches done (a part is checkpointed), failed
 (the part holds records that failed with an error, which `evolforge retry` redoes, or the part is
 unreadable), pending (no part yet) -- the three add up to the batches -- and records in the input, done
 (in any part), accepted and failed. Calls, tokens and
-cost come from the folder's cost ledger. A pipeline folder (OUT/evolve, OUT/synthesize, ...) gives one
-status per stage under "stages".
+cost come from the folder's cost ledger. A folder of folders with markers (a pipeline run's) gives one status
+per stage under "stages".
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from evolforge.storage.folder import read_marker
 from evolforge.storage.fs import AnyPath, exists, is_remote, list_files, location, parquet_file, read_parquet
-from evolforge.storage.layout import PipelineLayout, RunLayout
 
 # statuses of a record that made it through its stage (evolve: accepted; synthesis: kept; reward: ranked / ok)
 ACCEPTED_STATUSES = frozenset({"accepted", "kept", "ok", "ranked"})
@@ -85,66 +85,27 @@ def ledger_totals(out: str | Path) -> dict:
             "by_stage": by_stage}
 
 
-def _evolve_units(lay: RunLayout) -> list[dict]:
-    from evolforge.storage.rounds import round_is_complete
-
-    units = []
-    for rdir in list_files(lay.rounds_dir, "round_[0-9][0-9]"):
-        r = int(rdir.name.split("_")[1])
-        unit = batch_unit(f"round {r}", lay.round_input(r), lambda b, r=r: lay.part(r, b))
-        unit["complete"] = round_is_complete(lay, r)
-        units.append(unit)
-    return units
-
-
-def _kind(root: AnyPath) -> str | None:
-    if exists(root / "rounds"):
-        return "evolve"
-    if exists(root / "reward_input.parquet") or exists(root / "irm_pairs.parquet") or exists(root / "metrics.json"):
-        # (irm_pairs.parquet: a reward folder from before the pairs moved to data/, storage/reward_sets.py)
-        return "reward"
-    if exists(root / "modules_input.parquet"):
-        return "modules"
-    if exists(root / "input.parquet") and exists(root / "parts"):
-        return "synthesize"
-    if exists(root / "verl") or exists(root / "data" / "train.parquet"):  # storage/ppo.py PPOLayout
-        return "ppo"
-    return None
-
-
-def folder_status(out: str | Path) -> dict:
-    """The status of a stage folder, or of each stage of a pipeline folder (see the module docstring)."""
+def folder_status(out: str | Path, folders: dict[str, type]) -> dict:
+    """The status of a stage folder (see the module docstring): its kind from its stage.json marker, its units
+    from the batched tables of its folder class (`folders`: stage name -> StageFolder class, from the stage
+    registry). A folder whose sub-folders have markers (a pipeline run's stage folders) gives one status per
+    sub-folder under "stages" (its kind: its own marker's, else "pipeline")."""
     root = location(out)
     if not exists(root):
         return {"kind": None, "root": str(root), "exists": False}
-    kind = _kind(root)
-    if kind is None:
-        pipe = PipelineLayout(root)
-        stages = [folder_status(pipe.stage(s)) for s in ("evolve", "synthesize", "reward", "ppo")
-                  if exists(pipe.stage(s))]
-        if stages:
-            return {"kind": "pipeline", "root": str(root), "exists": True, "stages": stages}
+    marker = read_marker(root)
+    subs = [folder_status(sub, folders) for sub in list_files(root, "*") if read_marker(sub) is not None]
+    if subs:
+        return {"kind": marker["kind"] if marker else "pipeline", "root": str(root), "exists": True,
+                "finished": exists(root / "summary.json"), "stages": subs}
+    if marker is None:
         return {"kind": None, "root": str(root), "exists": True}
-    units: list[dict] = []
-    extra: dict = {}
-    if kind == "evolve":
-        units = _evolve_units(RunLayout(root))
-    elif kind == "reward":
-        from evolforge.storage.reward_sets import RewardLayout
-
-        lay = RewardLayout(root)
-        units = [batch_unit(k, lay.input, lambda b, k=k: lay.part(k, b)) for k in ("irm", "prm")
-                 if exists(root / k)]
-        extra = {"models_trained": [k for k in ("irm", "prm") if lay.model_ready(k)]}
-    elif kind == "modules":
-        from evolforge.storage.module_sets import ModulesLayout
-
-        lay = ModulesLayout(root)
-        units = [batch_unit("questions", lay.input, lay.part)]
-    elif kind == "synthesize":
-        from evolforge.storage.synthesis_sets import SynthLayout
-
-        lay = SynthLayout(root)
-        units = [batch_unit("tasks", lay.input, lay.synth_part)]
-    return {"kind": kind, "root": str(root), "exists": True, "finished": exists(root / "summary.json"),
-            "units": units, "cost": ledger_totals(root), **extra}
+    folder = folders.get(marker["kind"])
+    lay = folder(root) if folder is not None else None
+    units = [batch_unit(name, s.input, s.part) for name, s in lay.batched_sets().items()] if lay else []
+    complete = getattr(lay, "unit_complete", None)
+    if complete is not None:
+        for u in units:
+            u["complete"] = complete(u["unit"])
+    return {"kind": marker["kind"], "root": str(root), "exists": True, "finished": exists(root / "summary.json"),
+            "units": units, "cost": ledger_totals(root), **(lay.status_extra() if lay else {})}

@@ -11,6 +11,8 @@
     OUT/rejected.parquet              rejected tasks with reject_reason and every attempt
     OUT/cost_per_task.parquet (.csv)  per task: calls, tokens, USD, wall and sandbox seconds by phase
     OUT/summary.json                  yield, rejection reasons, mean / median cost and minutes per kept task
+    OUT/README.md, OUT/plots/, OUT/stage.json, OUT/rejects.jsonl   the card, plots, marker, malformed seed rows
+                                      (storage/folder.py)
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from evolforge.storage.cards import main_table
-from evolforge.storage.fs import AnyPath, exists, list_files, location, read_parquet, write_bytes_atomic
-from evolforge.storage.layout import RunLayout
+from evolforge.storage.folder import BatchedSet, StageFolder
+from evolforge.storage.fs import AnyPath, exists, location, read_parquet, write_bytes_atomic
 
 TASK_SCHEMA = pa.schema([
     ("task_id", pa.string()), ("seed_id", pa.string()), ("kind", pa.string()), ("status", pa.string()),
@@ -31,16 +33,24 @@ TASK_SCHEMA = pa.schema([
 ])
 
 
-class SynthLayout(RunLayout):
+class SynthLayout(StageFolder):
+    """A synthesis output folder (see the module docstring)."""
+
+    @property
+    def seeds(self) -> BatchedSet:
+        """The seeds (input.parquet, row group = batch), one part and one call journal per batch."""
+        return BatchedSet(self.root / "input.parquet", self.root / "parts", self.root / "journal")
+
     @property
     def input(self) -> AnyPath:
-        return self.root / "input.parquet"
+        return self.seeds.input
 
-    def synth_part(self, batch: int) -> AnyPath:
-        return self.root / "parts" / f"batch_{batch:05d}.parquet"
+    @property
+    def rejects(self) -> AnyPath:
+        return self.root / "rejects.jsonl"
 
-    def synth_journal(self, batch: int) -> AnyPath:
-        return self.root / "journal" / f"batch_{batch:05d}.jsonl"
+    def batched_sets(self) -> dict[str, BatchedSet]:
+        return {"tasks": self.seeds}
 
     @property
     def tasks(self) -> AnyPath:
@@ -60,8 +70,7 @@ class SynthLayout(RunLayout):
         return self.root / "cost_per_task.parquet"
 
     def all_parts(self) -> pa.Table:
-        files = list_files(self.root / "parts", "batch_*.parquet")
-        return pa.concat_tables([read_parquet(f) for f in files]) if files else TASK_SCHEMA.empty_table()
+        return self.seeds.all_parts(TASK_SCHEMA)
 
 
 def read_kept_tasks(path: str | AnyPath) -> list[dict]:

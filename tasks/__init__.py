@@ -14,7 +14,23 @@
 - trajectories/  recorded agent sessions -> SFT conversations, transitions, token-level samples.
 - modules/    module-DAG reasoning (DeCoRL): the graph, schema-checked module outputs, contribution rewards.
 
+- pipeline/    the composition of the stages above into one run (its parameters and descriptor).
+
+Each stage package has a `stage` module holding its parameter model and its descriptor (tasks/core/stages.py);
+STAGE_PACKAGES below is the registry's one line per stage, in pipeline order.
 The Prefect tasks that wrap these functions live beside their flows in flows/; nothing here imports
 flows/, and storage/ is the only place that knows paths and file formats.
-A new stage is one sub-package here, one flow file, one storage module and one config section.
+A new stage is one sub-package here (with its `stage` module), one flow file, one storage module, one config
+section and one line in STAGE_PACKAGES.
 """
+
+STAGE_PACKAGES = (
+    "evolve",
+    "dedup",
+    "synthesis",
+    "reward",
+    "modules",
+    "trajectories",
+    "ppo",
+    "pipeline",
+)

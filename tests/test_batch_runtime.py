@@ -103,6 +103,6 @@ def test_synthesis_keeps_a_rejected_record_as_an_error_row(tmp_path, server):
     server.script("400")  # the first request (m1's proposal) is rejected as bad
     stats = run_synthesize_batch(lay.root, 0, settings, server.base_url, "run-3")
     close_gateways("run-3")
-    rows = {r["task_id"]: r for r in parts.read_part(lay.synth_part(0)).to_pylist()}
+    rows = {r["task_id"]: r for r in parts.read_part(lay.seeds.part(0)).to_pylist()}
     assert rows["t-m1-math"]["status"] == "error" and "rejected" in rows["t-m1-math"]["reject_reason"]
     assert rows["t-m2-math"]["status"] in ("kept", "rejected") and stats["by_status"]["error"] == 1

@@ -80,4 +80,4 @@ def test_status_of_nothing_is_a_clear_error(tmp_path):
     assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
     (tmp_path / "empty").mkdir()
     proc = status_cli(tmp_path / "empty")
-    assert proc.returncode == 2 and "holds no evolforge run" in proc.stderr
+    assert proc.returncode == 2 and "holds no evolforge stage output" in proc.stderr

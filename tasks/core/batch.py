@@ -13,7 +13,7 @@ so the orchestrator retries it; auth, unknown model and a down endpoint are fata
 
 Also here: the gateway registry (one client, semaphore and ledger file per process, run and endpoint),
 the batch journal context, and `run_records`, the bounded-concurrency record loop.
-Nothing here imports Prefect: the batch tasks and their retry policy live in flows/_batch.py.
+Nothing here imports Prefect: the batch tasks and their retry policy live in flows/_fanout.py.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ import pyarrow as pa
 
 from evolforge.config.settings import Settings
 from evolforge.storage import parts
+from evolforge.storage.folder import StageFolder
 from evolforge.storage.fs import AnyPath, exists
 from evolforge.storage.journal import CallJournal
-from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import LedgerWriter
 from evolforge.tasks.core import progress as live_progress
 from evolforge.tasks.core.gateway import EndpointDown, Gateway, GatewayError
@@ -55,7 +55,7 @@ def settings_from_json(settings_json: str) -> Settings:
 
 def gateway_for(settings: Settings, base_url: str, run_id: str, out_dir: str | Path) -> Gateway:
     """One gateway (client, semaphore, ledger file) per process, run and endpoint."""
-    layout = RunLayout(out_dir)
+    layout = StageFolder(out_dir)
     key = (base_url, run_id, str(layout.root), hashlib.sha1(settings.model_dump_json().encode()).hexdigest())
     with _GATEWAYS_LOCK:
         gw = _GATEWAYS.get(key)

@@ -9,17 +9,17 @@ from evolforge import __version__
 from evolforge.tasks.core.reporting import usd
 
 
-def _models(cost: dict) -> list[dict]:
+def card_models(cost: dict) -> list[dict]:
     return [{"stage": s["stage"], "model": s["model"], "calls": s["calls"]} for s in cost.get("by_stage", [])]
 
 
-def _cost(cost: dict) -> dict:
+def card_cost(cost: dict) -> dict:
     return {"usd": cost.get("cost_usd"), "attempts": cost.get("attempts", 0),
             "prompt_tokens": cost.get("prompt_tokens", 0), "completion_tokens": cost.get("completion_tokens", 0),
             "unpriced_attempts": cost.get("unpriced_attempts", 0)}
 
 
-def _common_sections(facts: dict) -> dict[str, list[str]]:
+def common_sections(facts: dict) -> dict[str, list[str]]:
     c = facts["cost"]
     models = facts["models"]
     return {
@@ -41,7 +41,7 @@ def evolve_card(summary: dict, settings: dict) -> dict:
         "lineage": {"seeds": str(summary.get("seeds")), "rounds": summary.get("rounds_in_datasets"),
                     "counts": summary.get("counts")},
         "generation": {"evol_instruct": evo, "models": settings.get("models", {})},
-        "models": _models(summary["cost"]), "cost": _cost(summary["cost"]),
+        "models": card_models(summary["cost"]), "cost": card_cost(summary["cost"]),
     }
     rounds = ["| round | attempts | accepted | survival | eliminated by rule |", "|---|---|---|---|---|"] + [
         f"| {r['round']} | {r['attempts']} | {r['accepted']} | {r['survival']:.1%} | "
@@ -51,8 +51,8 @@ def evolve_card(summary: dict, settings: dict) -> dict:
                     "(in-depth and in-breadth operations, each attempt judged and eliminated by rule). Every record "
                     "keeps `parent_id`, `seed_id`, `round`, `operation` and `direction`; the `lineage` config holds "
                     "every attempt, eliminated ones with their `elimination_rule`.", "", *rounds],
-        "Generation settings": ["```yaml", *_yaml(evo).splitlines(), "```"],
-        **_common_sections(facts),
+        "Generation settings": ["```yaml", *as_yaml(evo).splitlines(), "```"],
+        **common_sections(facts),
     }
     return {"title": "evolforge evolved instructions",
             "description": "Instructions evolved from seed instructions with Evol-Instruct by evolforge, with answers. "
@@ -68,14 +68,14 @@ def synthesis_card(summary: dict, settings: dict, cost: dict) -> dict:
              "lineage": {"proposed": summary["proposed"], "kept": summary["kept"], "yield": summary["yield"],
                          "rejections": summary["rejections"]},
              "generation": {"synthesis": syn["synthesis"], "models": settings.get("models", {})},
-             "models": _models(cost), "cost": _cost(cost)}
+             "models": card_models(cost), "cost": card_cost(cost)}
     sections = {
         "Lineage": [f"{summary['kept']} tasks kept of {summary['proposed']} proposed from the seed instructions "
                     f"(yield {summary['yield']:.0%}); each proposal was checked by running its tests in the sandbox, "
                     "repaired when they failed, and rated by solver attempts (difficulty from the pass rate). "
                     "Rejections: " + (", ".join(f"{k}: {v}" for k, v in summary["rejections"].items()) or "none") + "."],
-        "Generation settings": ["```yaml", *_yaml(syn["synthesis"]).splitlines(), "```"],
-        **_common_sections(facts),
+        "Generation settings": ["```yaml", *as_yaml(syn["synthesis"]).splitlines(), "```"],
+        **common_sections(facts),
     }
     return {"title": "evolforge synthesized tasks",
             "description": "Verified Python tasks (statement, entry point, reference solution, tests) and math "
@@ -90,7 +90,7 @@ def reward_card(summary: dict, settings: dict) -> dict:
              "lineage": {"evolve_out": summary.get("evolve_out"), "irm_pairs": summary.get("irm_pairs"),
                          "prm_rows": summary.get("prm_rows"), "health": summary.get("health")},
              "generation": {"reward": rew, "models": settings.get("models", {})},
-             "models": _models(summary["cost"]), "cost": _cost(summary["cost"])}
+             "models": card_models(summary["cost"]), "cost": card_cost(summary["cost"])}
     h = summary.get("health") or {}
     sections = {
         "Lineage": [f"Made from the evolved instructions of `{summary.get('evolve_out')}`: "
@@ -98,8 +98,8 @@ def reward_card(summary: dict, settings: dict) -> dict:
                     f"and {summary.get('prm_rows')} answers with PRM step labels "
                     f"(method `{rew.get('step_label_method')}`). Data health checks "
                     f"{'passed' if h.get('passed') else 'FAILED: ' + '; '.join(h.get('problems') or [])}."],
-        "Generation settings": ["```yaml", *_yaml(rew).splitlines(), "```"],
-        **_common_sections(facts),
+        "Generation settings": ["```yaml", *as_yaml(rew).splitlines(), "```"],
+        **common_sections(facts),
     }
     return {"title": "evolforge reward-model data",
             "description": "Reward-model training data made by evolforge: `irm_pairs` (TRL RewardTrainer: "
@@ -109,18 +109,18 @@ def reward_card(summary: dict, settings: dict) -> dict:
             "sections": sections, "facts": facts, "default": "irm_pairs"}
 
 
-def _yaml(data: dict) -> str:
+def as_yaml(data: dict) -> str:
     import yaml
 
     return yaml.safe_dump(data, sort_keys=True, width=1000)
 
 
-def _cell(value: object) -> str:
+def cell(value: object) -> str:
     """A value from untrusted input (an agent's model name) as one markdown table cell: no pipe, no line break."""
     return " ".join(str(value).split()).replace("|", "\\|").replace("`", "'")
 
 
-def _no_calls_cost() -> dict:
+def no_calls_cost() -> dict:
     return {"usd": 0.0, "attempts": 0, "prompt_tokens": 0, "completion_tokens": 0, "unpriced_attempts": 0}
 
 
@@ -147,7 +147,7 @@ def ppo_card(summary: dict, settings: dict, irm: str, prm: str) -> dict:
              "models": [{"stage": "policy", "model": policy, "calls": 0},
                         {"stage": "reward (IRM)", "model": irm, "calls": 0},
                         {"stage": "reward (PRM)", "model": prm, "calls": 0}],
-             "cost": _no_calls_cost()}
+             "cost": no_calls_cost()}
     sources = ", ".join(f"{k}: {v}" for k, v in (summary.get("ground_truth_sources") or {}).items()) or "none"
     sections = {
         "Lineage": [f"Prompts made from the evolved instructions `{summary.get('evolved')}`"
@@ -156,7 +156,7 @@ def ppo_card(summary: dict, settings: dict, irm: str, prm: str) -> dict:
                     f"lineage), {data.get('with_ground_truth')} with a ground truth (by source: {sources}). verl's "
                     "PPO trainer reads them (`data.train_files`, `data.val_files`); the reward is rI (IRM) x rA "
                     "(PRM, with the rule-based answer check where a ground truth exists)."],
-        "Generation settings": ["```yaml", *_yaml(gen).splitlines(), "```"],
+        "Generation settings": ["```yaml", *as_yaml(gen).splitlines(), "```"],
         "Models used": ["No model was called to make these prompts. Training uses:", "",
                         f"- policy: `{policy}`",
                         f"- instruction reward model (IRM): `{irm}`", f"- process reward model (PRM): `{prm}`"],
@@ -184,7 +184,7 @@ def trajectories_card(summary: dict, settings: dict, models: list[dict]) -> dict
                          "duplicates_dropped": (summary.get("duplicates") or {}).get("dropped", 0)},
              "generation": gen,
              "models": [{"stage": "agent (recorded)", "model": m["model"], "calls": m["rows"]} for m in models],
-             "cost": {**_no_calls_cost(), "prompt_tokens": sum(m.get("prompt_tokens", 0) for m in models),
+             "cost": {**no_calls_cost(), "prompt_tokens": sum(m.get("prompt_tokens", 0) for m in models),
                       "completion_tokens": sum(m.get("completion_tokens", 0) for m in models)}}
     sections = {
         "Lineage": [f"Agent traffic recorded by `evolforge proxy` in `{summary.get('proxy_out')}`: {s['total']} "
@@ -197,10 +197,10 @@ def trajectories_card(summary: dict, settings: dict, models: list[dict]) -> dict
                     "included). A card's configs share one file format, so it is not a config here; load it with:",
                     "", "```python", f'load_dataset("json", data_files="{summary.get("out")}/sft.jsonl", '
                     'split="train")', "```"],
-        "Generation settings": ["```yaml", *_yaml(gen).splitlines(), "```"],
+        "Generation settings": ["```yaml", *as_yaml(gen).splitlines(), "```"],
         "Models used": ["| model (recorded agent calls) | calls | prompt tokens | completion tokens |",
                         "|---|---|---|---|"] +
-                       [f"| `{_cell(m['model'])}` | {m['rows']} | {m.get('prompt_tokens', 0)} | "
+                       [f"| `{cell(m['model'])}` | {m['rows']} | {m.get('prompt_tokens', 0)} | "
                         f"{m.get('completion_tokens', 0)} |" for m in models] if models
                        else ["No recorded call names a model."],
         "Cost": [f"$0 by evolforge (it only exports recorded traffic). The agent's calls used "
@@ -223,7 +223,7 @@ def modules_card(summary: dict, settings: dict) -> dict:
                          "by_status": summary.get("by_status"), "prm_rows": (summary.get("prm") or {}).get("rows"),
                          "comparison": (summary.get("comparison") or {}).get("overall")},
              "generation": {"modules": mods, "models": settings.get("models", {})},
-             "models": _models(summary["cost"]), "cost": _cost(summary["cost"])}
+             "models": card_models(summary["cost"]), "cost": card_cost(summary["cost"])}
     graph = ["| module | output | depends on |", "|---|---|---|"] + [
         f"| {m.get('id')}{' (exit)' if m.get('exit') else ''} | {m.get('output')} | "
         f"{', '.join(m.get('dependencies') or []) or '-'} |" for m in mods.get("graph", [])]
@@ -234,9 +234,9 @@ def modules_card(summary: dict, settings: dict) -> dict:
                     "with and without each module, so each module step carries its contribution and PRM label. "
                     "By status: " + ", ".join(f"{k} {v}" for k, v in (summary.get("by_status") or {}).items()) + ".",
                     "", *graph],
-        "Generation settings": ["```yaml", *_yaml({k: v for k, v in mods.items() if k != "graph"}).splitlines(),
+        "Generation settings": ["```yaml", *as_yaml({k: v for k, v in mods.items() if k != "graph"}).splitlines(),
                                 "```"],
-        **_common_sections(facts),
+        **common_sections(facts),
     }
     return {"title": "evolforge module-DAG reasoning",
             "description": "Module-DAG reasoning data (DeCoRL) made by evolforge: `items` (each question's module "

@@ -20,7 +20,7 @@ DPI = 110
 COLORS = plt.get_cmap("tab10").colors
 
 
-def _png(fig: Figure) -> bytes:
+def png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png", dpi=DPI)
@@ -28,12 +28,12 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _empty(title: str, what: str) -> bytes:
+def empty_plot(title: str, what: str) -> bytes:
     fig, ax = plt.subplots(figsize=(6, 2.5))
     ax.set_title(title)
     ax.text(0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes, color="gray")
     ax.set_axis_off()
-    return _png(fig)
+    return png(fig)
 
 
 def _label(row: dict) -> str:
@@ -46,7 +46,7 @@ def survival_by_operation(rounds: list[dict]) -> bytes:
     title = "Survival by operation and round"
     cells = {(_label(r), t["round"]): r for t in rounds for r in t.get("by_operation", [])}
     if not cells:
-        return _empty(title, "no evolution attempts")
+        return empty_plot(title, "no evolution attempts")
     ops = sorted({op for op, _ in cells})
     round_nos = sorted({r for _, r in cells})
     width = 0.8 / len(round_nos)
@@ -70,7 +70,7 @@ def survival_by_operation(rounds: list[dict]) -> bytes:
     # above the axes: never over a bar or its count
     ax.legend(fontsize=8, ncols=min(6, len(round_nos)), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     ax.grid(axis="y", alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
 def eliminations_by_rule(rounds: list[dict]) -> bytes:
@@ -81,7 +81,7 @@ def eliminations_by_rule(rounds: list[dict]) -> bytes:
         for rule, n in (t.get("by_rule") or {}).items():
             counts[rule or "(no rule)"][t["round"]] = n
     if not counts:
-        return _empty(title, "nothing was eliminated")
+        return empty_plot(title, "nothing was eliminated")
     rules = sorted(counts, key=lambda r: sum(counts[r].values()))
     round_nos = sorted({r for c in counts.values() for r in c})
     fig, ax = plt.subplots(figsize=(7, 1.6 + 0.45 * len(rules)))
@@ -97,7 +97,7 @@ def eliminations_by_rule(rounds: list[dict]) -> bytes:
     ax.set_title(title, pad=22)
     ax.legend(fontsize=8, ncols=min(6, len(round_nos)), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     ax.grid(axis="x", alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
 def cost_and_tokens_by_stage(by_stage: list[dict]) -> bytes:
@@ -114,7 +114,7 @@ def cost_and_tokens_by_stage(by_stage: list[dict]) -> bytes:
         else:
             m["usd"] += float(s["cost_usd"])
     if not merged:
-        return _empty(title, "no model calls")
+        return empty_plot(title, "no model calls")
     stages = list(merged)
     fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(max(8.0, 1.3 * len(stages) + 4), 4))
     prompt = [merged[s]["prompt"] for s in stages]
@@ -135,7 +135,7 @@ def cost_and_tokens_by_stage(by_stage: list[dict]) -> bytes:
         ax.tick_params(axis="x", labelrotation=30 if len(stages) > 3 else 0)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(title)
-    return _png(fig)
+    return png(fig)
 
 
 DIFFICULTIES = ("easy", "medium", "hard")
@@ -146,7 +146,7 @@ def task_difficulty(tasks: list[dict]) -> bytes:
     title = "Difficulty of synthesized tasks (kept)"
     kept = [t for t in tasks if t.get("status") == "kept"]
     if not kept:
-        return _empty(title, f"no kept tasks ({len(tasks)} proposed)")
+        return empty_plot(title, f"no kept tasks ({len(tasks)} proposed)")
     kinds = sorted({t.get("kind") or "?" for t in kept})
     levels = list(DIFFICULTIES) + sorted({t.get("difficulty") or "unknown" for t in kept} - set(DIFFICULTIES))
     width = 0.8 / len(kinds)
@@ -163,14 +163,14 @@ def task_difficulty(tasks: list[dict]) -> bytes:
     ax.set_title(f"{title}: {len(kept)} of {len(tasks)} proposed", pad=22)
     ax.legend(fontsize=8, ncols=len(kinds), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     ax.grid(axis="y", alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
 def score_histograms(scores: dict[str, list[float]], healthy: tuple[float, float], title: str) -> bytes:
     """One histogram per score set (0..1, 20 bins) with the healthy-mean band, the set's mean and the 0.5 line."""
     names = list(scores)
     if not names:
-        return _empty(title, "no scores")
+        return empty_plot(title, "no scores")
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names) + 0.5, 3.9), squeeze=False)
     for ax, name in zip(axes[0], names):
         vals = [float(s) for s in scores[name] if s is not None]
@@ -190,7 +190,7 @@ def score_histograms(scores: dict[str, list[float]], healthy: tuple[float, float
         # above the axes, under the title: never over a bar
         ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False)
     fig.suptitle(title)
-    return _png(fig)
+    return png(fig)
 
 
 # ----------------------------------------------------------------- the plots of each stage
@@ -220,7 +220,7 @@ def reward_plots(name: str, scores: dict[str, list[float]], healthy: tuple[float
 
 # ----------------------------------------------------------------- PPO (GRPO smoke run), trajectories, modules
 
-def _finite(values) -> list[float]:
+def finite(values) -> list[float]:
     out = []
     for v in values:
         try:
@@ -238,18 +238,18 @@ def grpo_training(steps: list[dict], health: dict | None = None) -> bytes:
     title = "GRPO smoke run: reward and health per step"
     steps = sorted((s for s in steps if isinstance(s.get("step"), (int, float))), key=lambda s: s["step"])
     if not steps:
-        return _empty(title, "no GRPO steps were logged")
+        return empty_plot(title, "no GRPO steps were logged")
     xs = [s["step"] for s in steps]
 
     def series(key):
         pts = [(x, s.get(key)) for x, s in zip(xs, steps)]
-        return [(x, float(v)) for x, v in pts if _finite([v])]
+        return [(x, float(v)) for x, v in pts if finite([v])]
 
     fig, (ax_r, ax_k, ax_l) = plt.subplots(1, 3, figsize=(12, 4))
     reward = series("reward")
     if reward:
         rx, ry = zip(*reward)
-        std = {x: float(s["reward_std"]) for x, s in zip(xs, steps) if _finite([s.get("reward_std")])}
+        std = {x: float(s["reward_std"]) for x, s in zip(xs, steps) if finite([s.get("reward_std")])}
         if std:
             ax_r.fill_between(rx, [y - std.get(x, 0.0) for x, y in reward], [y + std.get(x, 0.0) for x, y in reward],
                               color=COLORS[0], alpha=0.15, label="+- reward std")
@@ -288,15 +288,15 @@ def grpo_training(steps: list[dict], health: dict | None = None) -> bytes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     fig.suptitle(f"{title}" + (f" ({verdict})" if verdict else ""))
-    return _png(fig)
+    return png(fig)
 
 
 def policy_rewards(sft: list[float], trained: list[float], eval_split: str = "test") -> bytes:
     """Held-out rewards of the SFT and the trained policy's greedy completions (0..1, same prompts), with means."""
     title = f"Held-out reward: SFT vs trained ({eval_split} prompts)"
-    sets = {"SFT": _finite(sft), "trained": _finite(trained)}
+    sets = {"SFT": finite(sft), "trained": finite(trained)}
     if not any(sets.values()):
-        return _empty(title, "no held-out comparison (the run was stopped, or no prompts)")
+        return empty_plot(title, "no held-out comparison (the run was stopped, or no prompts)")
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ax.hist(list(sets.values()), bins=10, range=(0, 1), color=[COLORS[0], COLORS[1]],
             label=[f"{k} (n={len(v)})" for k, v in sets.items()], edgecolor="white")
@@ -311,11 +311,11 @@ def policy_rewards(sft: list[float], trained: list[float], eval_split: str = "te
     ax.set_title(title, pad=34)  # above the two-row legend
     ax.legend(fontsize=7, ncols=2, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     ax.grid(axis="y", alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
-def _hist(ax, values: list[float], name: str, xlabel: str, color, log: bool = False, integer: bool = False) -> None:
-    vals = _finite(values)
+def hist(ax, values: list[float], name: str, xlabel: str, color, log: bool = False, integer: bool = False) -> None:
+    vals = finite(values)
     if not vals:
         ax.text(0.5, 0.5, "no values", ha="center", va="center", transform=ax.transAxes, color="gray")
     else:
@@ -343,27 +343,27 @@ def trajectory_calls(calls_per_session: list[int], prompt_tokens: list, completi
     reported them), latency per call."""
     title = "Recorded agent traffic (exported calls)"
     if not calls_per_session:
-        return _empty(title, "no exported sessions")
+        return empty_plot(title, "no exported sessions")
     fig, axes = plt.subplots(1, 4, figsize=(14, 3.9))
-    _hist(axes[0], calls_per_session, "Calls per session", "calls", COLORS[0], integer=True)
-    _hist(axes[1], prompt_tokens, "Prompt tokens per call", "tokens", COLORS[1])
-    _hist(axes[2], completion_tokens, "Completion tokens per call", "tokens", COLORS[2])
-    _hist(axes[3], latency_s, "Latency per call", "seconds", COLORS[3])
+    hist(axes[0], calls_per_session, "Calls per session", "calls", COLORS[0], integer=True)
+    hist(axes[1], prompt_tokens, "Prompt tokens per call", "tokens", COLORS[1])
+    hist(axes[2], completion_tokens, "Completion tokens per call", "tokens", COLORS[2])
+    hist(axes[3], latency_s, "Latency per call", "seconds", COLORS[3])
     fig.suptitle(title)
-    return _png(fig)
+    return png(fig)
 
 
 def session_rewards(rewards: list) -> bytes:
     """The sessions' rewards (the rewards file or the proxy's reward events); sessions without one counted."""
     title = "Session rewards"
-    vals = _finite(rewards)
+    vals = finite(rewards)
     missing = len(rewards) - len(vals)
     if not rewards:
-        return _empty(title, "no exported sessions")
+        return empty_plot(title, "no exported sessions")
     fig, ax = plt.subplots(figsize=(6.5, 3.9))
-    _hist(ax, vals, title, "reward", COLORS[4])
+    hist(ax, vals, title, "reward", COLORS[4])
     ax.set_title(f"{title}: {len(vals)} sessions with a reward, {missing} without", pad=20)
-    return _png(fig)
+    return png(fig)
 
 
 def module_contributions(contributions: dict[str, list[float]]) -> bytes:
@@ -371,16 +371,16 @@ def module_contributions(contributions: dict[str, list[float]]) -> bytes:
     without the module, 0-10 judge points): one histogram per module on a shared axis."""
     title = "Per-module contribution rewards (judge points: full - without the module)"
     mods = [m for m, v in contributions.items()]
-    if not mods or not any(_finite(v) for v in contributions.values()):
-        return _empty(title, "no contribution was measured (no judged question)")
+    if not mods or not any(finite(v) for v in contributions.values()):
+        return empty_plot(title, "no contribution was measured (no judged question)")
     cols = min(3, len(mods))
     rows = -(-len(mods) // cols)
-    allv = [v for vs in contributions.values() for v in _finite(vs)]
+    allv = [v for vs in contributions.values() for v in finite(vs)]
     lo, hi = min(min(allv), -1.0), max(max(allv), 1.0)
     fig, axes = plt.subplots(rows, cols, figsize=(3.8 * cols + 0.6, 2.4 * rows + 0.9), squeeze=False, sharex=True)
     for k, m in enumerate(mods):
         ax = axes[k // cols][k % cols]
-        vals = _finite(contributions[m])
+        vals = finite(contributions[m])
         ax.axvline(0, color="gray", lw=0.8, ls=":")
         if vals:
             ax.hist(vals, bins=20, range=(lo, hi), color=COLORS[k % 10], edgecolor="white")
@@ -399,7 +399,7 @@ def module_contributions(contributions: dict[str, list[float]]) -> bytes:
         last.tick_params(labelbottom=True)
         last.set_xlabel("contribution")
     fig.suptitle(title)
-    return _png(fig)
+    return png(fig)
 
 
 MODULE_OUTCOMES = (("ok", "valid (schema passed)"), ("invalid", "invalid"), ("truncated", "truncated"),
@@ -412,7 +412,7 @@ def module_schema_pass(stats: list[dict]) -> bytes:
     title = "Module outputs: schema pass rate"
     rows = [s for s in stats if s.get("runs")]
     if not rows:
-        return _empty(title, "no module ran")
+        return empty_plot(title, "no module ran")
     rows = rows[::-1]  # dependency order, top to bottom
     names = [str(s["id"])[:28] for s in rows]
     fig, ax = plt.subplots(figsize=(8, 1.5 + 0.42 * len(rows)))
@@ -429,7 +429,7 @@ def module_schema_pass(stats: list[dict]) -> bytes:
     ax.set_title(title, pad=22)
     ax.legend(fontsize=8, ncols=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     ax.grid(axis="x", alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
 def ppo_plots(steps: list[dict], health: dict | None, comparison: dict | None) -> dict[str, bytes]:

@@ -41,7 +41,7 @@ def synthesize_batch_spec(out_dir: str | Path, batch: int, settings: Settings) -
         return synthesize_task(seed, task_kind(seed, kinds), gw, settings, journal, seen, lock).to_row()
 
     return BatchSpec(
-        name=f"synth{batch}", part=lay.synth_part(batch), journal=lay.synth_journal(batch), schema=TASK_SCHEMA,
+        name=f"synth{batch}", part=lay.seeds.part(batch), journal=lay.seeds.journal(batch), schema=TASK_SCHEMA,
         load_rows=lambda: parts.read_row_group(lay.input, batch).to_pylist(),
         work=work, on_rejected=lambda seed, err: _rejected(seed, task_kind(seed, kinds), err),
         concurrency=settings.synthesis.concurrency, extra_stats=lambda statuses: {"tasks": len(statuses)})

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+# Markers: the sentence each prompt starts with (the templates below are built from them, so they cannot drift
+# apart); the scripted test server (testing/scripted_server.py) recognises a synthesis prompt by them.
+MARKER_PROPOSE_CODE = "You write verifiable Python programming tasks."
+MARKER_REPAIR_CODE = "A synthesized Python task failed its own tests."
+MARKER_SOLVE_CODE = "Solve this Python programming task."
+MARKER_PROPOSE_MATH = "You write math word problems with a single numeric answer."
+MARKER_SOLVE_MATH = "Solve the following problem step by step,"
+
 PROPOSE_CODE = (
-    "You write verifiable Python programming tasks. Inspired by the instruction below, write ONE self-contained task "
+    MARKER_PROPOSE_CODE + " Inspired by the instruction below, write ONE self-contained task "
     "whose solution is a single Python function.\n"
     "Reply with a JSON object only, with these keys:\n"
     '  "statement": the task for a programmer (what the function takes and returns, with an example),\n'
@@ -15,7 +23,7 @@ PROPOSE_CODE = (
 )
 
 REPAIR_CODE = (
-    "A synthesized Python task failed its own tests. Fix the reference solution OR the tests (whichever is wrong) so "
+    MARKER_REPAIR_CODE + " Fix the reference solution OR the tests (whichever is wrong) so "
     "that a correct implementation of the statement passes.\n\n"
     "Statement:\n{statement}\n\nReference solution (solution.py):\n```python\n{solution}\n```\n\n"
     "Tests (test_solution.py):\n```python\n{tests}\n```\n\nFailing output:\n```\n{failure}\n```\n\n"
@@ -24,12 +32,12 @@ REPAIR_CODE = (
 )
 
 SOLVE_CODE = (
-    "Solve this Python programming task. Reply with the complete code of solution.py (the function `{entry_point}` "
+    MARKER_SOLVE_CODE + " Reply with the complete code of solution.py (the function `{entry_point}` "
     "and anything it needs) in one ```python code block.\n\n{statement}"
 )
 
 PROPOSE_MATH = (
-    "You write math word problems with a single numeric answer. Inspired by the instruction below, write ONE "
+    MARKER_PROPOSE_MATH + " Inspired by the instruction below, write ONE "
     "grade-school math word problem and solve it step by step.\n"
     'Reply with a JSON object only: {{"problem": "...", "steps": ["Step 1: ...", "Step 2: ..."], '
     '"answer": "the final answer as a number or an arithmetic expression, e.g. 42 or 3/4"}}\n\n'
@@ -37,7 +45,7 @@ PROPOSE_MATH = (
 )
 
 SOLVE_MATH = (
-    "Solve the following problem step by step, each step on its own line as 'Step 1: ...', 'Step 2: ...', and end "
+    MARKER_SOLVE_MATH + " each step on its own line as 'Step 1: ...', 'Step 2: ...', and end "
     "with the line 'The answer is: <number>'.\n\n{problem}"
 )
 

@@ -1,0 +1,125 @@
+"""The stage registry: one descriptor per stage, declared beside its stage, and iterated over by the code that
+used to name every stage (the CLI, `evolforge status`, the deployments, the pipeline).
+
+Modelled on verl's reward-manager registry (`@register("name")`): a descriptor is data, not a base class with
+override hooks, and a stage's flow stays a plain Prefect flow, named here by its import path ("module:attr") and
+loaded only when it runs, so the CLI's flags, its fail-fast checks and `status` never import Prefect.
+
+    STAGE_PACKAGES (evolforge/tasks/__init__.py)  the one line per stage: the sub-package whose `stage` module
+                                                   registers its descriptor(s)
+    register(stage)                                add a descriptor (a stage module calls it at import)
+    stages() / get(name)                           every registered stage in STAGE_PACKAGES order / one by name
+    Table                                          an input or output table: name, file, columns (distilabel's
+                                                   "Input columns / Output columns"), what it is
+
+A stage's descriptor holds: its name (the CLI command, the Prefect flow and deployment name, the `kind` in its
+folder's stage.json), its parameter model (one declaration: the Prefect UI form and the CLI flags), its flow,
+its output folder class (storage/), its fail-fast input check, its input and output tables, and its deployment.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pydantic import BaseModel
+
+
+@dataclass(frozen=True)
+class Table:
+    """One table a stage reads or writes: `path` relative to the stage's folder (or how it is given)."""
+
+    name: str
+    path: str
+    columns: tuple[str, ...] = ()
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """How the stage is deployed on the project's Prefect work pool (deployments/prefect.yaml)."""
+
+    description: str
+    tags: tuple[str, ...] = ()
+    schedule: bool = False  # the nightly cron schedule of [schedule]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage, as data (see the module docstring)."""
+
+    name: str
+    help: str
+    params: type[BaseModel]
+    flow: str  # "evolforge.flows.<module>:<flow function>"
+    folder: type | None = None  # the storage class of its output folder (a StageFolder)
+    check: Callable[[Any, Any], None] | None = None  # check(params, settings): fail fast, creates nothing
+    inputs: tuple[Table, ...] = ()
+    outputs: tuple[Table, ...] = ()
+    out_field: str | None = "out"  # the parameter naming the output folder (None: the stage has none)
+    command: str | None = None  # the CLI command when it is not the stage's name
+    cli_flags: dict[str, str] = field(default_factory=dict)  # parameter -> its CLI flag, when not --the-name
+    cli_hidden: tuple[str, ...] = ()  # parameters the CLI does not offer (set by other commands, or Python only)
+    fast_exit: bool = False  # the CLI process ends without the interpreter's teardown once done (cli/common.py)
+    present: Callable[[dict, Any], str] | None = None  # present(result, params): what the CLI prints at the end
+    deployment: Deployment | None = None
+
+    @property
+    def cli_name(self) -> str:
+        return self.command or self.name
+
+    def load_flow(self) -> Callable:
+        module, _, attr = self.flow.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def out_of(self, params: BaseModel) -> str | None:
+        """The output folder the parameters name (None: the stage writes none, or it defaults elsewhere)."""
+        return getattr(params, self.out_field) if self.out_field else None
+
+
+_REGISTRY: dict[str, Stage] = {}
+
+
+class UnknownStage(KeyError):
+    pass
+
+
+def register(stage: Stage) -> Stage:
+    """Add a stage descriptor; registering the same name twice with another descriptor is an error."""
+    known = _REGISTRY.get(stage.name)
+    if known is not None and known is not stage:
+        raise ValueError(f"stage {stage.name!r} is registered twice ({known.flow} and {stage.flow})")
+    _REGISTRY[stage.name] = stage
+    return stage
+
+
+def unregister(name: str) -> None:
+    """Remove a stage (tests that register a stage of their own)."""
+    _REGISTRY.pop(name, None)
+
+
+def _load() -> None:
+    from evolforge.tasks import STAGE_PACKAGES
+
+    for pkg in STAGE_PACKAGES:
+        name = f"evolforge.tasks.{pkg}.stage"
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:  # TRANSITION (issue 22): a stage not moved to the registry yet
+            if e.name != name:
+                raise
+
+
+def stages() -> list[Stage]:
+    """Every registered stage: those of STAGE_PACKAGES in its order, then any registered later (tests)."""
+    _load()
+    return list(_REGISTRY.values())
+
+
+def get(name: str) -> Stage:
+    _load()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownStage(f"unknown stage {name!r} (known: {', '.join(_REGISTRY)})") from None

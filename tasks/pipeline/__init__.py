@@ -1,0 +1,1 @@
+"""The pipeline: every stage in order as one run (its parameters and descriptor: stage.py)."""

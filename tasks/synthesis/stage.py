@@ -1,0 +1,48 @@
+"""The synthesis stage: its parameters (the Prefect UI form and the CLI flags), its input check and its
+descriptor (tasks/core/stages.py). The flow: flows/synthesize.py; the files: storage/synthesis_sets.py."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from evolforge.config.settings import Settings
+from evolforge.storage.synthesis_sets import SynthLayout
+from evolforge.tasks.core.checks import check_endpoint, check_out_dir, check_rows
+from evolforge.tasks.core.params import EndpointParams
+from evolforge.tasks.core.stages import Deployment, Stage, Table, register
+
+
+class SynthesizeParams(EndpointParams):
+    """Parameters of the synthesis flow ([synthesis] and [sandbox] sections of the config)."""
+
+    seeds: str = Field(..., description="Instructions to draw tasks from: an evolve run's dataset/evolved.parquet "
+                       "or any jsonl / parquet / csv file.")
+    out: str = Field("runs/synthesize", description="Output folder; running again over it resumes.")
+
+
+def check(params: SynthesizeParams, settings: Settings) -> None:
+    """The seed file holds a usable instruction, the output folder can be written, the endpoint answers."""
+    check_rows(params.seeds, settings.input.instruction_field, "seed file", settings.input.max_chars)
+    check_out_dir(params.out)
+    check_endpoint(settings)
+
+
+STAGE = register(Stage(
+    name="synthesize",
+    help="verified task synthesis from instructions (sandboxed tests, repair loop, solver check, cost per task)",
+    params=SynthesizeParams,
+    flow="evolforge.flows.synthesize:synthesize_flow",
+    folder=SynthLayout,
+    check=check,
+    inputs=(Table("seeds", "(--seeds)", ("instruction", "id", "domain"), "instructions to draw tasks from"),),
+    outputs=(
+        Table("tasks", "data/train-00000-of-00001.parquet",
+              ("task_id", "seed_id", "kind", "statement", "entry_point", "solution", "tests", "answer", "difficulty",
+               "pass_rate"), "kept tasks, verified in the sandbox"),
+        Table("rejected", "rejected.parquet", ("task_id", "reject_reason", "attempts"), "rejected tasks and why"),
+        Table("cost_per_task", "cost_per_task.parquet", ("task_id", "calls", "tokens", "usd", "wall_seconds",
+                                                          "sandbox_seconds"), "what each task cost, by phase"),
+    ),
+    deployment=Deployment("Verified task synthesis (sandboxed test-and-repair loop, solver check, cost per task).",
+                          ("evolforge", "synthesize")),
+))
