@@ -34,11 +34,17 @@ def _print_stage(st: dict, indent: str = "") -> None:
                   f"{(s['prompt_tokens'] or 0) + (s['completion_tokens'] or 0):>9} tokens  {usd}")
 
 
-def cmd_status(args) -> int:
+def stage_status(out) -> dict:
+    """The status of the folder at `out` (storage/status.py), its kind read from its stage.json marker and its
+    units from the registered stage's folder class."""
     from evolforge.storage.status import folder_status
     from evolforge.tasks.core.stages import stages
 
-    st = folder_status(args.out, {s.name: s.folder for s in stages() if s.folder is not None})
+    return folder_status(out, {s.name: s.folder for s in stages() if s.folder is not None})
+
+
+def cmd_status(args) -> int:
+    st = stage_status(args.out)
     if args.json:
         print(json.dumps(st, indent=2, default=str))
         return 0 if st.get("kind") else 2

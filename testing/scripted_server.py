@@ -3,7 +3,9 @@
 It answers `/v1/chat/completions` and `/v1/models` over real HTTP. Replies are
 deterministic functions of the prompt (an evolve prompt gets a rewritten
 instruction, the Equal judge gets "Not Equal", an answer prompt gets steps), so
-a resumed run can be compared with an uninterrupted one. Faults are scripted
+a resumed run can be compared with an uninterrupted one. A request's stage is
+recognised by the MARKER_* constants of the stages' prompt modules
+(tasks/*/prompts.py), which their prompt templates are built from. Faults are scripted
 per request with `server.script(...)`: a queue of actions consumed one per
 request ("429", "503", "500", "hang", "401", "404", "400", "malformed",
 "truncated", "close", "ok"), then `default`.
@@ -29,7 +31,10 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from evolforge.tasks.core.gateway import PREFLIGHT_PROMPT
-from evolforge.tasks.modules.prompts import JUDGE_MARKER, MODULE_MARKER
+from evolforge.tasks.evolve import prompts as evolve_prompts
+from evolforge.tasks.modules import prompts as module_prompts
+from evolforge.tasks.reward import prompts as reward_prompts
+from evolforge.tasks.synthesis import prompts as synthesis_prompts
 
 VOCAB = """river mountain compute budget tensor violin harbor prime matrix glacier poem invoice garden
 orbit enzyme ledger canyon sonnet circuit falcon recipe theorem lantern vaccine border quartz marathon
@@ -52,7 +57,7 @@ def synthesis_reply(prompt: str) -> str | None:
     TRIVIAL gets tests that assert nothing, one containing EQONLY tests that only compare results with == (an
     object equal to everything passes them), one containing UNSOLVABLE gets solver answers that fail.
     """
-    if "You write verifiable Python programming tasks" in prompt:
+    if synthesis_prompts.MARKER_PROPOSE_CODE in prompt:
         tests = ("def test_nothing():\n    assert True\n" if "TRIVIAL" in prompt
                  else SYNTH_EQ_TESTS if "EQONLY" in prompt else SYNTH_TESTS)
         return json.dumps({"statement": "Write add_numbers(a, b) returning the sum of two integers, e.g. "
@@ -60,17 +65,17 @@ def synthesis_reply(prompt: str) -> str | None:
                            + (" UNSOLVABLE" if "UNSOLVABLE" in prompt else ""),
                            "entry_point": "add_numbers", "solution": SYNTH_BAD if "BUGGY" in prompt else SYNTH_GOOD,
                            "tests": tests})
-    if "A synthesized Python task failed its own tests" in prompt:
+    if synthesis_prompts.MARKER_REPAIR_CODE in prompt:
         return json.dumps({"fixed": "solution", "solution": SYNTH_GOOD, "tests": SYNTH_TESTS,
                            "explanation": "the reference subtracted instead of adding"})
-    if "Solve this Python programming task" in prompt:
+    if synthesis_prompts.MARKER_SOLVE_CODE in prompt:
         code = SYNTH_BAD if "UNSOLVABLE" in prompt else SYNTH_GOOD
         return f"Here you go:\n```python\n{code}```"
-    if "You write math word problems" in prompt:
+    if synthesis_prompts.MARKER_PROPOSE_MATH in prompt:
         wrong = "WRONGANSWER" in prompt
         return json.dumps({"problem": "Ann buys 3 boxes of 4 apples. How many apples? " + hashlib.sha1(prompt.encode()).hexdigest()[:6],
                            "steps": ["Step 1: 3 boxes of 4 apples is 3*4."], "answer": "3*5" if wrong else "3*4"})
-    if "Solve the following problem step by step" in prompt:
+    if synthesis_prompts.MARKER_SOLVE_MATH in prompt:
         return "Step 1: 3 * 4 = 12.\nThe answer is: 12"
     return None
 
@@ -79,7 +84,7 @@ def reply_for(body: dict, judge_verdict: str = "Not Equal") -> str:
     msgs = body.get("messages") or []
     prompt = msgs[-1]["content"] if msgs else ""
     h = hashlib.sha1(prompt.encode()).hexdigest()[:6]
-    if "Your Judgement" in prompt:
+    if evolve_prompts.MARKER_EQUAL_JUDGE in prompt:
         return judge_verdict
     reward = reward_reply(prompt)
     if reward is not None:
@@ -87,7 +92,7 @@ def reply_for(body: dict, judge_verdict: str = "Not Equal") -> str:
     synth = synthesis_reply(prompt)
     if synth is not None:
         return synth
-    if "#Rewritten Prompt#:" in prompt or "#Created Prompt#:" in prompt or "#Rewritten Question#:" in prompt:
+    if is_evolve_prompt(prompt):
         # a fresh, distinct instruction per prompt (so dedup keeps it): words drawn by the prompt's hash
         rng = random.Random(int(hashlib.sha1(prompt.encode()).hexdigest(), 16))
         words = " ".join(rng.choice(VOCAB) for _ in range(14))
@@ -97,8 +102,16 @@ def reply_for(body: dict, judge_verdict: str = "Not Equal") -> str:
     return f"Step 1: Read the task carefully {h}.\nStep 2: Work out the result.\nThe answer is: 42"
 
 
-def _solution_steps(prompt: str, marker: str) -> list[str]:
+def is_evolve_prompt(prompt: str) -> bool:
+    """An Evol-Instruct rewrite / create / code prompt (tasks/evolve/prompts.py)."""
+    return any(marker in prompt for marker in evolve_prompts.MARKER_EVOLVE)
+
+
+def _solution_steps(prompt: str, marker: str, until: str | None = None) -> list[str]:
+    """The `Step N: ...` lines after `marker` (up to the first `until` after it, when given)."""
     section = prompt.split(marker, 1)[1] if marker in prompt else ""
+    if until is not None:
+        section = section.split(until, 1)[0]
     return re.findall(r"^Step \d+: (.*)$", section, re.M)
 
 
@@ -109,21 +122,22 @@ def reward_reply(prompt: str) -> str | None:
     - PRM step labels: a step is incorrect when it contains the word 'wrong' (fenced JSON);
     - DeCoRL score: 2 + 2 per step without 'wrong' - 3 per step with it, clipped to 0..10;
     - Math-Shepherd continuation: 'The answer is: 42', or 7 when a prefix step contains 'wrong'."""
-    if prompt.startswith("Rank these instructions for an AI assistant"):
+    rp = reward_prompts
+    if prompt.startswith(rp.MARKER_RANK):
         versions = re.findall(r"^\[([A-Z])\] (.*)$", prompt, re.M)
         order = [lab for lab, _ in sorted(versions, key=lambda v: (-len(v[1]), v[0]))]
         n = len(order)
         scores = {lab: round(9 - 6 * i / max(1, n - 1), 2) for i, lab in enumerate(order)}
         return json.dumps({"ranking": order, "scores": scores})
-    if "The solution has" in prompt and '"labels"' in prompt:
-        steps = _solution_steps(prompt.split("The solution has", 1)[0], "#Solution#")
+    if rp.MARKER_STEP_LABELS in prompt:
+        steps = _solution_steps(prompt, rp.SOLUTION_HEADING, until="\n\n")
         return "```json\n" + json.dumps({"labels": ["wrong" not in s.lower() for s in steps]}) + "\n```"
-    if "Score the solution" in prompt:
-        steps = _solution_steps(prompt.split("Reply with JSON", 1)[0], "#Solution#")
+    if rp.MARKER_SCORE in prompt:
+        steps = _solution_steps(prompt, rp.SOLUTION_HEADING, until="\n\n")
         bad = sum("wrong" in s.lower() for s in steps)
         return json.dumps({"score": max(0, min(10, 2 + 2 * (len(steps) - bad) - 3 * bad))})
-    if "#Solution so far#" in prompt:
-        wrong = any("wrong" in s.lower() for s in _solution_steps(prompt, "#Solution so far#"))
+    if rp.MARKER_CONTINUE in prompt:
+        wrong = any("wrong" in s.lower() for s in _solution_steps(prompt, rp.MARKER_CONTINUE))
         return "Step 9: Finish the computation.\nThe answer is: " + ("7" if wrong else "42")
     return None
 
@@ -143,7 +157,9 @@ CORRUPTED_CONTENT = {  # what a corrupted module says instead: valid, but wrong 
     "result": "CORRUPTED 41", "alternatives": ["CORRUPTED phrasing"], "final": "CORRUPTED answer 41",
 }
 MODULE_FAULTS = ("invalid_json", "missing_fields", "wrong_content", "bad_confidence")
-_MODULE_HEAD = re.compile(re.escape(MODULE_MARKER) + r" (\S+) \(output: (\w+)\)")
+_MODULE_HEAD = re.compile(re.escape(module_prompts.MARKER_MODULE) + r" (\S+) \(output: (\w+)\)")
+_MODULE_DEPS = re.compile("^" + re.escape(module_prompts.MARKER_DEPENDENCIES) + r" (.*)$", re.M)
+_REMOVED = re.compile(re.escape(module_prompts.REMOVED).replace(re.escape("{id}"), r"\S+"))
 
 
 def _penalty(table: dict[str, float] | None, question: str) -> float:
@@ -157,30 +173,31 @@ def module_reply(body: dict, corrupt_module: str | None = None, fault_rate: floa
                  graph_penalty: dict[str, float] | None = None) -> tuple[str, str] | None:
     """(text, finish_reason) for the module-DAG prompts (tasks/modules/prompts.py), else None.
 
-    A module prompt (first line `### evolforge module: ID (output: TYPE)`, also on a re-ask) gets a valid
+    A module prompt (first line `MARKER_MODULE ID (output: TYPE)`, also on a re-ask) gets a valid
     {type, content, confidence, dependencies} object; the module `corrupt_module` gets valid JSON whose content
     says CORRUPTED. `fault_rate` of the replies (chosen by a hash of the request, so a re-ask draws anew) are
     schema faults: invalid JSON, missing fields, content of the wrong type, or a confidence over 1. A reply whose
     max_tokens is under `truncate_below` is cut in half with finish_reason 'length'.
-    The judge prompt (`### evolforge module-judge`) scores the text between #Answer# and #End of answer#:
+    The judge prompt (MARKER_MODULE_JUDGE) scores the text between MARKER_ANSWER and MARKER_ANSWER_END:
     10 - 1 per '[module X removed]' - 5 when it says CORRUPTED, clipped to 0..10. For the comparison
-    (tasks/modules/compare.py) it also takes off `graph_penalty[key]` from an answer with a "Module trace" (the
+    (tasks/modules/compare.py) it also takes off `graph_penalty[key]` from an answer with MARKER_MODULE_TRACE (the
     graph's) and `plain_penalty[key]` from one without (the single-shot's), key: the longest key found in the
     judged question ("" matches all); both empty by default."""
     msgs = body.get("messages") or []
     prompt = str(msgs[-1].get("content", "")) if msgs else ""
-    if prompt.startswith(JUDGE_MARKER):
-        answer = prompt.split("#Answer#", 1)[-1].split("#End of answer#", 1)[0]
-        removed = len(re.findall(r"\[module \S+ removed\]", answer))
+    mp = module_prompts
+    if prompt.startswith(mp.MARKER_MODULE_JUDGE):
+        answer = prompt.split(mp.MARKER_ANSWER, 1)[-1].split(mp.MARKER_ANSWER_END, 1)[0]
+        removed = len(_REMOVED.findall(answer))
         score = 10 - removed - (5 if "CORRUPTED" in answer else 0)
-        question = prompt.split("#Question#", 1)[-1].split("#Answer#", 1)[0]
-        score -= _penalty(graph_penalty if "Module trace" in answer else plain_penalty, question)
+        question = prompt.split(mp.MARKER_QUESTION, 1)[-1].split(mp.MARKER_ANSWER, 1)[0]
+        score -= _penalty(graph_penalty if mp.MARKER_MODULE_TRACE in answer else plain_penalty, question)
         return json.dumps({"score": max(0, min(10, score))}), "stop"
     head = _MODULE_HEAD.match(prompt)
     if not head:
         return None
     module, kind = head.group(1), head.group(2)
-    deps_line = re.search(r"^Your dependencies: (.*)$", prompt, re.M)
+    deps_line = _MODULE_DEPS.search(prompt)
     deps = [d.strip() for d in deps_line.group(1).split(",")] if deps_line and deps_line.group(1) != "none" else []
     content = (CORRUPTED_CONTENT if module == corrupt_module else MODULE_CONTENT).get(kind, "?")
     reply = {"type": kind, "content": content, "confidence": 0.8, "dependencies": deps}
@@ -343,7 +360,7 @@ class ScriptedServer:
                 else:
                     text = reply_for(body, outer.judge_verdict)
                     prompt = str((body.get("messages") or [{}])[-1].get("content", ""))
-                    if "Prompt#:" in prompt or "Question#:" in prompt:
+                    if is_evolve_prompt(prompt):
                         for key, value in outer.evolve_overrides.items():
                             if key in prompt:
                                 text = value

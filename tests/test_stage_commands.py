@@ -9,7 +9,7 @@ import pytest
 
 from evolforge.cli import main
 from evolforge.storage.reward_sets import RewardLayout
-from evolforge.storage.status import folder_status
+from evolforge.cli.status import stage_status as folder_status
 from evolforge.testing.evolved_runs import TINY_TRAINING, evolve_folder
 from evolforge.testing.ppo_models import shared_reward_models, write_evolved
 

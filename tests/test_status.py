@@ -15,7 +15,8 @@ import pytest
 from evolforge.flows.evolve import EvolveParams, evolve_flow
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.parts import read_part, write_table_atomic
-from evolforge.storage.status import folder_status, has_checkpoints
+from evolforge.cli.status import stage_status as folder_status
+from evolforge.storage.status import has_checkpoints
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

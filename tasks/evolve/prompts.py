@@ -8,6 +8,14 @@ rewriter rule (10 to 20 added words; never the words 'given prompt' or
 
 from __future__ import annotations
 
+# Markers: substrings each kind of prompt contains (the templates below are built from them, so they cannot
+# drift apart); the scripted test server (testing/scripted_server.py) recognises a stage's request by them.
+MARKER_EVOLVE_REWRITE = "#Rewritten Prompt#:"  # the in-depth (up) and the `easier` (down) rewrites
+MARKER_EVOLVE_CREATE = "#Created Prompt#:"  # in-breadth and `new_easier_topic` (down): a brand-new prompt
+MARKER_EVOLVE_CODE = "#Rewritten Question#:"  # the code operations (WizardCoder)
+MARKER_EVOLVE = (MARKER_EVOLVE_REWRITE, MARKER_EVOLVE_CREATE, MARKER_EVOLVE_CODE)  # one of them: an evolve prompt
+MARKER_EQUAL_JUDGE = "Your Judgement (Just answer: Equal or Not Equal. No need to explain the reason.):"
+
 DEPTH_BASE = (
     "I want you to act as a Prompt Rewriter.\n"
     "Your objective is to rewrite a given prompt into a more complex version to make those famous AI systems "
@@ -22,7 +30,7 @@ DEPTH_BASE = (
     "'#The Given Prompt#', '#Rewritten Prompt#', 'given prompt' and 'rewritten prompt' are not allowed to appear "
     "in #Rewritten Prompt#\n"
     "#The Given Prompt#:\n{instruction}\n"
-    "#Rewritten Prompt#:\n"
+    + MARKER_EVOLVE_REWRITE + "\n"
 )
 
 DEPTH_METHODS = {
@@ -43,7 +51,7 @@ BREADTH = (
     "The #Created Prompt# must be reasonable and must be understood and responded by humans.\n"
     "'#Given Prompt#', '#Created Prompt#', 'given prompt' and 'created prompt' are not allowed to appear in #Created Prompt#\n"
     "#Given Prompt#:\n{instruction}\n"
-    "#Created Prompt#:\n"
+    + MARKER_EVOLVE_CREATE + "\n"
 )
 
 DOWN = {
@@ -55,7 +63,7 @@ DOWN = {
         "'#The Given Prompt#', '#Rewritten Prompt#', 'given prompt' and 'rewritten prompt' are not allowed to appear "
         "in #Rewritten Prompt#\n"
         "#The Given Prompt#:\n{instruction}\n"
-        "#Rewritten Prompt#:\n"
+        + MARKER_EVOLVE_REWRITE + "\n"
     ),
     "new_easier_topic": (
         "I want you to act as a Prompt Creator.\n"
@@ -63,7 +71,7 @@ DOWN = {
         "easier to solve than the #Given Prompt#.\n"
         "'#Given Prompt#', '#Created Prompt#', 'given prompt' and 'created prompt' are not allowed to appear in #Created Prompt#\n"
         "#Given Prompt#:\n{instruction}\n"
-        "#Created Prompt#:\n"
+        + MARKER_EVOLVE_CREATE + "\n"
     ),
 }
 
@@ -72,7 +80,7 @@ CODE_BASE = (
     "You can increase the difficulty using, but not limited to, the following methods:\n"
     "{method}\n\n"
     "#Given Question#:\n{instruction}\n\n"
-    "#Rewritten Question#:\n"
+    + MARKER_EVOLVE_CODE + "\n"
 )
 
 CODE_METHODS = {
@@ -90,7 +98,7 @@ EQUAL_JUDGE = (
     "2. They have same depth and breadth of the inquiry.\n"
     "The First Prompt: {parent}\n"
     "The Second Prompt: {child}\n"
-    "Your Judgement (Just answer: Equal or Not Equal. No need to explain the reason.):"
+    + MARKER_EQUAL_JUDGE
 )
 
 ANSWER_STEPS = (

@@ -18,8 +18,16 @@ import json
 
 from evolforge.tasks.modules.schema import CONTENT_FORM
 
-MODULE_MARKER = "### evolforge module:"
-JUDGE_MARKER = "### evolforge module-judge"
+# Markers: substrings the prompts contain (the templates below are built from them, so they cannot drift apart);
+# the scripted test server (testing/scripted_server.py) recognises and reads a module-stage prompt by them.
+MARKER_MODULE = "### evolforge module:"  # first line of a module call and of its re-ask: `MARKER ID (output: TYPE)`
+MARKER_MODULE_JUDGE = "### evolforge module-judge"  # first line of the judge prompt
+MARKER_MODULE_TRACE = "Module trace:"  # the integrate aggregation's answer (tasks/modules/run.py) has it, a single-shot one not
+MARKER_DEPENDENCIES = "Your dependencies:"  # module and re-ask prompts: `MARKER a, b` or `MARKER none`
+MARKER_QUESTION = "#Question#"  # the judge prompt: the question follows it, then MARKER_ANSWER ... MARKER_ANSWER_END
+MARKER_ANSWER = "#Answer#"
+MARKER_ANSWER_END = "#End of answer#"
+MODULE_MARKER, JUDGE_MARKER = MARKER_MODULE, MARKER_MODULE_JUDGE  # the earlier names
 REMOVED = "[module {id} removed]"
 
 MODULE = (
@@ -27,7 +35,7 @@ MODULE = (
     "You are the \"{id}\" module of a reasoning system in which several modules work on one question. {role}\n\n"
     "#Question#\n{question}\n\n"
     "#Inputs from other modules#\n{inputs}\n\n"
-    "Your dependencies: {deps}\n"
+    + MARKER_DEPENDENCIES + " {deps}\n"
     "{form}"
 )
 
@@ -40,15 +48,15 @@ FORM = (
 REASK = (
     "{marker} {id} (output: {type})\n"
     "Your reply was not valid: {error}\n"
-    "Your dependencies: {deps}\n"
+    + MARKER_DEPENDENCIES + " {deps}\n"
     "{form}"
 )
 
 JUDGE = (
     "{marker}\n"
     "Score the answer to the question from 0 (wrong or useless) to 10 (correct, complete and clear).\n{how}\n\n"
-    "#Question#\n{question}\n\n"
-    "#Answer#\n{answer}\n#End of answer#\n\n"
+    + MARKER_QUESTION + "\n{question}\n\n"
+    + MARKER_ANSWER + "\n{answer}\n" + MARKER_ANSWER_END + "\n\n"
     'Reply with JSON only: {{"score": a number from 0 to 10}}'
 )
 

@@ -43,6 +43,7 @@ from evolforge.tasks.core.batch import is_fatal, is_rejected_record
 from evolforge.tasks.core.gateway import Gateway, GatewayError
 from evolforge.tasks.modules.graph import ModuleGraph
 from evolforge.tasks.modules.prompts import (
+    MARKER_MODULE_TRACE,
     content_text,
     failed_line,
     judge_messages,
@@ -221,7 +222,7 @@ def aggregate(graph: ModuleGraph, lines: dict[str, str], final_text: str, aggreg
         joined = "\n".join(lines[m] for m in (*graph.non_exit, graph.exit))
         return joined, joined
     trace = "\n".join(lines[m] for m in graph.non_exit)
-    return final_text, f"Final answer: {final_text}\n\nModule trace:\n{trace}"
+    return final_text, f"Final answer: {final_text}\n\n{MARKER_MODULE_TRACE}\n{trace}"
 
 
 def judge(item: Item, answer: str, purpose: str) -> tuple[float | None, str | None]:

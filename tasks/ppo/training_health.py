@@ -15,8 +15,9 @@ completions were scored and a check fails; the trainer callback (tasks/ppo/local
 from __future__ import annotations
 
 from evolforge.config.settings import PPOSettings, RewardSettings
+from evolforge.tasks.core.reporting import markdown_table
 from evolforge.tasks.ppo.reward import combine
-from evolforge.tasks.reward.health import _check, stats, text_histogram
+from evolforge.tasks.reward.health import check_row, stats, text_histogram
 
 
 class TrainingHealth:
@@ -57,17 +58,17 @@ class TrainingHealth:
         checks: list[dict] = []
         ra = stats(self.r_a)
         if not ra["n"]:
-            checks.append(_check("r_a_scores", 0, False, "scored completions", "no completions were scored"))
+            checks.append(check_row("r_a_scores", 0, False, "scored completions", "no completions were scored"))
         else:
             share = ra["share_below_half"]
             flat = share < cfg.prm_flat_share
-            checks.append(_check("r_a_low_share", share, cfg.prm_low_share_low <= share <= cfg.prm_low_share_high,
-                                 f"{cfg.prm_low_share_low} to {cfg.prm_low_share_high}",
-                                 (f"only {share:.0%} of rA are under 0.5 (< {cfg.prm_flat_share:.0%}): the reward "
-                                  "does not tell answers apart") if flat else
-                                 f"{share:.0%} of rA are under 0.5 in the first steps (healthy "
-                                 f"{cfg.prm_low_share_low:.0%}-{cfg.prm_low_share_high:.0%})"
-                                 + ("; the rewards collapsed" if share >= 0.9 else "")))
+            checks.append(check_row("r_a_low_share", share, cfg.prm_low_share_low <= share <= cfg.prm_low_share_high,
+                                    f"{cfg.prm_low_share_low} to {cfg.prm_low_share_high}",
+                                    (f"only {share:.0%} of rA are under 0.5 (< {cfg.prm_flat_share:.0%}): the reward "
+                                     "does not tell answers apart") if flat else
+                                    f"{share:.0%} of rA are under 0.5 in the first steps (healthy "
+                                    f"{cfg.prm_low_share_low:.0%}-{cfg.prm_low_share_high:.0%})"
+                                    + ("; the rewards collapsed" if share >= 0.9 else "")))
         base, recent = stats(self.rewards[:n]), stats(self.rewards[-n:])
         drift = None
         if len(self.rewards) >= 2 * n:  # a baseline and a recent window that do not overlap
@@ -76,16 +77,16 @@ class TrainingHealth:
                      "recent_std": recent["std"],
                      "std_ratio": round(recent["std"] / base["std"], 4) if base["std"] else None}
             drop = -drift["mean_change"]
-            checks.append(_check("reward_mean_drift", drift["mean_change"], drop <= self.ppo.health_max_mean_drop,
-                                 f"no drop over {self.ppo.health_max_mean_drop}",
-                                 f"mean reward fell from {base['mean']} to {recent['mean']} (more than "
-                                 f"{self.ppo.health_max_mean_drop}): the rewards are collapsing"))
+            checks.append(check_row("reward_mean_drift", drift["mean_change"], drop <= self.ppo.health_max_mean_drop,
+                                    f"no drop over {self.ppo.health_max_mean_drop}",
+                                    f"mean reward fell from {base['mean']} to {recent['mean']} (more than "
+                                    f"{self.ppo.health_max_mean_drop}): the rewards are collapsing"))
             if base["std"]:
                 ok = drift["std_ratio"] >= self.ppo.health_min_std_ratio
-                checks.append(_check("reward_std_drift", drift["std_ratio"], ok,
-                                     f"at least {self.ppo.health_min_std_ratio} x the baseline std",
-                                     f"reward std fell from {base['std']} to {recent['std']}: the reward no longer "
-                                     "separates completions (GRPO advantages vanish)"))
+                checks.append(check_row("reward_std_drift", drift["std_ratio"], ok,
+                                        f"at least {self.ppo.health_min_std_ratio} x the baseline std",
+                                        f"reward std fell from {base['std']} to {recent['std']}: the reward no longer "
+                                        "separates completions (GRPO advantages vanish)"))
         failed = [c for c in checks if not c["passed"]]
         return {"stage": "training", "passed": not failed, "policy": cfg.health_policy,
                 "steps_watched": min(self.step, self.ppo.health_steps), "health_steps": self.ppo.health_steps,
@@ -96,8 +97,6 @@ class TrainingHealth:
 
 def health_markdown(report: dict) -> list[str]:
     """Lines of the PPO summary artifact: verdict, the checks, the rA histogram."""
-    from evolforge.tasks.core.reporting import markdown_table
-
     verdict = "passed" if report["passed"] else f"FAILED (policy: {report['policy']})"
     stopped = f"; training stopped at step {report['stopped_at_step']}" if report.get("stopped_at_step") else ""
     lines = [f"Reward health over the first {report['steps_watched']} steps ({report['completions']} completions): "

@@ -40,7 +40,10 @@ def stats(scores: list[float]) -> dict:
             "min": round(min(scores), 4), "max": round(max(scores), 4)}
 
 
-def _check(name: str, value, passed: bool, healthy: str, message: str) -> dict:
+def check_row(name: str, value, passed: bool, healthy: str, message: str) -> dict:
+    """One row of a health report's "checks": the check's name, the measured value, the healthy range as text,
+    whether it passed, and the problem's message (empty when it passed). Shared with the PPO stage's training
+    health (tasks/ppo/training_health.py), so both reports have one shape."""
     return {"check": name, "value": value, "healthy": healthy, "passed": bool(passed), "message": "" if passed else message}
 
 
@@ -54,28 +57,28 @@ def check_health(irm_scores: list[float], prm_scores: list[float], cfg: RewardSe
     for name, sc in (("irm", irm), ("prm", prm)):
         st = stats(sc)
         if not st["n"]:
-            checks.append(_check(f"{name}_scores", 0, False, "a sample of scores", f"no {name.upper()} scores to check"))
+            checks.append(check_row(f"{name}_scores", 0, False, "a sample of scores", f"no {name.upper()} scores to check"))
             continue
-        checks.append(_check(f"{name}_mean", st["mean"], lo <= st["mean"] <= hi, f"{lo} to {hi}",
-                             f"{name.upper()} score mean {st['mean']} is outside {lo}-{hi}"))
-        checks.append(_check(f"{name}_std", st["std"], st["std"] > min_std, f"over {min_std}",
-                             f"{name.upper()} score std {st['std']} is not over {min_std}: the scores barely vary"))
+        checks.append(check_row(f"{name}_mean", st["mean"], lo <= st["mean"] <= hi, f"{lo} to {hi}",
+                                f"{name.upper()} score mean {st['mean']} is outside {lo}-{hi}"))
+        checks.append(check_row(f"{name}_std", st["std"], st["std"] > min_std, f"over {min_std}",
+                                f"{name.upper()} score std {st['std']} is not over {min_std}: the scores barely vary"))
     ist, pst = stats(irm), stats(prm)
     if ist["n"]:
         overfit = ist["mean"] > cfg.irm_overfit_mean and ist["std"] < cfg.irm_overfit_std
-        checks.append(_check("irm_not_overfit", {"mean": ist["mean"], "std": ist["std"]}, not overfit,
-                             f"not (mean > {cfg.irm_overfit_mean} and std < {cfg.irm_overfit_std})",
-                             "IRM overfit: mean over 0.9 with std under 0.01, usually duplicate evolution templates "
-                             "(dedup harder)"))
+        checks.append(check_row("irm_not_overfit", {"mean": ist["mean"], "std": ist["std"]}, not overfit,
+                                f"not (mean > {cfg.irm_overfit_mean} and std < {cfg.irm_overfit_std})",
+                                "IRM overfit: mean over 0.9 with std under 0.01, usually duplicate evolution templates "
+                                "(dedup harder)"))
     if pst["n"]:
         share = pst["share_below_half"]
         flat = share < cfg.prm_flat_share
-        checks.append(_check("prm_low_share", share, cfg.prm_low_share_low <= share <= cfg.prm_low_share_high,
-                             f"{cfg.prm_low_share_low} to {cfg.prm_low_share_high}",
-                             (f"only {share:.0%} of PRM scores are under 0.5 (< {cfg.prm_flat_share:.0%}): "
-                              "the PRM does not tell steps apart") if flat else
-                             f"{share:.0%} of PRM scores are under 0.5 (healthy "
-                             f"{cfg.prm_low_share_low:.0%}-{cfg.prm_low_share_high:.0%})"))
+        checks.append(check_row("prm_low_share", share, cfg.prm_low_share_low <= share <= cfg.prm_low_share_high,
+                                f"{cfg.prm_low_share_low} to {cfg.prm_low_share_high}",
+                                (f"only {share:.0%} of PRM scores are under 0.5 (< {cfg.prm_flat_share:.0%}): "
+                                 "the PRM does not tell steps apart") if flat else
+                                f"{share:.0%} of PRM scores are under 0.5 (healthy "
+                                f"{cfg.prm_low_share_low:.0%}-{cfg.prm_low_share_high:.0%})"))
     failed = [c for c in checks if not c["passed"]]
     return {"stage": stage, "passed": not failed, "policy": cfg.health_policy, "sample_size": cfg.health_sample,
             "irm": ist, "prm": pst, "checks": checks, "problems": [c["message"] for c in failed],

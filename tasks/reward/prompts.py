@@ -13,8 +13,16 @@ from __future__ import annotations
 
 import json
 
+# Markers: a substring each prompt contains (the templates below are built from them, so they cannot drift apart);
+# the scripted test server (testing/scripted_server.py) recognises a reward prompt by them.
+MARKER_RANK = "Rank these instructions for an AI assistant"  # RANK starts with it
+MARKER_STEP_LABELS = "You are checking a step-by-step solution."
+MARKER_SCORE = "Score the solution to the problem"
+MARKER_CONTINUE = "#Solution so far#"
+SOLUTION_HEADING = "#Solution#"  # STEP_LABELS and SCORE: the steps follow it, up to the next blank line
+
 RANK = (
-    "Rank these instructions for an AI assistant from best to worst on definition (a clear task: what to do and "
+    MARKER_RANK + " from best to worst on definition (a clear task: what to do and "
     "what the result should be), precision (specific and unambiguous, with concrete details and constraints) and "
     "integrity (complete, self-consistent and answerable).\n\n"
     "{versions}\n\n"
@@ -22,23 +30,23 @@ RANK = (
 )
 
 STEP_LABELS = (
-    "You are checking a step-by-step solution. For each step decide whether it is correct (right reasoning, "
+    MARKER_STEP_LABELS + " For each step decide whether it is correct (right reasoning, "
     "right calculation, and it moves the solution forward) or incorrect.\n\n"
-    "#Problem#\n{problem}\n\n#Solution#\n{solution}\n\n"
+    "#Problem#\n{problem}\n\n" + SOLUTION_HEADING + "\n{solution}\n\n"
     "The solution has {n} steps. Reply with JSON only: {{\"labels\": [true or false for each of the {n} steps, in order]}}.\n"
     "The form for {n} steps (your values will differ): {example}"
 )
 
 SCORE = (
-    "Score the solution to the problem from 0 (wrong or useless) to 10 (correct, complete and clear).\n\n"
-    "#Problem#\n{problem}\n\n#Solution#\n{solution}\n\n"
+    MARKER_SCORE + " from 0 (wrong or useless) to 10 (correct, complete and clear).\n\n"
+    "#Problem#\n{problem}\n\n" + SOLUTION_HEADING + "\n{solution}\n\n"
     "Reply with JSON only: {{\"score\": a number from 0 to 10}}"
 )
 
 CONTINUE = (
     "Solve the problem. The first steps of the solution are given: continue from them with the next steps in the "
     "same 'Step N: ...' form and end with a line 'The answer is: ...'.\n\n"
-    "#Problem#\n{problem}\n\n#Solution so far#\n{prefix}\n"
+    "#Problem#\n{problem}\n\n" + MARKER_CONTINUE + "\n{prefix}\n"
 )
 
 STRICT_STEPS = (

@@ -1,7 +1,9 @@
 """The sandbox that runs untrusted generated code (bubblewrap, rlimits, timeouts).
 
-- run:     run_python_tests and the availability check; the only way generated code is executed.
+- run:     run_python_tests, run_many, run_python_program and the availability check: the only entry points that
+           execute generated code (per run, or through pool).
 - limits:  the rlimit / bwrap argument helpers.
+- host:    what run and pool share: SandboxResult, the result channel's pipes, uids, kills, exit classification.
 - harness: the in-sandbox runner (written into the sandbox per run): nonce from a private pipe, audit hook,
            pytest plugin reporting the real outcomes on a private result channel.
 - verdict: the host's judgement of a run from that channel (never from the tested code's output).

@@ -1,6 +1,6 @@
 """Command lines of the sandbox: rlimits (prlimit), uid drop (setpriv) and the bubblewrap view.
 
-Helpers of tasks/sandbox/run.py, kept apart so that file stays small. Nothing here
+Helpers of tasks/sandbox/run.py and pool.py, kept apart so those files stay small. Nothing here
 starts the untrusted code; it only builds argv lists.
 
 Why no user namespace when started as root: the kernel never enforces

@@ -1,7 +1,7 @@
 """Warm sandbox workers: one long-lived bwrap sandbox per worker, one forked child per check.
 
-Host side of tasks/sandbox/worker.py; tasks/sandbox/run.py sends every check here when
-`sandbox.reuse_workers` is on (the default, bwrap mode only). Starting bwrap, an interpreter and
+Host side of tasks/sandbox/worker.py; tasks/sandbox/run.py sends every run but the availability probe here
+when `sandbox.reuse_workers` is on (the default, bwrap mode only). Starting bwrap, an interpreter and
 pytest per check costs far more than the check; a worker pays that once and forks a pristine child per
 check (see worker.py for what the child does: fresh tmpfs /sandbox, /tmp and /dev/shm in its own mount
 and IPC namespaces, its own session, rlimits, uid and no capabilities).
@@ -10,7 +10,9 @@ Per check the host creates everything the one-sandbox-per-check mode creates (st
 the harness's nonce pipe and result pipe with a fresh nonce, a dedicated uid when root) plus a memfd per
 file, and hands the descriptors to the worker over its control socket (SCM_RIGHTS). It reads stdout,
 stderr and the result channel itself, under the same wall timeout and output cap, and judges the result
-channel exactly as before (tasks/sandbox/verdict.py); the worker only reports the exit status.
+channel exactly as the per-run path does (tasks/sandbox/verdict.py); the worker only reports the exit status.
+What the two paths share (SandboxResult, the result channel, uids, kills, exit classification) is in
+tasks/sandbox/host.py.
 
 A worker is retired (its whole sandbox killed, a fresh one started on demand) after
 `sandbox.worker_max_checks` checks, and after any anomaly: a wall timeout or output cap (the check is
@@ -24,6 +26,7 @@ import array
 import atexit
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -34,7 +37,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from evolforge.config.sections.sandbox import SandboxSettings
-from evolforge.tasks.sandbox import run as sandbox_run
+from evolforge.tasks.sandbox.host import (
+    NS_EXIT_WAIT_S,
+    ResultChannel,
+    SandboxResult,
+    classify_exit,
+    drain_result,
+    inner_env,
+    kill_group,
+    release_uid,
+    take_uid,
+    watch_sandbox_init,
+)
 from evolforge.tasks.sandbox.limits import SandboxUnavailable, bwrap_argv, drop_argv
 from evolforge.tasks.sandbox.verdict import judge
 
@@ -67,7 +81,7 @@ class Worker:
         privileged = os.geteuid() == 0
         caps = ("CAP_KILL", "CAP_SYS_ADMIN") if privileged else ("CAP_SYS_ADMIN",)
         binds = {f"{WORKER_DIR}/{name}": os.path.join(_HERE, name) for name in ("worker.py", "harness.py")}
-        opts, python = bwrap_argv(settings, {}, sandbox_run._inner_env(), privileged, caps, binds)
+        opts, python = bwrap_argv(settings, {}, inner_env(), privileged, caps, binds)
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         info_r, info_w = os.pipe()
         argv = opts + ["--info-fd", str(info_w), "--"] + drop_argv(None) + [python, f"{WORKER_DIR}/worker.py",
@@ -110,7 +124,7 @@ class Worker:
                             raise WorkerError(f"sandbox worker failed to start: {self._stderr_tail()}")
                         sel.unregister(key.fileobj)
                     elif key.data == "info":
-                        sandbox_run._watch_sandbox_init(state, chunk)
+                        watch_sandbox_init(state, chunk)
                     else:
                         self.buf += chunk
         self.ns_pidfd = state["ns_pidfd"]
@@ -161,12 +175,10 @@ class Worker:
 
     def kill(self) -> None:
         """Kill the whole sandbox and wait until its PID namespace is gone."""
-        sandbox_run._kill_group(self.proc.pid)
+        kill_group(self.proc.pid)
         self.proc.wait()
         if self.ns_pidfd is not None:
-            import select
-
-            select.select([self.ns_pidfd], [], [], sandbox_run._NS_EXIT_WAIT_S)
+            select.select([self.ns_pidfd], [], [], NS_EXIT_WAIT_S)
             os.close(self.ns_pidfd)
             self.ns_pidfd = None
         self.sock.close()
@@ -268,10 +280,10 @@ _ids = iter(range(1, 1 << 62))
 
 
 def run_in_worker(settings: SandboxSettings, files: dict[str, str], args: list[str], runner: str,
-                  declared: int = 0, stdin: str | None = None) -> sandbox_run.SandboxResult:
+                  declared: int = 0, stdin: str | None = None) -> SandboxResult:
     """One check in a warm worker: runner "pytest"/"script" (args: the test file, then pytest options) through
     the harness and its result channel, or "raw" (args: the script) with `stdin` on its standard input."""
-    uid = sandbox_run._take_uid(settings.uid_base) if os.geteuid() == 0 else None
+    uid = take_uid(settings.uid_base) if os.geteuid() == 0 else None
     ours: list[int] = []  # descriptors to close once sent (the worker's child keeps its own copies)
     keep: list[int] = []  # read ends the host reads from
     channel = None
@@ -284,7 +296,7 @@ def run_in_worker(settings: SandboxSettings, files: dict[str, str], args: list[s
         ours += [out_w, err_w]
         fds = [stdin_fd, out_w, err_w]
         if runner != "raw":
-            channel = sandbox_run._Channel()
+            channel = ResultChannel()
             fds += [channel.fds["nonce_r"], channel.fds["result_w"]]
         for name, code in files.items():
             fd = _memfd(name, code.encode("utf-8", "surrogateescape"))
@@ -302,12 +314,11 @@ def run_in_worker(settings: SandboxSettings, files: dict[str, str], args: list[s
         if channel is not None:
             channel.close()
         if uid is not None:
-            with sandbox_run._uids_lock:
-                sandbox_run._uids_in_use.discard(uid)
+            release_uid(uid)
 
 
 def _check(settings: SandboxSettings, header: dict, fds: list[int], ours: list[int], out_r: int, err_r: int,
-           channel, runner: str, declared: int) -> sandbox_run.SandboxResult:
+           channel: ResultChannel | None, runner: str, declared: int) -> SandboxResult:
     worker = _POOL.acquire(settings)
     try:
         worker.send(header, fds)
@@ -336,20 +347,20 @@ def _check(settings: SandboxSettings, header: dict, fds: list[int], ours: list[i
         duration = time.monotonic() - started
         _POOL.release(settings, worker, healthy)  # an unhealthy worker is killed here, with every process of the check
     if channel is not None and not reason:
-        reason = sandbox_run._drain(channel.fds["result_r"], bufs["res"], settings.max_output_bytes - total)
+        reason = drain_result(channel.fds["result_r"], bufs["res"], settings.max_output_bytes - total)
     stdout, stderr = bufs["out"].decode("utf-8", "replace"), bufs["err"].decode("utf-8", "replace")
     if lost is not None:
         stderr += f"\n[evolforge sandbox: {lost}]"
     code = done["status"] if done is not None else (-signal.SIGKILL if reason else None)
     if code is not None:
-        reason = reason or sandbox_run._classify(code, duration, settings, stdout + stderr)
+        reason = reason or classify_exit(code, duration, settings, stdout + stderr)
     elif not reason:
         reason = "worker_lost"
     passed = code == 0 and reason is None
     verdict = judge(bytes(bufs["res"]), channel.nonce, runner, declared) if channel else None
     if verdict is not None:
         passed = passed and verdict.ok
-    return sandbox_run.SandboxResult(
+    return SandboxResult(
         passed=passed, exit_code=code, timed_out=reason == "wall_timeout", killed_reason=reason, stdout=stdout,
         stderr=stderr, duration_s=round(duration, 4), runner=runner,
         tests_passed=verdict.tests_passed if verdict else None, tests_failed=verdict.tests_failed if verdict else None,

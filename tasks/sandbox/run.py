@@ -101,15 +101,28 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Iterable
 
 from evolforge.config.sections.sandbox import SandboxSettings
+from evolforge.tasks.sandbox.host import (
+    HARNESS_FILE,
+    NS_EXIT_WAIT_S,
+    PROGRAM_FILE,
+    SOLUTION_FILE,
+    TEST_FILE,
+    ResultChannel,
+    SandboxResult,
+    classify_exit,
+    drain_result,
+    inner_env,
+    kill_group,
+    release_uid,
+    take_uid,
+    watch_sandbox_init,
+)
 from evolforge.tasks.sandbox.limits import (
-    WORKDIR,
     SandboxUnavailable,
     bwrap_argv,
     drop_argv,
@@ -117,51 +130,24 @@ from evolforge.tasks.sandbox.limits import (
     limits_argv,
     tool,
 )
+from evolforge.tasks.sandbox.pool import run_in_worker
 from evolforge.tasks.sandbox.verdict import declared_tests, judge
 
 __all__ = ["SandboxResult", "SandboxUnavailable", "check_sandbox_available", "run_many", "run_python_program",
            "run_python_tests"]
 
-SOLUTION_FILE = "solution.py"
-TEST_FILE = "test_solution.py"
-HARNESS_FILE = "_evolforge_harness.py"  # tasks/sandbox/harness.py, written beside them
-PROGRAM_FILE = "main.py"  # run_python_program's script
 _UNUSED_PLUGINS = ("cacheprovider", "pastebin", "junitxml", "doctest", "setuponly", "setupplan", "stepwise",
                    "unraisableexception", "threadexception", "faulthandler")  # nothing a check needs; each costs time
 PYTEST_ARGS = ["-m", "pytest", "-q", *(a for p in _UNUSED_PLUGINS for a in ("-p", f"no:{p}")), "--tb=short", TEST_FILE]  # what the harness runs
 _HARNESS_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
 _PYTEST_STYLE = re.compile(r"^(?:async\s+)?def\s+test\w*\s*\(|^class\s+Test\w*|^\s*(?:import|from)\s+pytest\b", re.M)
 _GRACE_S = 0.25  # after the main process exits, how long to keep draining pipes held by leftovers
-_NS_EXIT_WAIT_S = 10.0  # bound on waiting for the kernel to tear the sandbox's PID namespace down
-_UID_SPAN = 65_536
-_uids_lock = threading.Lock()
-_uids_in_use: set[int] = set()
 _probed: dict[tuple, None] = {}
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class SandboxResult:
-    passed: bool
-    exit_code: int | None  # the run's exit status; 128+N when signal N ended it inside bwrap, -N when killed outside
-    timed_out: bool
-    killed_reason: str | None
-    stdout: str  # truncated to max_output_bytes (stdout and stderr together)
-    stderr: str
-    duration_s: float  # wall seconds from start to reap: the sandbox seconds charged to the task
-    runner: str = "pytest"  # "pytest", "script" or "raw" (run_python_program: no result channel)
-    tests_passed: int | None = None  # from the result channel's record (None for scripts or without a valid record)
-    tests_failed: int | None = None  # failed + errors, from the same record
-    verdict_error: str | None = None  # why the result channel does not let the run pass (None when it does)
-
-
 def uses_pytest(test_code: str) -> bool:
     return bool(_PYTEST_STYLE.search(test_code))
-
-
-def _inner_env() -> dict[str, str]:
-    return {"PATH": "/usr/bin:/bin", "HOME": WORKDIR, "USER": "sandbox", "LANG": "C.UTF-8", "TMPDIR": "/tmp",
-            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
 def check_sandbox_available(settings: SandboxSettings) -> None:
@@ -218,52 +204,10 @@ def run_many(jobs: Iterable[tuple[str, str]], settings: SandboxSettings) -> list
         return list(pool.map(lambda job: run_python_tests(job[0], job[1], settings), jobs))
 
 
-def _take_uid(base: int) -> int:
-    with _uids_lock:
-        start = secrets.randbelow(_UID_SPAN)  # random start: unlikely to collide with other processes
-        for i in range(_UID_SPAN):
-            uid = base + (start + i) % _UID_SPAN
-            if uid not in _uids_in_use:
-                _uids_in_use.add(uid)
-                return uid
-    raise RuntimeError("no free sandbox uid")
-
-
 @functools.lru_cache(maxsize=1)
 def _harness_source() -> str:
     with open(_HARNESS_SOURCE, encoding="utf-8") as f:
         return f.read()
-
-
-class _Channel:
-    """The two pipes of the result channel: the nonce in (filled and closed before the start), records out."""
-
-    def __init__(self) -> None:
-        self.nonce = secrets.token_hex(16)
-        self.fds: dict[str, int | None] = dict.fromkeys(("nonce_r", "result_r", "result_w"))
-        self.fds["nonce_r"], nonce_w = os.pipe()
-        try:
-            os.write(nonce_w, self.nonce.encode())  # 32 bytes: never blocks on an empty pipe
-            os.close(nonce_w)
-            nonce_w = None
-            self.fds["result_r"], self.fds["result_w"] = os.pipe()
-        except BaseException:
-            if nonce_w is not None:
-                os.close(nonce_w)
-            self.close()
-            raise
-
-    def harness_args(self, runner: str) -> list[str]:
-        return [HARNESS_FILE, str(self.fds["nonce_r"]), str(self.fds["result_w"]), runner, TEST_FILE]
-
-    def child_fds(self) -> tuple[int, ...]:
-        return self.fds["nonce_r"], self.fds["result_w"]
-
-    def close(self, *names: str) -> None:
-        for name in names or tuple(self.fds):
-            if self.fds[name] is not None:
-                os.close(self.fds[name])
-                self.fds[name] = None
 
 
 def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runner: str,
@@ -272,8 +216,6 @@ def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runn
     run_python_program). `stdin` goes into a host file outside the sandbox's view, opened as its standard input.
     With sandbox.reuse_workers (bwrap mode) every run but the probe goes to a warm worker (tasks/sandbox/pool.py)."""
     if settings.mode == "bwrap" and settings.reuse_workers and (runner != "raw" or args == [PROGRAM_FILE]):
-        from evolforge.tasks.sandbox.pool import run_in_worker  # lazy: pool imports this module
-
         files = {name: code for name, code in files.items() if name != HARNESS_FILE}  # the worker has it loaded
         return run_in_worker(settings, files, args if runner == "raw" else [TEST_FILE, *args], runner, declared, stdin)
     hostdir = tempfile.mkdtemp(prefix="evolforge-sbx-")
@@ -291,13 +233,13 @@ def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runn
             with open(stdin_path, "w", encoding="utf-8") as f:
                 f.write(stdin)
         if runner != "raw":
-            channel = _Channel()
+            channel = ResultChannel()
             args = channel.harness_args(runner) + args
-        env = _inner_env()
+        env = inner_env()
         marker, info = "", None
         if settings.mode == "bwrap":
             privileged = os.geteuid() == 0
-            uid = _take_uid(settings.uid_base) if privileged else None
+            uid = take_uid(settings.uid_base) if privileged else None
             opts, python = bwrap_argv(settings, paths, env, privileged)
             inner = limits_argv(settings) + drop_argv(uid) + [python] + args
             info = os.pipe()  # bwrap reports the host pid of the sandbox's init (PID 1) here
@@ -312,13 +254,12 @@ def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runn
         if channel is not None:
             channel.close()
         if uid is not None:
-            with _uids_lock:
-                _uids_in_use.discard(uid)
+            release_uid(uid)
         shutil.rmtree(hostdir, ignore_errors=True)
 
 
 def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, marker: str, runner: str,
-             info: tuple[int, int] | None, channel: _Channel | None, declared: int,
+             info: tuple[int, int] | None, channel: ResultChannel | None, declared: int,
              stdin_path: str | None = None) -> SandboxResult:
     started = time.monotonic()
     state: dict = {"info_fd": info[0] if info else None, "info": b"", "ns_pidfd": None,
@@ -347,13 +288,13 @@ def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, ma
         if state["info_fd"] is not None and state["ns_pidfd"] is None:  # killed before bwrap's report was read
             os.set_blocking(state["info_fd"], False)
             try:
-                _watch_sandbox_init(state, os.read(state["info_fd"], 4096))
+                watch_sandbox_init(state, os.read(state["info_fd"], 4096))
             except BlockingIOError:
                 pass
-        _kill_group(proc.pid)  # the leader is not reaped yet, so its pid (= pgid) cannot have been reused
+        kill_group(proc.pid)  # the leader is not reaped yet, so its pid (= pgid) cannot have been reused
         proc.wait()
         if state["ns_pidfd"] is not None:  # the sandbox's init exits only once every process in it is gone
-            select.select([state["ns_pidfd"]], [], [], _NS_EXIT_WAIT_S)
+            select.select([state["ns_pidfd"]], [], [], NS_EXIT_WAIT_S)
             os.close(state["ns_pidfd"])
         if state["info_fd"] is not None:
             os.close(state["info_fd"])
@@ -363,9 +304,9 @@ def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, ma
         if marker:
             _kill_marked(marker)
         if channel and not reason:  # every writer is gone: take what is left in the pipe, within the cap
-            reason = _drain(state["result_fd"], bufs["res"], settings.max_output_bytes - total)
+            reason = drain_result(state["result_fd"], bufs["res"], settings.max_output_bytes - total)
     stdout, stderr = bufs["out"].decode("utf-8", "replace"), bufs["err"].decode("utf-8", "replace")
-    reason = reason or _classify(proc.returncode, duration, settings, stdout + stderr)
+    reason = reason or classify_exit(proc.returncode, duration, settings, stdout + stderr)
     passed = proc.returncode == 0 and reason is None
     verdict = judge(bytes(bufs["res"]), channel.nonce, runner, declared) if channel else None
     if verdict is not None:
@@ -409,7 +350,7 @@ def _pump(proc: subprocess.Popen, settings: SandboxSettings, started: float, sta
                         sel.unregister(key.fileobj)
                         continue
                     if key.data == "info":
-                        _watch_sandbox_init(state, chunk)
+                        watch_sandbox_init(state, chunk)
                         continue
                     keep = max(0, cap - total)
                     bufs[key.data] += chunk[:keep]
@@ -423,39 +364,6 @@ def _pump(proc: subprocess.Popen, settings: SandboxSettings, started: float, sta
     return reason, total
 
 
-def _drain(fd: int, buf: bytearray, room: int) -> str | None:
-    """Read what is left in the result pipe once the run is over (`room`: bytes left under the output cap)."""
-    os.set_blocking(fd, False)
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except BlockingIOError:  # a writer escaped the kill (rlimits-only): what it has not written does not count
-            return None
-        if not chunk:
-            return None
-        buf += chunk[: max(0, room)]
-        room -= len(chunk)
-        if room < 0:
-            return "output_cap"
-
-
-def _watch_sandbox_init(state: dict, chunk: bytes) -> None:
-    state["info"] += chunk
-    found = re.search(rb'"child-pid":\s*(\d+)', state["info"])
-    if found and state["ns_pidfd"] is None:
-        try:  # opened while the sandbox runs: the pid cannot have been reused yet
-            state["ns_pidfd"] = os.pidfd_open(int(found.group(1)))
-        except ProcessLookupError:
-            pass
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _kill_marked(marker: str) -> None:
     """rlimits-only: best effort, kill leftovers that left the process group but kept the run's env marker."""
     needle = f"EVOLFORGE_SANDBOX_RUN={marker}".encode()
@@ -466,20 +374,3 @@ def _kill_marked(marker: str) -> None:
                     os.kill(int(pid), signal.SIGKILL)
         except OSError:
             pass
-
-
-def _classify(code: int, wall: float, s: SandboxSettings, output: str) -> str | None:
-    if code == 0:
-        return None
-    sig = code - 128 if code > 128 else -code if code < 0 else 0
-    # SIGKILL we did not send after at least cpu_seconds of wall time: the hard CPU limit (SIGXCPU ignored)
-    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and wall >= s.cpu_seconds):
-        return "cpu_limit"
-    if "MemoryError" in output or "[Errno 12] Cannot allocate memory" in output:
-        return "memory"
-    if "[Errno 11] Resource temporarily unavailable" in output:
-        return "process_limit"
-    if "[Errno 27] File too large" in output or sig == signal.SIGXFSZ:
-        return "file_size"
-    return f"signal:{sig}" if sig else None
-
