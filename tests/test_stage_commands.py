@@ -8,8 +8,8 @@ import json
 import pytest
 
 from evolforge.cli import main
-from evolforge.storage.reward_sets import RewardLayout
 from evolforge.cli.status import stage_status as folder_status
+from evolforge.storage.reward_sets import RewardLayout
 from evolforge.testing.evolved_runs import TINY_TRAINING, evolve_folder
 from evolforge.testing.ppo_models import shared_reward_models, write_evolved
 

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from evolforge.cli.status import stage_status as folder_status
 from evolforge.flows.evolve import EvolveParams, evolve_flow
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.parts import read_part, write_table_atomic
-from evolforge.cli.status import stage_status as folder_status
 from evolforge.storage.status import has_checkpoints
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
