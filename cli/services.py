@@ -9,6 +9,11 @@ from evolforge.cli.common import add_endpoint_args, settings_or_exit
 
 
 def cmd_deploy(args) -> int:
+    if args.write_yaml:
+        from evolforge.deployments.deploy import write_yaml
+
+        print(f"wrote {write_yaml()}")
+        return 0
     settings = settings_or_exit(args)
     from evolforge.deployments.deploy import deploy
 
@@ -125,6 +130,8 @@ def register(sub) -> None:
     p.add_argument("--config")
     p.add_argument("--pool", help="work pool name (default: schedule.work_pool)")
     p.add_argument("--no-schedule", action="store_true", help="deploy the nightly schedule switched off")
+    p.add_argument("--write-yaml", action="store_true", help="regenerate deployments/prefect.yaml from the stage "
+                   "registry (every stage's descriptor) and exit")
     p.set_defaults(fn=cmd_deploy)
 
     p = sub.add_parser("serve-model", help="serve the embedded model (foreground) for the UI and deployments")

@@ -1,6 +1,12 @@
 """Deploy every evolforge flow: fill prefect.yaml's template variables from config, then `prefect deploy`.
 
     evolforge deploy [--config FILE] [--pool NAME] [--no-schedule]
+    evolforge deploy --write-yaml     # regenerate deployments/prefect.yaml from the stage registry
+
+deployments/prefect.yaml is generated from the stage registry (tasks/core/stages.py): one deployment per stage
+with a `deployment` in its descriptor, named after the stage, its entrypoint the stage's flow. `render_yaml()`
+makes the text; the test suite checks that the committed file is exactly that, so a new stage's deployment is
+its descriptor's line, not an edit here.
 
 Creates the process work pool when it does not exist. Needs PREFECT_API_URL to point at a
 running Prefect server (`prefect server start`).
@@ -17,6 +23,75 @@ from evolforge.config.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT_FILE = Path(__file__).resolve().parent / "prefect.yaml"
+
+
+HEADER = """\
+# evolforge deployments: every flow of the project on a Prefect *process* work pool.
+# GENERATED from the stage registry (each stage's descriptor, tasks/<stage>/stage.py): do not edit by hand;
+# regenerate with `evolforge deploy --write-yaml`.
+#
+# Deploy from the repository root with the helper, which fills the schedule from config
+# ([schedule] in config/default.toml or --config FILE) and then calls `prefect deploy`:
+#
+#     evolforge deploy                 # = prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml
+#
+# or by hand, setting the template variables yourself:
+#
+#     EVOLFORGE_ROOT=$PWD EVOLFORGE_POOL=evolforge-pool EVOLFORGE_CRON="0 2 * * *" EVOLFORGE_TZ=UTC \\
+#     EVOLFORGE_SCHEDULE_ACTIVE=true EVOLFORGE_DATASET=runs/nightly \\
+#       prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml
+#
+# Flow parameters are pydantic models, so the UI shows a form; from the CLI pass JSON:
+#     prefect deployment run 'evolve/evolve' --param params='{"seeds": "config/sample_seeds.jsonl", "out": "runs/x", "rounds": 2}'
+#     prefect deployment run 'evolve/evolve' --param params='{"out": "runs/x", "retry": true}'   # only the failed batches
+"""
+
+
+def entrypoint(flow: str) -> str:
+    """"evolforge.flows.evolve:evolve_flow" -> "flows/evolve.py:evolve_flow" (relative to the repository root)."""
+    module, _, attr = flow.partition(":")
+    parts = module.split(".")
+    if parts[0] != "evolforge":
+        raise ValueError(f"a stage's flow must be in the evolforge package: {flow}")
+    return "/".join(parts[1:]) + f".py:{attr}"
+
+
+def deployment_entries() -> list[dict]:
+    """One prefect.yaml deployment per registered stage that has one, in registry order."""
+    from evolforge.tasks.core.stages import stages
+
+    out = []
+    for st in stages():
+        d = st.deployment
+        if d is None:
+            continue
+        entry: dict = {"name": st.name, "description": d.description, "entrypoint": entrypoint(st.flow),
+                       "tags": list(d.tags or ("evolforge", st.name))}
+        if d.concurrency_limit:
+            entry["concurrency_limit"] = d.concurrency_limit
+        entry["work_pool"] = {"name": "{{ $EVOLFORGE_POOL }}"}
+        entry["parameters"] = dict(d.parameters)
+        if d.schedule:
+            entry["schedules"] = [{"cron": "{{ $EVOLFORGE_CRON }}", "timezone": "{{ $EVOLFORGE_TZ }}",
+                                   "active": "{{ $EVOLFORGE_SCHEDULE_ACTIVE }}"}]
+        out.append(entry)
+    return out
+
+
+def render_yaml() -> str:
+    """The text of deployments/prefect.yaml (see the module docstring)."""
+    import yaml
+
+    doc = {"name": "evolforge", "prefect-version": "3.4.0", "build": None, "push": None,
+           "pull": [{"prefect.deployments.steps.set_working_directory": {"directory": "{{ $EVOLFORGE_ROOT }}"}}],
+           "deployments": deployment_entries()}
+    body = yaml.safe_dump(doc, sort_keys=False, width=120, default_flow_style=False)
+    return HEADER + "\n" + body
+
+
+def write_yaml() -> Path:
+    PREFECT_FILE.write_text(render_yaml())
+    return PREFECT_FILE
 
 
 def template_env(settings: Settings, pool: str | None = None, schedule_active: bool | None = None) -> dict[str, str]:

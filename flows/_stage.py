@@ -64,6 +64,7 @@ class StageRun:
     started: float
     logger: Any
     endpoint_: Endpoint | None = field(default=None, repr=False)
+    runner_: Any = field(default=None, repr=False)
 
     @property
     def settings_json(self) -> str:
@@ -90,22 +91,37 @@ class StageRun:
                 gw.check_reachable(roles, tuple(sorted(models)))
                 self.logger.info("model endpoint %s%s", gw.describe(), f"; {log}" if log else "")
                 self.endpoint_ = Endpoint(base_url, endpoint_label(self.settings, base_url), runner, gw)
+                self.runner_ = runner
                 yield self.endpoint_
         finally:
+            self.runner_ = None
             close_gateways(self.run_id)
+
+    @contextlib.contextmanager
+    def workers(self) -> Iterator[Any]:
+        """The task runner of [runner] while the block runs, for a stage whose batches call no model."""
+        with build_task_runner(self.settings.runner) as runner:
+            self.runner_ = runner
+            try:
+                yield runner
+            finally:
+                self.runner_ = None
 
     def batches(self, task, batched: BatchedSet | int, *, what: str | None = None, name: str | None = None,
                 checkpoints: AnyPath | None = None, progress_key: str | None = None, **extra: Any) -> list[dict]:
-        """One Prefect task per batch of `batched` (or of `range(batched)`), on the endpoint's task runner; each
-        gets out_dir, batch, settings_json, base_url and run_id, plus `extra`. Results in batch order; failed
-        batches raise one error naming them (flows/_fanout.py)."""
-        assert self.endpoint_ is not None, "batches run inside `with run.endpoint(...)`"
+        """One Prefect task per batch of `batched` (or of `range(batched)`), on the task runner of
+        `run.endpoint(...)` (each also gets base_url) or `run.workers()`; each gets out_dir, batch, settings_json
+        and run_id, plus `extra`. Results in batch order; failed batches raise one error naming them
+        (flows/_fanout.py)."""
+        if self.runner_ is None:
+            raise RuntimeError("run.batches runs inside `with run.endpoint(...)` or `with run.workers()`")
         count = batched.batch_count() if isinstance(batched, BatchedSet) else batched
         what = what or self.stage.name
         name = name or f"{what}-batch"
-        common = dict(out_dir=str(self.folder.root), settings_json=self.settings_json,
-                      base_url=self.endpoint_.base_url, run_id=self.run_id, **extra)
-        return run_batches(self.endpoint_.runner, task, [(f"{name}-{b:05d}", dict(common, batch=b))
+        common = dict(out_dir=str(self.folder.root), settings_json=self.settings_json, run_id=self.run_id, **extra)
+        if self.endpoint_ is not None:
+            common["base_url"] = self.endpoint_.base_url
+        return run_batches(self.runner_, task, [(f"{name}-{b:05d}", dict(common, batch=b))
                                                          for b in range(count)],
                            what=what, checkpoints=checkpoints or self.folder.root,
                            progress_key=progress_key or f"{self.stage.name}-progress")

@@ -53,7 +53,10 @@ def batch_unit(name: str, input_path: AnyPath, part_of) -> dict:
             unit["pending"] += 1
             continue
         try:
-            statuses = read_parquet(part, columns=["status"]).column("status").to_pylist()
+            if "status" in parquet_file(part).schema_arrow.names:
+                statuses = read_parquet(part, columns=["status"]).column("status").to_pylist()
+            else:  # a stage whose records carry no status: every record of a written part is done
+                statuses = ["ok"] * parquet_file(part).metadata.num_rows
         except Exception:  # noqa: BLE001 - an unreadable part is a failed batch (moved aside and redone on resume)
             unit["failed"] += 1
             unit["failed_batches"].append(b)

@@ -42,7 +42,9 @@ class Deployment:
 
     description: str
     tags: tuple[str, ...] = ()
-    schedule: bool = False  # the nightly cron schedule of [schedule]
+    schedule: bool = False  # on the cron schedule of [schedule] (cron, timezone, active)
+    concurrency_limit: int | None = None  # at most this many runs of the deployment at once
+    parameters: dict[str, Any] = field(default_factory=dict)  # default flow parameters (template variables allowed)
 
 
 @dataclass(frozen=True)
