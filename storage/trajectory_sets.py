@@ -10,6 +10,9 @@
       duplicates.parquet              conversations (or completions-route calls) dropped as duplicate prompts
       skipped.parquet                 unfinished sessions, failed calls, sessions without a usable call
       summary.json                    counts: sessions, rewards, failed calls, duplicates, drift rate
+      README.md, plots/*.png          the dataset card and the plots (tasks/trajectories/report.py)
+      stage.json                      the stage marker: kind "trajectories" and, once finished, its counts
+                                      (storage/folder.py)
       work/                           the steps' intermediate files (removed when the export completes)
 
 Formats, field by field:
@@ -49,10 +52,12 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 
 from evolforge.storage.cards import main_table
+from evolforge.storage.folder import StageFolder
 from evolforge.storage.fs import (
     AnyPath,
     atomic_dir,
     atomic_output,
+    ensure_dir,
     exists,
     is_remote,
     location,
@@ -62,19 +67,18 @@ from evolforge.storage.fs import (
     scratch_dir,
     unlink,
 )
-from evolforge.storage.layout import OutputFolder
 
 
-@dataclass(frozen=True, init=False)
-class TrajectoryLayout(OutputFolder):
-    """A trajectories export folder (local or URL); see the module docstring."""
+class TrajectoryLayout(StageFolder):
+    """A trajectories export folder (local or URL); see the module docstring. Its run-level files (summary.json,
+    README.md, plots/, stage.json) are those of every StageFolder (storage/folder.py); it has no batched table
+    (its steps are whole-folder passes), and no ledger/ or logs/: the stage calls no model."""
 
     sft = property(lambda self: self.root / "sft.jsonl")
     transitions = property(lambda self: main_table(self.root))
     tokens = property(lambda self: self.root / "tokens.parquet")
     duplicates = property(lambda self: self.root / "duplicates.parquet")
     skipped = property(lambda self: self.root / "skipped.parquet")
-    summary = property(lambda self: self.root / "summary.json")
     work_dir = property(lambda self: self.root / "work")
     work_conversations = property(lambda self: self.work_dir / "conversations.jsonl")
     work_transitions = property(lambda self: self.work_dir / "transitions.jsonl")
@@ -94,6 +98,11 @@ class TrajectoryLayout(OutputFolder):
     def remove_tokens(self) -> None:
         """An export without token samples leaves no stale tokens.parquet of an earlier export behind."""
         unlink(self.tokens)
+
+    def ensure(self) -> TrajectoryLayout:
+        """Create the folder only: an export calls no model, so it writes no ledger/ and starts no local server."""
+        ensure_dir(self.root)
+        return self
 
 
 # ---------------------------------------------------------------- schemas

@@ -167,7 +167,7 @@ def test_a_hostile_recorded_model_name_cannot_break_the_card(tmp_path):
     import pyarrow.parquet as pq
 
     from evolforge.storage.cards import column_counts, write_dataset_card
-    from evolforge.tasks.report.card import trajectories_card
+    from evolforge.tasks.trajectories.report import card as trajectories_card
 
     evil = "m|x\n---\nconfigs: []\n| injected | row |\n`"
     pq.write_table(pa.table({"model": [evil, evil, "plain"], "prompt_tokens": [3, 4, 5],

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from evolforge.tasks.report import plots
+from evolforge.tasks.trajectories import report as trajectory_report
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -132,9 +133,9 @@ def test_modules_plots(tmp_path):
                                 {"passed": False, "steps_watched": 1, "r_a": {}, "drift": None}),
     lambda: plots.policy_rewards([], []),
     lambda: plots.policy_rewards([0.5, None, float("inf")], [1.0], "train (no held-out prompts)"),
-    lambda: plots.trajectory_calls([], [], [], []),
-    lambda: plots.trajectory_calls([1], [None], [None], [None]),
-    lambda: plots.session_rewards([None, None]),
+    lambda: trajectory_report.trajectory_calls([], [], [], []),
+    lambda: trajectory_report.trajectory_calls([1], [None], [None], [None]),
+    lambda: trajectory_report.session_rewards([None, None]),
     lambda: plots.module_contributions({}),
     lambda: plots.module_contributions({"<b>x</b>" * 20: [], "y": [3.0, -10.0]}),
     lambda: plots.module_schema_pass([{"id": "a", "runs": 0}]),

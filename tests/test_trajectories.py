@@ -19,6 +19,8 @@ import openai
 import polars as pl
 import pytest
 
+from evolforge.cli.status import stage_status
+from evolforge.storage.folder import read_marker
 from evolforge.storage.proxy_sets import ProxyLayout, RecordLog, iter_records
 from evolforge.storage.trajectory_sets import RecordSpool, SpooledSession, TrajectoryLayout, read_rewards
 from evolforge.tasks.proxy.server import running_proxy
@@ -158,6 +160,31 @@ def test_summary_counts_sessions_rewards_failures_and_duplicates(exported):
     assert set(skipped.filter(pl.col("reason") == "failed_call")["session"]) == {"dup-b", "failed-only"}
     assert all("HTTP 500" in x for x in skipped.filter(pl.col("reason") == "failed_call")["detail"])
     assert skipped.filter(pl.col("reason") == "unfinished")["session"].to_list() == ["open-1"]
+
+
+def test_the_folder_is_marked_as_a_trajectories_stage_and_status_reads_it(exported, traffic):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    lay, s = exported["lay"], exported["summary"]
+    marker = read_marker(lay.root)
+    assert marker["kind"] == "trajectories" and marker["started_at"] and marker["finished_at"]
+    assert marker["counts"] == {"sessions": 7, "conversations": 7, "transitions": 11}
+    st = stage_status(lay.root)
+    assert (st["kind"], st["finished"], st["units"], st["cost"]["calls"]) == ("trajectories", True, [], 0)
+    assert not Path(lay.ledger_dir).exists() and not (Path(lay.root) / "logs").exists()  # no model is called
+    assert s["run_id"] and s["out_dir"] == str(lay.root) and "cost" not in s
+    assert Path(s["card"]).name == "README.md" and set(s["plots"]) == {"trajectory_calls", "session_rewards"}
+    with get_client(sync_client=True) as client:
+        arts = {a.key: a for a in client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[s["run_id"]])))}
+    assert {"trajectories-summary", "trajectories-report", "trajectories-plots"} <= set(arts)
+    assert any(k.startswith("trajectories-progress-") for k in arts)
+    table = {row["what"]: row["count"] for row in json.loads(arts["trajectories-summary"].data)}
+    assert table["sessions exported"] == 7 and table["transitions"] == 11 and table["token samples with drift"] == 1
+    assert arts["trajectories-summary"].description == f"Trajectories from {traffic['rec']}"
+    assert f"Files: `{traffic['root'] / 'out'}`" in arts["trajectories-report"].data
+    assert "7 exported" in arts["trajectories-report"].data
 
 
 def test_sft_rows_are_trl_conversations_with_tool_calls(exported, traffic):
