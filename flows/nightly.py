@@ -6,63 +6,39 @@
 
 A night never overwrites an earlier one; running the same night again resumes
 it (or returns at once when it finished). The first night starts from `seeds`.
-The `nightly` deployment in deployments/prefect.yaml runs this flow on a cron
-schedule with `concurrency_limit: 1`, so two nights never overlap.
+The `nightly` deployment (its descriptor in tasks/evolve/stage.py, rendered into
+deployments/prefect.yaml) runs this flow on the [schedule] cron with a concurrency
+limit of 1, so two nights never overlap. Parameters and check: tasks/evolve/stage.py;
+the dataset folder: storage/nights.py.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-from zoneinfo import ZoneInfo
 
-from prefect import flow, get_run_logger
-from pydantic import Field
+from prefect import flow
 
-from evolforge.config.settings import SAMPLE_SEEDS, deep_merge
-from evolforge.flows._params import EndpointParams
-from evolforge.flows.evolve import EvolveParams, evolve_flow
-from evolforge.storage.nights import NightIndex
+from evolforge.flows._stage import finish_stage, stage_run
+from evolforge.flows.evolve import evolve_flow
+from evolforge.tasks.evolve.stage import NightlyParams, night_of, night_params, with_dataset
 
-
-class NightlyParams(EndpointParams):
-    """Parameters of the nightly flow (defaults continue the same dataset)."""
-
-    dataset: str | None = Field(None, description="Dataset folder to continue (default: schedule.dataset).")
-    seeds: str = Field(str(SAMPLE_SEEDS), description="Seeds of the first night only; later nights continue the pool.")
-    rounds_per_night: int | None = Field(None, ge=1, le=16, description="Default: schedule.rounds_per_night.")
-    night: str | None = Field(None, description="Night label YYYY-MM-DD (default: today in schedule.timezone).")
-    force_settings: bool = Field(False, description="Resume a night although its seeds (the last night's pool) or "
-                                 "result-changing settings changed since it started (recorded in its run.json).")
+__all__ = ["NightlyParams", "nightly_flow"]
 
 
 @flow(name="nightly", log_prints=True)
 def nightly_flow(params: NightlyParams = NightlyParams()) -> dict:
-    logger = get_run_logger()
-    settings = params.settings()
-    sched = settings.schedule
-    index = NightIndex(params.dataset or sched.dataset)
-    night = params.night or dt.datetime.now(ZoneInfo(sched.timezone)).date().isoformat()
-    dt.date.fromisoformat(night)  # a bad label fails here, before any work
-
-    previous = index.last_finished(before=night)
-    seeds = str(index.final_pool(previous)) if previous else params.seeds
-    logger.info("night %s: evolving %s (%s)", night, seeds, f"survivors of {previous}" if previous else "first night")
-
-    overrides = params.overrides
-    if previous:  # a pool written by evolforge: its own column names, whatever the first seeds used
-        overrides = deep_merge(overrides, {"input": {"instruction_field": "instruction", "id_field": "id",
-                                                "domain_field": "domain"}})
-    summary = evolve_flow(EvolveParams(
-        seeds=seeds, out=str(index.night_dir(night)), rounds=params.rounds_per_night or sched.rounds_per_night,
-        config=params.config, base_url=params.base_url, model=params.model, overrides=overrides,
-        dedup_index=str(index.dedup_index),  # one index per dataset: every night checked against all earlier
-        force_settings=params.force_settings,  # a resumed night is checked against its run.json like any run
-    ))
-    entry = index.record(night, seeds=seeds, previous=previous, summary=summary)
-    logger.info("night %s done: %d rounds so far, %d records tonight", night, entry["total_rounds"],
-                summary["counts"]["evolved"])
-    return entry
+    with stage_run("nightly", with_dataset(params)) as run:  # the dataset: `dataset`, else schedule.dataset
+        ds, night = run.folder, night_of(params, run.settings)  # the label was checked before any work
+        previous = ds.last_finished(before=night)
+        seeds = str(ds.final_pool(previous)) if previous else params.seeds
+        run.logger.info("night %s: evolving %s (%s)", night, seeds,
+                        f"survivors of {previous}" if previous else "first night")
+        summary = evolve_flow(night_params(params, run.settings, ds, night, previous, seeds))
+        entry = ds.record(night, seeds=seeds, previous=previous, summary=summary)
+        run.logger.info("night %s done: %d rounds so far, %d records tonight", night, entry["total_rounds"],
+                        summary["counts"]["evolved"])
+        return finish_stage(run, entry, cost=False,  # each night's cost is in its own folder (and in the entry)
+                            counts={"nights": len(ds.entries()), "total_rounds": entry["total_rounds"]})
 
 
 if __name__ == "__main__":

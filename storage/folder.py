@@ -3,7 +3,8 @@
     OUT/stage.json        the marker: {"kind": the stage's name, "version": the folder format, "evolforge":
                           the package version, "started_at", and once the stage finished "finished_at" and
                           "counts"}; written by the stage runner (flows/_stage.py) when the stage starts over the
-                          folder and when it finishes. `evolforge status` reads the kind from it, never from
+                          folder and when it finishes (a run over a finished folder drops the finish until it
+                          finishes in turn). `evolforge status` reads the kind from it, never from
                           the folder's file names.
     OUT/summary.json      what the stage did: counts, paths, cost (the stage's flow writes it last)
     OUT/README.md         the dataset card, for a stage that makes datasets (storage/cards.py)
@@ -142,13 +143,17 @@ class StageFolder(OutputFolder):
         return self
 
     def start_marker(self, kind: str) -> dict:
-        """Write stage.json when the stage starts over the folder (kept when it is already there, for the same
-        kind); a folder marked for another stage is refused."""
+        """Write stage.json when the stage starts over the folder (kept when it is already there for the same
+        kind, without its finish time and counts: not finished until this run finishes); a folder marked for
+        another stage is refused."""
         found = read_marker(self.root)
         if found is not None:
             if found.get("kind") != kind:
                 raise FolderOfAnotherStage(f"{self.root} holds the output of the {found.get('kind')} stage "
                                            f"(its {MARKER}); choose another output folder for the {kind} stage")
+            if "finished_at" in found:  # running again: not finished until this run finishes
+                found = {k: v for k, v in found.items() if k not in ("finished_at", "counts")}
+                write_json_atomic(self.marker, found)
             return found
         marker = {"kind": kind, "version": FOLDER_VERSION, "evolforge": package_version(),
                   "started_at": _now()}

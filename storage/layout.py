@@ -1,8 +1,10 @@
 """Where every file lives. Nothing else builds paths inside an output folder.
 
-StageFolder (storage/folder.py) is the base of every stage's folder (a local folder or an fsspec URL). The evolve run's:
+StageFolder (storage/folder.py) is the base of every stage's folder (a local folder or an fsspec URL). The evolve
+stage's (RunLayout; its round bookkeeping: storage/rounds.py; its run record: storage/run_record.py):
 
     OUT/
+      stage.json                     the stage marker: kind "evolve", counts once finished (storage/folder.py)
       run.json                       settings fingerprint + seeds path of the run
       rejects.jsonl                  malformed input rows, with the reason
       rounds/round_01/input.parquet  the pool this round evolves (row group = batch)
@@ -25,15 +27,18 @@ StageFolder (storage/folder.py) is the base of every stage's folder (a local fol
       summary.json                   counts, survival rates, cost totals, dataset paths
       logs/embedded-model.log        the embedded model server's log (when it ran)
 
-Also here: PipelineLayout (one folder per stage of a pipeline run), IndexLayout (a persistent dedup index)
-and DedupOutLayout (the dedup flow's output). The synthesis, reward and PPO stages keep their layouts beside
-their readers and writers (storage/synthesis_sets.py, reward_sets.py, ppo.py).
+Also here: IndexLayout (a persistent dedup index, shared by the evolve rounds and the dedup stage). The
+synthesis, dedup, modules, reward, PPO and pipeline stages keep their layouts beside their readers and writers
+(storage/synthesis_sets.py, dedup_sets.py, module_sets.py, reward_sets.py, ppo.py, pipeline_sets.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+# TRANSITION (issue 22): the dedup stage's folder is in storage/dedup_sets.py; tasks/dedup/pipeline.py imports it
+# from here until its import is switched (then this line goes)
+from evolforge.storage.dedup_sets import DedupOutLayout  # noqa: F401
 from evolforge.storage.folder import BatchedSet, OutputFolder, StageFolder
 from evolforge.storage.fs import AnyPath, ensure_dir, list_files
 
@@ -74,7 +79,7 @@ class RunLayout(StageFolder):
 
     @property
     def sft(self) -> AnyPath:
-        """The evolved dataset as TRL SFTTrainer conversations (storage/cards.py write_sft_view). Named
+        """The evolved dataset as TRL SFTTrainer conversations (storage/rounds.py write_sft_view). Named
         sft/train.parquet: the only file of dataset/ a split name matches, so `load_dataset("parquet",
         data_dir=OUT/dataset)` reads it (and the other tables, through the card's configs, by name)."""
         return self.dataset_dir / "sft" / "train.parquet"
@@ -82,6 +87,11 @@ class RunLayout(StageFolder):
     @property
     def card_dir(self) -> AnyPath:
         return self.dataset_dir
+
+    def datasets(self) -> dict[str, AnyPath]:
+        """The tables a finished run leaves, by name (summary.json's `datasets`)."""
+        return {"sft": self.sft, "evolved": self.evolved, "lineage": self.lineage, "final_pool": self.final_pool,
+                "cost_ledger": self.ledger_parquet, "rejects": self.rejects}
 
     # per round
     def round_dir(self, round_no: int) -> AnyPath:
@@ -120,8 +130,8 @@ class RunLayout(StageFolder):
 
     @property
     def dedup_run(self) -> AnyPath:
-        """{"run": tag, "source": OUT, "indexes": [...]}: the tag this run's index segments carry, so
-        `evolforge retry` can roll its rounds back out of a shared index (tasks/evolve/dedup_round.py)."""
+        """{"run": tag, "source": OUT, "indexes": [...]}: the tag this run's index segments carry, so a retry
+        (`evolforge retry`) can roll its rounds back out of a shared index (tasks/evolve/dedup_round.py)."""
         return self.root / "dedup_run.json"
 
     def round_set(self, round_no: int) -> BatchedSet:
@@ -140,6 +150,7 @@ class RunLayout(StageFolder):
         return sorted(int(d.name.split("_")[1]) for d in list_files(self.rounds_dir, "round_[0-9][0-9]"))
 
     def batched_sets(self) -> dict[str, BatchedSet]:
+        """Each started round ("round 1", ...): what `evolforge status` counts."""
         return {f"round {r}": self.round_set(r) for r in self.rounds_started()}
 
     def unit_complete(self, unit: str) -> bool:
@@ -155,19 +166,6 @@ class RunLayout(StageFolder):
 
 
 @dataclass(frozen=True, init=False)
-class PipelineLayout(OutputFolder):
-    """A pipeline run: one output folder per stage under OUT/."""
-
-    def stage(self, name: str) -> AnyPath:
-        return self.root / name
-
-    evolve = property(lambda self: self.stage("evolve"))
-    synthesize = property(lambda self: self.stage("synthesize"))
-    reward = property(lambda self: self.stage("reward"))
-    ppo = property(lambda self: self.stage("ppo"))
-
-
-@dataclass(frozen=True, init=False)
 class IndexLayout(OutputFolder):
     """A persistent dedup index: manifest.json (the committed state) and its append-only segments."""
 
@@ -179,16 +177,3 @@ class IndexLayout(OutputFolder):
     def file(self, name: str) -> AnyPath:
         """A segment named by the manifest (seg-NNNNNN.npz, full-NNNNNN.npz)."""
         return self.root / name
-
-
-@dataclass(frozen=True, init=False)
-class DedupOutLayout(OutputFolder):
-    """The dedup flow's output: kept and dropped rows in the input's format, and summary.json."""
-
-    summary = property(lambda self: self.root / "summary.json")
-
-    def kept(self, fmt: str) -> AnyPath:
-        return self.root / f"kept.{fmt}"
-
-    def dropped(self, fmt: str) -> AnyPath:
-        return self.root / f"dropped.{fmt}"

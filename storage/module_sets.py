@@ -17,7 +17,11 @@
       prm_rejected.parquet            questions without PRM rows (exit failed, judge failed, endpoint rejected)
       summary.json                    counts, per-module stats, the Mermaid graph, cost
       graph.md                        the Mermaid graph annotated with mean latency and mean contribution
-      ledger/, logs/                  cost ledger and embedded-model log (storage.layout.RunLayout)
+      README.md, plots/, stage.json   the dataset card, the plots and the stage marker
+      ledger/, logs/                  cost ledger and embedded-model log (storage/folder.py StageFolder)
+
+The questions and their parts and journals are the `questions` batched table (storage/folder.py BatchedSet);
+the comparison's parts and journals (over the same questions) the `comparisons` one.
 
 ITEM_SCHEMA, field by field:
 - id, question; status: ok (answer judged, every contribution known) | failed (the exit module has no valid
@@ -59,9 +63,9 @@ import pyarrow as pa
 
 from evolforge.storage.cards import main_table
 from evolforge.storage.datasets import read_any_table
-from evolforge.storage.fs import AnyPath, ensure_dir, exists, location, read_parquet, write_text_atomic
-from evolforge.storage.layout import OutputFolder
-from evolforge.storage.parts import num_row_groups, read_part, read_row_group, write_table_atomic
+from evolforge.storage.folder import BatchedSet, StageFolder
+from evolforge.storage.fs import AnyPath, exists, location, read_parquet, write_text_atomic
+from evolforge.storage.parts import read_part, read_row_group, write_table_atomic
 from evolforge.storage.reward_sets import PRM_COLUMNS, PRM_SCHEMA, STEP_ROW_SCHEMA
 
 INPUT_SCHEMA = pa.schema([("id", pa.string()), ("question", pa.string())])
@@ -97,33 +101,40 @@ REJECTED_SCHEMA = pa.schema([("id", pa.string()), ("status", pa.string()), ("rea
                              ("prompt", pa.string())])
 
 
-@dataclass(frozen=True, init=False)
-class ModulesLayout(OutputFolder):
-    """A modules output folder (local or URL)."""
+@dataclass(frozen=True)
+class CompareSet(BatchedSet):
+    """The comparison's batched table: its parts are compare/batch_NNNNN.parquet and its call journals
+    journal/compare_NNNNN.jsonl, beside the module graph's journal/batch_NNNNN.jsonl of the same batch."""
 
-    input = property(lambda self: self.root / "modules_input.parquet")
+    journal_prefix: str = "compare"
+
+    def journal(self, batch: int) -> AnyPath:
+        return self.journal_dir / f"{self.journal_prefix}_{batch:05d}.jsonl"
+
+
+@dataclass(frozen=True, init=False)
+class ModulesLayout(StageFolder):
+    """A modules output folder, local or URL (see the module docstring)."""
+
+    @property
+    def questions(self) -> BatchedSet:
+        """The questions (modules_input.parquet, row group = batch), one item part and one journal per batch."""
+        return BatchedSet(self.root / "modules_input.parquet", self.root / "parts", self.root / "journal")
+
+    @property
+    def comparisons(self) -> CompareSet:
+        """`compare`: the same questions' single-shot answers and judge scores, one part and journal per batch."""
+        return CompareSet(self.questions.input, self.root / "compare", self.root / "journal")
+
+    def batched_sets(self) -> dict[str, BatchedSet]:
+        return {"questions": self.questions}
+
+    input = property(lambda self: self.questions.input)
     items = property(lambda self: main_table(self.root))
     prm_steps = property(lambda self: self.root / "prm_steps.parquet")
     prm_rejected = property(lambda self: self.root / "prm_rejected.parquet")
-    summary = property(lambda self: self.root / "summary.json")
     graph_md = property(lambda self: self.root / "graph.md")
     comparison = property(lambda self: self.root / "comparison.parquet")
-
-    def part(self, batch: int) -> AnyPath:
-        return self.root / "parts" / f"batch_{batch:05d}.parquet"
-
-    def journal(self, batch: int) -> AnyPath:
-        return self.root / "journal" / f"batch_{batch:05d}.jsonl"
-
-    def compare_part(self, batch: int) -> AnyPath:
-        return self.root / "compare" / f"batch_{batch:05d}.parquet"
-
-    def compare_journal(self, batch: int) -> AnyPath:
-        return self.root / "journal" / f"compare_{batch:05d}.jsonl"
-
-    def ensure(self) -> "ModulesLayout":
-        ensure_dir(self.root)
-        return self
 
 
 def difficulty_of(difficulty: object = None, generation: object = None) -> str:
@@ -178,7 +189,7 @@ def build_input(source: str | Path, dest: AnyPath, batch_size: int, question_fie
 
 
 def batch_count(layout: ModulesLayout) -> int:
-    return num_row_groups(layout.input)
+    return layout.questions.batch_count()
 
 
 def read_batch(layout: ModulesLayout, batch: int) -> list[dict]:
@@ -186,18 +197,20 @@ def read_batch(layout: ModulesLayout, batch: int) -> list[dict]:
 
 
 def concat_parts(layout: ModulesLayout) -> pa.Table:
-    tables = [read_part(layout.part(b)).select(ITEM_SCHEMA.names).cast(ITEM_SCHEMA) for b in range(batch_count(layout))]
+    qs = layout.questions
+    tables = [read_part(qs.part(b)).select(ITEM_SCHEMA.names).cast(ITEM_SCHEMA) for b in range(qs.batch_count())]
     return pa.concat_tables(tables) if tables else ITEM_SCHEMA.empty_table()
 
 
 def read_part_rows(layout: ModulesLayout, batch: int) -> list[dict]:
     """A finished batch's item rows (ITEM_SCHEMA)."""
-    return read_part(layout.part(batch)).select(ITEM_SCHEMA.names).to_pylist()
+    return read_part(layout.questions.part(batch)).select(ITEM_SCHEMA.names).to_pylist()
 
 
 def concat_compare_parts(layout: ModulesLayout) -> pa.Table:
-    tables = [read_part(layout.compare_part(b)).select(COMPARE_SCHEMA.names).cast(COMPARE_SCHEMA)
-              for b in range(batch_count(layout)) if exists(layout.compare_part(b))]
+    cs = layout.comparisons
+    tables = [read_part(cs.part(b)).select(COMPARE_SCHEMA.names).cast(COMPARE_SCHEMA)
+              for b in range(cs.batch_count()) if exists(cs.part(b))]
     return pa.concat_tables(tables) if tables else COMPARE_SCHEMA.empty_table()
 
 
@@ -226,7 +239,3 @@ def write_graph_markdown(markdown: str, layout: ModulesLayout) -> AnyPath:
 
 def read_items(path: str | Path) -> pl.DataFrame:
     return pl.from_arrow(read_parquet(location(path)))
-
-
-def parts_complete(layout: ModulesLayout) -> bool:
-    return exists(layout.input) and all(exists(layout.part(b)) for b in range(batch_count(layout)))

@@ -15,7 +15,13 @@
       local/run.json                the GRPO smoke run's result (what the flow reports), also when run as a Ray job
       local/grpo_job.json           the smoke run's settings and paths, read by the Ray job that runs it
       ray_job.log                   the submitted Ray job's log, fetched when the flow waited for the job
+      data/README.md                the dataset card of data/ (config `prompts`: train, test; storage/cards.py)
+      plots/*.png                   grpo_training, held_out_reward (when the GRPO smoke run ran here)
       summary.json                  what the run did, with paths and figures
+      stage.json, ledger/, logs/    the stage marker (kind "ppo") and the run-level folders (storage/folder.py)
+
+PPOLayout is the stage's folder (a StageFolder); PPO_OUT must be a local (or shared, mounted) folder, as verl
+and the trainers write there.
 
 The reward-model stage's folder holds `health.json` ({"data": report, "model": report}, see
 storage/reward_sets.py) next to its model folders; `read_health` reads it for the PPO pre-flight.
@@ -31,6 +37,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 import yaml
 
+from evolforge.storage.folder import StageFolder
 from evolforge.storage.fs import exists, read_text, write_text_atomic
 from evolforge.storage.parts import write_table_atomic
 from evolforge.storage.reward_sets import RewardLayout
@@ -49,11 +56,10 @@ VERL_SCHEMA = pa.schema([
 ])
 
 
-@dataclass(frozen=True)
-class PPOLayout:
-    """PPO_OUT is a local folder: verl reads its data files and the trainers write policies there."""
-
-    root: Path
+@dataclass(frozen=True, init=False)
+class PPOLayout(StageFolder):
+    """The PPO stage's folder (see the module docstring). PPO_OUT is a local folder: verl reads its data files
+    and the trainers write policies there."""
 
     def __init__(self, root: str | Path):
         from evolforge.storage.fs import is_url
@@ -62,12 +68,18 @@ class PPOLayout:
             raise ValueError(f"the PPO output folder must be a local (or shared, mounted) folder, not {root}: "
                              "verl and the local trainer write policies and data files there. Its inputs "
                              "(evolved, reward_dir) may be URLs.")
-        object.__setattr__(self, "root", Path(root).expanduser().resolve())
+        super().__init__(root)
 
     def ensure(self) -> "PPOLayout":
+        super().ensure()
         for d in (self.data_dir, self.verl_dir, self.local_dir):
             d.mkdir(parents=True, exist_ok=True)
         return self
+
+    @property
+    def card_dir(self) -> Path:
+        """The dataset card (README.md) describes the prompt data: data/."""
+        return self.data_dir
 
     data_dir = property(lambda self: self.root / "data")
     train = property(lambda self: self.data_dir / "train.parquet")
@@ -86,7 +98,6 @@ class PPOLayout:
     local_run = property(lambda self: self.local_dir / "run.json")
     grpo_job_spec = property(lambda self: self.local_dir / "grpo_job.json")
     ray_job_log = property(lambda self: self.root / "ray_job.log")
-    summary = property(lambda self: self.root / "summary.json")
 
 
 def write_prompt_parquet(rows: list[dict], path: Path) -> Path:
@@ -125,15 +136,20 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+class UnreadableHealth(ValueError):
+    """The reward stage's health.json exists but cannot be read or parsed; the message names the file."""
+
+
 def read_health(reward_dir: str | Path) -> dict | None:
-    """The reward stage's health.json (local folder or URL), or None when it is missing."""
+    """The reward stage's health.json (local folder or URL) as written, {"data": report, "model": report}
+    (either report may be null), or None when it is missing. UnreadableHealth when it cannot be read or parsed."""
     path = RewardLayout(reward_dir).health
     if not exists(path):
         return None
     try:
         return json.loads(read_text(path))
     except (OSError, json.JSONDecodeError) as e:
-        return {"healthy": False, "error": f"unreadable {path}: {e}"}
+        raise UnreadableHealth(f"unreadable {path}: {e}") from e
 
 
 def read_tasks(path: str | Path) -> list[dict]:

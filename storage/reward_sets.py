@@ -1,10 +1,11 @@
 """Reward-model data on disk: where every file lives, the parquet schemas, readers and writers.
 
-    OUT/                              a reward-data output folder
-      reward_input.parquet            the instructions (+ answers) taken from an evolve run; row group = batch
-      irm/parts/batch_00000.parquet   one atomic part per finished IRM batch: ranked groups (GROUP_SCHEMA)
-      irm/journal/batch_00000.jsonl   model calls finished inside the batch (replayed on resume)
-      prm/parts/, prm/journal/        the same for PRM batches (STEP_ROW_SCHEMA)
+    OUT/                              a reward-data output folder (RewardLayout)
+      reward_input.parquet            the instructions (+ answers) taken from an evolve run; row group = batch;
+                                      the input of both batched sets
+      irm/parts/batch_00000.parquet   the `irm` set: one atomic part per finished IRM batch: ranked groups
+      irm/journal/batch_00000.jsonl   (GROUP_SCHEMA); model calls finished inside the batch (replayed on resume)
+      prm/parts/, prm/journal/        the `prm` set: the same for PRM batches (STEP_ROW_SCHEMA)
       irm_groups.parquet              every group: versions, sources, judge ranking and scores, status
       data/train-00000-of-00001.parquet
                                       the IRM pairs (config `irm_pairs`, what load_dataset("parquet",
@@ -13,10 +14,16 @@
       prm_steps.parquet               TRL stepwise-supervision form: prompt, completions, labels (+ raw scores)
       prm_rejected.parquet            answers that could not be labelled, with the reason
       health.json                     data (and, after training, model) health checks
-      summary.json                    counts, failures, cost
-      models/irm, models/prm          trained reward models (with reward_meta.json)
-      metrics.json                    training metrics (pairwise and step accuracy, times)
-      ledger/, logs/                  cost ledger and embedded-model log (storage.layout.RunLayout)
+      summary.json                    the reward-data stage's counts, failures, cost
+      models/irm, models/prm          trained reward models (with reward_meta.json), by the train-reward stage
+      metrics.json                    the train-reward stage's summary: training metrics (pairwise and step
+                                      accuracy, times), model health
+      stage.json, README.md, plots/, ledger/, logs/
+                                      the marker, dataset card, plots, cost ledger and embedded-model log
+                                      (storage/folder.py)
+
+Both reward stages use this folder: train-reward's --out defaults to its --data, the reward-data folder
+(RewardModelsFolder: that folder keeps its reward-data stage.json; a separate --out gets its own, see there).
 
 Trainer formats (field by field):
 - IRM pairs (TRL RewardTrainer, explicit prompt): `prompt` str, `chosen` str, `rejected` str, `margin` float.
@@ -34,9 +41,9 @@ import polars as pl
 import pyarrow as pa
 
 from evolforge.storage.cards import main_table
-from evolforge.storage.fs import AnyPath, ensure_dir, exists, location, parquet_file, read_parquet
-from evolforge.storage.layout import OutputFolder
-from evolforge.storage.parts import num_row_groups, read_part, read_row_group, write_table_atomic
+from evolforge.storage.folder import BatchedSet, StageFolder, read_marker
+from evolforge.storage.fs import AnyPath, exists, location, parquet_file, read_parquet
+from evolforge.storage.parts import read_part, read_row_group, write_table_atomic
 
 # A trained reward model's completion marker: written last (atomically), so a folder with it is complete.
 META_FILE = "reward_meta.json"
@@ -68,9 +75,14 @@ PRM_COLUMNS = ["prompt", "completions", "labels", "raw_scores", "scores", "id", 
 PRM_SCHEMA = pa.schema([STEP_ROW_SCHEMA.field(c) for c in PRM_COLUMNS])
 
 
+KINDS = ("irm", "prm")
+DATA_KIND = "reward-data"  # the stage.json kind of a reward-data folder (the reward-data stage's name)
+
+
 @dataclass(frozen=True, init=False)
-class RewardLayout(OutputFolder):
-    """A reward-data / reward-model folder (local or URL); models are trained locally and published to it."""
+class RewardLayout(StageFolder):
+    """The reward-data stage's folder (local or URL; see the module docstring); models are trained locally and
+    published to it."""
 
     input = property(lambda self: self.root / "reward_input.parquet")
     irm_groups = property(lambda self: self.root / "irm_groups.parquet")
@@ -78,15 +90,34 @@ class RewardLayout(OutputFolder):
     prm_steps = property(lambda self: self.root / "prm_steps.parquet")
     prm_rejected = property(lambda self: self.root / "prm_rejected.parquet")
     health = property(lambda self: self.root / "health.json")
-    summary = property(lambda self: self.root / "summary.json")
     metrics = property(lambda self: self.root / "metrics.json")
     models_dir = property(lambda self: self.root / "models")
 
-    def part(self, kind: str, batch: int) -> AnyPath:
-        return self.root / kind / "parts" / f"batch_{batch:05d}.parquet"
+    @property
+    def irm(self) -> BatchedSet:
+        """The IRM batches: reward_input.parquet (row group = batch), irm/parts, irm/journal."""
+        return BatchedSet(self.input, self.root / "irm" / "parts", self.root / "irm" / "journal")
 
-    def journal(self, kind: str, batch: int) -> AnyPath:
-        return self.root / kind / "journal" / f"batch_{batch:05d}.jsonl"
+    @property
+    def prm(self) -> BatchedSet:
+        """The PRM batches: the same reward_input.parquet, prm/parts, prm/journal."""
+        return BatchedSet(self.input, self.root / "prm" / "parts", self.root / "prm" / "journal")
+
+    def batched(self, kind: str) -> BatchedSet:
+        """The batched set of `kind` ("irm" or "prm")."""
+        return {"irm": self.irm, "prm": self.prm}[kind]
+
+    def batched_sets(self) -> dict[str, BatchedSet]:
+        """The sets a run started (their irm/ or prm/ folder exists), for `status`."""
+        return {kind: self.batched(kind) for kind in KINDS if exists(self.root / kind)}
+
+    def status_extra(self) -> dict:
+        return {"models_trained": [kind for kind in KINDS if self.model_ready(kind)]}
+
+    def data_tables(self) -> dict[str, AnyPath]:
+        """The reward-data tables by dataset-card config name (irm_pairs, the card's default, first)."""
+        return {"irm_pairs": self.irm_pairs, "irm_groups": self.irm_groups, "prm_steps": self.prm_steps,
+                "prm_rejected": self.prm_rejected}
 
     def model_dir(self, kind: str) -> AnyPath:
         return self.models_dir / kind
@@ -111,9 +142,37 @@ class RewardLayout(OutputFolder):
         if self.remote:
             publish_dir(self.training_dir(kind), self.model_dir(kind), last=META_FILE)
 
-    def ensure(self) -> "RewardLayout":
-        ensure_dir(self.root)
-        return self
+
+@dataclass(frozen=True, init=False)
+class RewardModelsFolder(RewardLayout):
+    """The train-reward stage's folder: models/irm, models/prm, metrics.json (the stage's summary file, so the
+    reward-data summary.json beside it stays) and health.json's "model" part.
+
+    By default it is the reward-data folder itself (train-reward's --out defaults to its --data). That folder
+    keeps its reward-data stage.json: the marker names the stage whose output the folder holds, `status` keeps
+    showing its IRM and PRM batches (and the models trained), and reward-data can still resume over it; the
+    training's completion is metrics.json. An unmarked reward-data folder (from an evolforge before 0.2) is
+    left unmarked. A folder of its own (--out elsewhere) gets a train-reward stage.json, with its counts when it
+    finished; a folder marked for any other stage is refused (storage/folder.py)."""
+
+    @property
+    def summary(self) -> AnyPath:
+        return self.metrics
+
+    def holds_reward_data(self) -> bool:
+        """The folder is a reward-data folder: marked so, or unmarked with a reward-data input snapshot."""
+        marker = read_marker(self.root)
+        return marker.get("kind") == DATA_KIND if marker is not None else exists(self.input)
+
+    def start_marker(self, kind: str) -> dict:
+        if self.holds_reward_data():
+            return read_marker(self.root) or {}
+        return super().start_marker(kind)
+
+    def finish_marker(self, kind: str, counts: dict) -> dict:
+        if self.holds_reward_data():
+            return read_marker(self.root) or {}
+        return super().finish_marker(kind, counts)
 
 
 def evolve_dataset(evolve_out: str | Path) -> AnyPath:
@@ -151,20 +210,14 @@ def build_input(evolved: AnyPath, dest: AnyPath, batch_size: int, max_instructio
     return table.num_rows
 
 
-def batch_count(layout: RewardLayout) -> int:
-    return num_row_groups(layout.input)
-
-
 def read_batch(layout: RewardLayout, batch: int) -> list[dict]:
+    """The records of one batch (row group) of the input snapshot (both sets share it)."""
     return read_row_group(layout.input, batch).to_pylist()
 
 
-def parts_complete(layout: RewardLayout, kind: str) -> bool:
-    return exists(layout.input) and all(exists(layout.part(kind, b)) for b in range(batch_count(layout)))
-
-
-def concat_parts(layout: RewardLayout, kind: str, schema: pa.Schema) -> pa.Table:
-    tables = [read_part(layout.part(kind, b)).select(schema.names).cast(schema) for b in range(batch_count(layout))]
+def concat_parts(batched: BatchedSet, schema: pa.Schema) -> pa.Table:
+    """Every batch's part of a set, in batch order, as `schema` (its columns, in its order)."""
+    tables = [read_part(batched.part(b)).select(schema.names).cast(schema) for b in range(batched.batch_count())]
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 

@@ -1,9 +1,15 @@
-"""Round bookkeeping on disk: next pools, completion markers, round tables, final datasets.
+"""Round bookkeeping of the evolve stage on disk (paths: storage/layout.py RunLayout): next pools,
+completion markers, round tables, final datasets and their SFT view, the retry's reopened batches, the
+rounds' dedup decisions.
 
 Everything streams batch by batch (one row group / part at a time), so memory
 stays flat as the dataset grows. The pool a round evolves has one entry per
 seed: an accepted evolution replaces its parent, an eliminated (or errored)
 evolution gives the parent back to the pool to be evolved again next round.
+
+    write_final_datasets(layout, rounds, batch_size)  dataset/evolved, lineage, final_pool
+    write_sft_view(evolved, dest)                      dataset/sft/train.parquet (TRL SFTTrainer `messages`)
+    reopen_failed_batches(layout, stamp)               what a retry redoes (tasks/evolve/resume.py)
 """
 
 from __future__ import annotations
@@ -167,6 +173,27 @@ def write_final_datasets(layout: RunLayout, rounds: list[int], batch_size: int) 
     return counts
 
 
+SFT_SCHEMA = pa.schema([
+    ("id", pa.string()), ("seed_id", pa.string()), ("round", pa.int64()), ("domain", pa.string()),
+    ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+])
+
+
+def write_sft_view(evolved: AnyPath, dest: AnyPath) -> int:
+    """The evolved dataset as TRL SFTTrainer conversations: one row per record with an answer, `messages` =
+    [user: instruction, assistant: answer] (seeds without an answer are left out). Returns the row count."""
+    t = read_parquet(evolved, columns=["id", "seed_id", "round", "domain", "instruction", "answer"])
+    t = t.filter(pc.and_(pc.is_valid(t["answer"]), pc.not_equal(pc.utf8_length(pc.utf8_trim_whitespace(
+        pc.fill_null(t["answer"], ""))), 0)))
+    rows = t.to_pylist()
+    out = pa.Table.from_pylist(
+        [{"id": r["id"], "seed_id": r["seed_id"], "round": r["round"], "domain": r["domain"],
+          "messages": [{"role": "user", "content": r["instruction"]}, {"role": "assistant", "content": r["answer"]}]}
+         for r in rows], schema=SFT_SCHEMA)
+    write_table_atomic(out, dest)
+    return out.num_rows
+
+
 def compact_ledger(layout: RunLayout, ledger: pl.DataFrame) -> AnyPath:
     write_table_atomic(ledger.to_arrow(), layout.ledger_parquet)
     return layout.ledger_parquet
@@ -183,9 +210,9 @@ def reopen_failed_batches(layout: RunLayout, stamp: str) -> dict:
     (`dedup.parquet.retry-STAMP`). Every later round depends on this round's
     output, so later rounds are moved aside whole (`round_NN.superseded-STAMP`),
     as are the final datasets. The dedup index is not touched here (storage
-    knows no index): `evolforge retry` rolls it back with
-    tasks/evolve/dedup_round.py `rollback_run`, and the redone dedup step does
-    it again in any case. Returns what was reopened.
+    knows no index): a retry (the evolve flow's `retry`, `evolforge retry`) rolls
+    it back with tasks/evolve/dedup_round.py `rollback_run`, and the redone dedup
+    step does it again in any case. Returns what was reopened.
     """
     rounds_root = layout.rounds_dir
     reopened: dict = {"batches": [], "superseded_rounds": []}

@@ -3,7 +3,8 @@
     {
       "run_id": ..., "created_at": ...,            the first run over the folder
       "seeds": PATH, "seeds_sha256": ..., "seeds_bytes": N,   the seed file of the run (content hash, streamed)
-      "settings": {...},                           the run's settings, whole (`evolforge retry` reuses them);
+      "settings": {...},                           the run's settings, whole (a retry reuses them: `evolforge
+                                                   retry`, the evolve flow's `retry`, tasks/evolve/stage.py);
                                                    evol_instruct.rounds is the most rounds any run asked for
       "history": [                                 every run over the folder, oldest first, appended, never rewritten
         {"event": "start", "run_id", "at", "seeds", "seeds_sha256", "seeds_bytes", "rounds", "settings"},

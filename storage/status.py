@@ -99,7 +99,7 @@ def folder_status(out: str | Path, folders: dict[str, type]) -> dict:
     marker = read_marker(root)
     subs = [folder_status(sub, folders) for sub in list_files(root, "*") if read_marker(sub) is not None]
     if subs:
-        return {"kind": marker["kind"] if marker else "pipeline", "root": str(root), "exists": True,
+        return {"kind": marker["kind"] if marker else "folders", "root": str(root), "exists": True,
                 "finished": exists(root / "summary.json"), "stages": subs}
     if marker is None:
         return {"kind": None, "root": str(root), "exists": True}
@@ -110,5 +110,5 @@ def folder_status(out: str | Path, folders: dict[str, type]) -> dict:
     if complete is not None:
         for u in units:
             u["complete"] = complete(u["unit"])
-    return {"kind": marker["kind"], "root": str(root), "exists": True, "finished": exists(root / "summary.json"),
+    return {"kind": marker["kind"], "root": str(root), "exists": True, "finished": bool(marker.get("finished_at")),
             "units": units, "cost": ledger_totals(root), **(lay.status_extra() if lay else {})}

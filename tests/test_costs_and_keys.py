@@ -10,12 +10,14 @@ import pytest
 
 from evolforge.cli import main as cli_main
 from evolforge.flows.evolve import EvolveParams, evolve_flow
-from evolforge.flows.synthesize import SynthesizeParams, summarize, synthesize_flow
-from evolforge.flows.synthesize import cost_per_task as synthesis_costs
+from evolforge.flows.synthesize import SynthesizeParams, synthesize_flow
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import totals
 from evolforge.tasks.core.gateway import Gateway, GatewayError, InsecureKeyTransport
-from evolforge.tasks.core.reporting import CostTally, cost_summary, markdown_summary
+from evolforge.tasks.core.reporting import cost_summary
+from evolforge.tasks.evolve.report import CostTally, markdown
+from evolforge.tasks.synthesis.report import cost_per_task as synthesis_costs
+from evolforge.tasks.synthesis.report import summarize
 from evolforge.testing.settings import make_settings
 
 
@@ -42,7 +44,7 @@ def test_the_run_report_never_shows_an_unknown_cost_as_zero():
     led = _ledger([("a", "evolve", None), ("b", "evolve", None)])
     summary = {"run_id": "r", "out_dir": "o", "endpoint": "e", "rounds": [], "cost": cost_summary(led),
                "datasets": {}}
-    md = markdown_summary(summary)
+    md = markdown(summary)
     assert "$0.000000" not in md and md.count("unknown (unpriced model)") >= 4  # total, mean, median, max
 
 

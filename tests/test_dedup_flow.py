@@ -12,6 +12,7 @@ import time
 import polars as pl
 import pytest
 
+from evolforge.cli.status import stage_status
 from evolforge.flows.dedup import DedupParams, dedup_flow
 from evolforge.flows.evolve import EvolveParams, evolve_flow
 from evolforge.storage.layout import RunLayout
@@ -97,3 +98,12 @@ def test_dedup_flow_on_any_file(tmp_path):
     dropped = pl.read_csv(tmp_path / "o" / "dropped.csv")
     assert dropped["id"].to_list() == ["b"] and dropped["dedup_duplicate_of"].to_list() == ["a"]
     assert dropped["dedup_method"].to_list() == ["exact"]
+    on_disk = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert on_disk["stats"]["dropped_exact"] == 1 and on_disk["run_id"] == summary["run_id"]
+    # the stage runner's marker, and `evolforge status` reading the folder through it
+    marker = json.loads((tmp_path / "o" / "stage.json").read_text())
+    assert marker["kind"] == "dedup" and marker["finished_at"] and marker["counts"] == {"kept": 3, "dropped": 1}
+    st = stage_status(tmp_path / "o")
+    assert st["kind"] == "dedup" and st["finished"] and st["units"] == [] and st["cost"]["calls"] == 0
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["dropped.csv", "kept.csv", "stage.json",
+                                                                  "summary.json"]

@@ -54,7 +54,7 @@ def _ids(path) -> set[str]:
     return set(pl.read_parquet(path)["id"])
 
 
-def test_retry_redoes_the_rounds_dedup_and_matches_a_clean_run(tmp_path, server):
+def test_retry_redoes_the_rounds_dedup_and_matches_a_clean_run(tmp_path, server, capsys):
     # s0's and s3's evolutions are the same text: in a clean run s3's is dropped as a duplicate of s0's
     server.evolve_overrides = {"volcanoes": SAME, "bread baking": SAME}
     clean = RunLayout(tmp_path / "clean")
@@ -68,7 +68,12 @@ def test_retry_redoes_the_rounds_dedup_and_matches_a_clean_run(tmp_path, server)
     assert faulted.filter(pl.col("status") == "error")["parent_id"].to_list() == ["s0"]
     assert not _decisions(lay, 1).equals(_decisions(clean, 1))
 
+    capsys.readouterr()
     assert cli_main(["retry", "--out", str(lay.root)]) == 0
+    out = capsys.readouterr().out  # what was reopened and rolled back, then what `evolforge run` prints
+    assert "round 1: redoing batches [0]; later rounds superseded: ['round_02']" in out
+    assert f"dedup index {lay.dedup_index}: rolled back this run's rounds >= 1 (" in out
+    assert out.index("redoing batches") < out.index("== evolforge run complete ==")
     assert _lineage(lay).equals(_lineage(clean))  # same kept ids, same eliminated rows by rule and duplicate_of
     for r in (1, 2):
         assert _decisions(lay, r).equals(_decisions(clean, r))
@@ -78,6 +83,10 @@ def test_retry_redoes_the_rounds_dedup_and_matches_a_clean_run(tmp_path, server)
     assert _index_ids(lay.dedup_index) == _index_ids(clean.dedup_index)
     assert set(_index_ids(lay.dedup_index)) == _ids(lay.evolved)
     assert list(lay.round_dir(1).glob("dedup.parquet.retry-*"))  # the old decisions, kept aside
+
+    assert cli_main(["retry", "--out", str(lay.root)]) == 0
+    assert capsys.readouterr().out.strip().endswith(
+        f"nothing to retry in {lay.root}: every batch finished without errors")
 
 
 def test_retry_rolls_back_a_shared_index_and_leaves_other_runs_entries(tmp_path, server):

@@ -197,3 +197,33 @@ def test_fewer_rounds_keep_every_finished_round_in_the_datasets(tmp_path, server
     assert "finished rounds 1-2" in fewer["rounds_note"] and [r["round"] for r in fewer["rounds"]] == [1, 2]
     assert json.loads(lay.summary.read_text())["rounds_note"] == fewer["rounds_note"]
     assert _run_json(tmp_path)["settings"]["evol_instruct"]["rounds"] == 2  # `evolforge retry` redoes both rounds
+
+
+def test_retry_is_a_flow_parameter(tmp_path, server):
+    """`retry=true` (what `evolforge retry` and a Prefect deployment run start) redoes only the rejected batch of the
+    run at `out`, with the run's own seeds and settings, and says what it reopened; once nothing failed, it does
+    nothing and says so."""
+    server.script("400")  # the first evolution call is rejected: its record is kept with status=error
+    p = params(tmp_path, server, rounds=1)
+    evolve_flow(p)
+    lay = RunLayout(tmp_path / "out")
+    assert pl.read_parquet(lay.lineage).filter(pl.col("status") == "error").height == 1
+    sent = len(server.posts())
+    # only `out`, `retry` (and the endpoint): the seeds, rounds and settings are the run's (its run.json)
+    summary = evolve_flow(EvolveParams(out=p.out, base_url=server.base_url, retry=True))
+    assert summary["retry"]["round"] == 1 and len(summary["retry"]["batches"]) == 1
+    assert not summary["retry"]["nothing_to_retry"]
+    assert set(pl.read_parquet(lay.lineage)["status"]) == {"accepted"} and summary["counts"]["evolved"] == 10
+    assert len(server.posts()) - sent == 3  # the rejected record's 3 calls; its batch-mate replayed from the journal
+    assert summary["seeds"] == p.seeds and _run_json(tmp_path)["history"][-1]["event"] == "resume"
+    assert json.loads(lay.summary.read_text())["retry"]["batches"] == summary["retry"]["batches"]
+
+    again = evolve_flow(EvolveParams(out=p.out, retry=True))
+    assert again["retry"]["nothing_to_retry"] and again["run_id"] == summary["run_id"]  # the run's summary, as it was
+    assert len(server.posts()) - sent == 3
+
+    from evolforge.tasks.core.checks import InputError
+
+    with pytest.raises(InputError, match=r"no run in .*none \(run\.json missing\)"):
+        evolve_flow(EvolveParams(out=str(tmp_path / "none"), retry=True))
+    assert not (tmp_path / "none").exists()

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from evolforge.storage.ledger import LedgerTail, LedgerWriter, read_ledger
-from evolforge.tasks.core.reporting import CostTally
+from evolforge.tasks.evolve.report import CostTally
 
 
 @pytest.mark.parametrize("remote", [False, True])

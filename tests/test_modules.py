@@ -248,7 +248,7 @@ def test_batch_resume_sends_no_finished_call_again(fast_server, tmp_path):
     stats = run_modules_batch(lay.root, 0, settings, fast_server.base_url, "r1")
     assert stats["by_status"] == {"ok": 2} and len(fast_server.posts()) == 2 * 18
     assert run_modules_batch(lay.root, 0, settings, fast_server.base_url, "r1")["skipped"]
-    lay.part(0).unlink()  # a batch killed after its calls, before its part: every call replays
+    lay.questions.part(0).unlink()  # a batch killed after its calls, before its part: every call replays
     again = run_modules_batch(lay.root, 0, settings, fast_server.base_url, "r1")
     assert len(fast_server.posts()) == 2 * 18 and again["replayed_calls"] == 2 * 18
 
@@ -276,6 +276,7 @@ def test_reward_stage_plug_labels_steps_by_module_contribution(fast_server):
 @pytest.mark.usefixtures("prefect_harness")
 def test_flow_and_cli_on_a_prefect_server(fast_server, tmp_path):
     from evolforge.cli import main
+    from evolforge.cli.status import stage_status
     from evolforge.flows.modules import ModulesParams, modules_flow
 
     fast_server.corrupt_module = "compute"
@@ -300,6 +301,14 @@ def test_flow_and_cli_on_a_prefect_server(fast_server, tmp_path):
     assert prm.columns == PRM_COLUMNS and prm.height == 3 and prm["completions"].list.len().to_list() == [8, 8, 8]
     assert set(prm["method"]) == {"modules"} and prm["labels"].to_list()[0].count(False) == 1
     assert json.loads(lay.summary.read_text())["prm"]["rows"] == 3
+    # the stage runner's marker, and `evolforge status` reading the folder through it
+    marker = json.loads(lay.marker.read_text())
+    assert marker["kind"] == "modules" and marker["finished_at"]
+    assert marker["counts"] == {"items": 3, "by_status": {"ok": 3}, "prm_rows": 3}
+    st = stage_status(lay.root)
+    assert st["kind"] == "modules" and st["finished"] and st["cost"]["calls"] == summary["cost"]["attempts"] > 54
+    assert [(u["unit"], u["batches"], u["done"], u["records_done"], u["accepted"]) for u in st["units"]] == [
+        ("questions", 2, 2, 3, 3)]
 
     # rerun over the folder: nothing is sent (the pre-flight probes are kept apart by the server)
     again = modules_flow(params)

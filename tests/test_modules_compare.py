@@ -73,7 +73,7 @@ def test_batch_comparison_reuses_the_graph_score_and_resumes(judge_server, tmp_p
     # per question: 1 single-shot call + 1 judge call (the graph's own judge_full is reused)
     assert len(judge_server.posts()) == 7 * GRAPH_CALLS + 7 * 2
     assert stats[0]["by_status"] == {"graph": 2, "tie": 1, "single_shot": 1}
-    rows = [r for b in range(2) for r in pl.read_parquet(lay.compare_part(b)).to_dicts()]
+    rows = [r for b in range(2) for r in pl.read_parquet(lay.comparisons.part(b)).to_dicts()]
     assert all(r["judge_calls"] == 1 and r["single_calls"] == 1 and r["graph_score_reused"] for r in rows)
     by = {r["id"]: r for r in rows}
     assert (by["e1"]["graph_score"], by["e1"]["single_score"], by["e1"]["winner"]) == (10.0, 7.0, "graph")
@@ -84,7 +84,7 @@ def test_batch_comparison_reuses_the_graph_score_and_resumes(judge_server, tmp_p
 
     # a rerun sends nothing: parts done; and with the parts gone, every call replays from the journals
     assert run_compare_batch(lay.root, 0, settings, judge_server.base_url, "r1")["skipped"]
-    lay.compare_part(1).unlink()
+    lay.comparisons.part(1).unlink()
     again = run_compare_batch(lay.root, 1, settings, judge_server.base_url, "r1")
     assert again["replayed_calls"] == 3 * 2 and len(judge_server.posts()) == 7 * GRAPH_CALLS + 7 * 2
 
@@ -116,7 +116,7 @@ def test_difficulty_from_the_evolve_generation(judge_server, tmp_path):
     assert [r["difficulty"] for r in store.read_batch(lay, 0)] == ["easy", "medium", "hard", "hard"]
     run_modules_batch(lay.root, 0, settings, judge_server.base_url, "r1")
     run_compare_batch(lay.root, 0, settings, judge_server.base_url, "r1")
-    summary = comparison_summary(pl.read_parquet(lay.compare_part(0)).to_dicts(), settings)
+    summary = comparison_summary(pl.read_parquet(lay.comparisons.part(0)).to_dicts(), settings)
     assert {k: (g["n"], g["graph_wins"], g["win_rate"]) for k, g in summary["by_difficulty"].items()} == \
         {"easy": (1, 1, 1.0), "medium": (1, 1, 1.0), "hard": (2, 1, 0.5)}
     # a difficulty column wins over generation; an empty one falls back to it

@@ -7,7 +7,9 @@ import json
 import polars as pl
 import pytest
 
+from evolforge.cli.status import stage_status
 from evolforge.flows.nightly import NightlyParams, nightly_flow
+from evolforge.storage.folder import read_marker
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -37,8 +39,19 @@ def test_two_nights_continue_the_same_dataset(tmp_path, server):
     index = json.loads((tmp_path / "ds" / "nights.json").read_text())
     assert [e["night"] for e in index] == ["2026-11-28", "2026-11-29"]
 
+    # the dataset folder is the nightly stage's (its stage.json), each night's folder an evolve stage's
+    marker = read_marker(tmp_path / "ds")
+    assert marker["kind"] == "nightly" and marker["counts"] == {"nights": 2, "total_rounds": 2}
+    assert read_marker(night1)["kind"] == "evolve"
+    assert json.loads((tmp_path / "ds" / "summary.json").read_text())["night"] == "2026-11-29"
+    st = stage_status(tmp_path / "ds")
+    assert st["kind"] == "nightly" and st["finished"] and [n["night"] for n in st["nights"]] == ["2026-11-28", "2026-11-29"]
+    assert [(u["unit"], u["batches"], u["done"], u["records"], u["complete"]) for u in st["units"]] == [
+        ("night 2026-11-28 round 1", 1, 1, 4, True), ("night 2026-11-29 round 1", 1, 1, 4, True)]
+    assert not (tmp_path / "ds" / "ledger").exists()  # each night has its own ledger
+
 
 def test_bad_night_label_fails_before_any_work(tmp_path, server):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a date"):
         nightly_flow(NightlyParams(night="tomorrow", dataset=str(tmp_path / "ds"), base_url=server.base_url))
-    assert not server.posts()
+    assert not server.posts() and not (tmp_path / "ds").exists()

@@ -482,10 +482,11 @@ def test_dask_workers_share_an_s3_output_folder_configured_from_the_environment(
 def test_reward_data_and_trained_models_on_s3_feed_the_ppo_stage(tmp_path, server, s3):
     """reward-data reads an evolve run on s3:// and writes there; train-reward publishes models there
     (meta file last); the PPO stage downloads them and scores with them."""
-    from evolforge.flows.ppo import PPOParams, resolve
+    from evolforge.flows.ppo import PPOParams
     from evolforge.flows.reward_data import RewardDataParams, reward_data_flow
     from evolforge.flows.train_reward import TrainRewardParams, train_reward_flow
     from evolforge.storage.reward_sets import META_FILE, RewardLayout
+    from evolforge.tasks.ppo.job import resolve
     from evolforge.tasks.reward.scoring import score_instructions
     from evolforge.testing.evolved_runs import TINY_TRAINING, evolve_folder
 

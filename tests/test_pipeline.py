@@ -7,7 +7,9 @@ import json
 import polars as pl
 import pytest
 
+from evolforge.cli.status import stage_status
 from evolforge.flows.pipeline import PipelineParams, pipeline_flow
+from evolforge.storage.folder import read_marker
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -27,3 +29,14 @@ def test_pipeline_evolve_then_synthesize(tmp_path, server):
     tasks = pl.read_parquet(tmp_path / "p" / "synthesize" / "data" / "train-00000-of-00001.parquet")  # tasks table
     # the synthesis stage read the evolve stage's output: seeds plus their accepted evolutions
     assert done["synthesize"]["proposed"] == done["evolve"]["evolved"] and tasks.height >= 1
+    # the run's folder is marked as a pipeline's, its summary names each stage's folder and the cost of all of them
+    marker = read_marker(tmp_path / "p")
+    assert marker["kind"] == "pipeline" and marker["counts"] == {"stages": 2} and marker["finished_at"]
+    summary = json.loads((tmp_path / "p" / "summary.json").read_text())
+    assert summary["stages"] == {"evolve": str(tmp_path / "p" / "evolve"), "synthesize": str(tmp_path / "p" / "synthesize")}
+    assert summary["synthesize"] == done["synthesize"] and summary["cost"]["attempts"] > 0
+    assert not (tmp_path / "p" / "ledger").exists()  # the pipeline calls no model itself
+    # `status` shows the pipeline and each stage under it, read from their markers
+    st = stage_status(tmp_path / "p")
+    assert st["kind"] == "pipeline" and st["finished"] is True
+    assert sorted(s["kind"] for s in st["stages"]) == ["evolve", "synthesize"]

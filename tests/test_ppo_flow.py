@@ -10,7 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from evolforge.cli import main
+from evolforge.cli.status import stage_status
 from evolforge.flows.ppo import PPOParams, ppo_flow
+from evolforge.storage.folder import read_marker
 from evolforge.storage.ppo import PPOLayout, read_jsonl
 from evolforge.testing.ppo_models import (
     one_torch_thread,  # noqa: F401 (autouse fixture)
@@ -38,6 +41,27 @@ def test_flow_refuses_an_unhealthy_reward_stage(tmp_path, evolved):
     assert not (tmp_path / "ppo").exists()  # nothing was started
 
 
+def test_command_refuses_bad_inputs_before_anything_starts(tmp_path, evolved, capsys):
+    """The stage's check (tasks/ppo/stage.py) runs before Prefect: an unhealthy reward stage, a remote output
+    folder and contradicting job settings are one line and exit status 2, and nothing is created."""
+    rm = tmp_path / "rm"
+    for name in ("irm", "prm"):
+        (rm / "models" / name).mkdir(parents=True)
+        (rm / "models" / name / "config.json").write_text("{}")
+    (rm / "health.json").write_text(json.dumps({"data": {"passed": True}, "model": {
+        "passed": False, "problems": ["IRM overfit: mean over 0.9"]}}))
+    out = tmp_path / "ppo"
+    args = ["ppo", "--evolved", str(evolved), "--reward-dir", str(rm)]
+    for extra, says in ((["--out", str(out)], "PPO refused to start: trained reward models fail the health checks: "
+                                                "IRM overfit"),
+                        (["--out", "s3://bucket/ppo", "--ignore-reward-health"], "must be a local"),
+                        (["--out", str(out), "--ray-job", "grpo_smoke", "--local-steps", "0"], "set ppo.local_steps > 0")):
+        assert main(args + extra) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
 def test_flow_writes_data_and_the_verl_config(tmp_path, evolved):
     out = tmp_path / "ppo"
     summary = ppo_flow(PPOParams(evolved=str(evolved.parent.parent), reward_dir=str(shared_reward_models()), out=str(out),
@@ -56,6 +80,14 @@ def test_flow_writes_data_and_the_verl_config(tmp_path, evolved):
     assert conf["algorithm"]["kl_ctrl"]["kl_coef"] == 0.05 and conf["data"]["train_batch_size"] >= 64
     # named as it is: the verl job is PPO with a critic
     assert summary["verl"]["algorithm"] == "PPO (critic, GAE)" and conf["algorithm"]["adv_estimator"] == "gae"
+    # the folder is marked as the PPO stage's, with its counts, and `status` reads it
+    marker = read_marker(out)
+    assert marker["kind"] == "ppo" and marker["finished_at"] and summary["out_dir"] == str(out)
+    assert marker["counts"] == {"train": summary["data"]["train"], "test": summary["data"]["test"],
+                                "with_ground_truth": summary["data"]["with_ground_truth"], "grpo_steps": 0}
+    st = stage_status(out)
+    assert st["kind"] == "ppo" and st["finished"] is True and st["units"] == []
+    assert json.loads(lay.summary.read_text())["data"] == summary["data"]
 
 
 def test_flow_without_a_cluster_writes_the_command(tmp_path, evolved, monkeypatch):

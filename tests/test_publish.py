@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from evolforge.storage.cards import write_dataset_card, write_sft_view
+from evolforge.storage.cards import write_dataset_card
 from evolforge.storage.layout import RunLayout
+from evolforge.storage.rounds import write_sft_view
 from evolforge.testing.evolved_runs import evolve_folder
 from evolforge.testing.prefect_server import free_port
 

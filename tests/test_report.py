@@ -19,6 +19,7 @@ from evolforge.flows.train_reward import TrainRewardParams, train_reward_flow
 from evolforge.storage.cards import read_card
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import read_ledger
+from evolforge.tasks.evolve import report as evolve_report
 from evolforge.tasks.report import plots
 from evolforge.testing.evolved_runs import TINY_TRAINING, evolve_folder
 
@@ -169,13 +170,14 @@ def test_reward_plots_and_card(tmp_path, server):
 
 
 @pytest.mark.parametrize("draw", [
-    lambda: plots.survival_by_operation([]),
-    lambda: plots.eliminations_by_rule([{"round": 1, "by_rule": {}}]),
+    lambda: evolve_report.survival_by_operation([]),
+    lambda: evolve_report.eliminations_by_rule([{"round": 1, "by_rule": {}}]),
     lambda: plots.cost_and_tokens_by_stage([]),
     lambda: plots.task_difficulty([{"kind": "code", "status": "rejected", "difficulty": None}]),
     lambda: plots.score_histograms({"IRM": [], "PRM": [None, 1.0]}, (0.4, 0.7), "scores"),
     # hostile-ish content: model-made names with markup and very long text, unknown costs, null counts
-    lambda: plots.eliminations_by_rule([{"round": 3, "by_rule": {"<script>alert(1)</script>" * 3: 2, None: 1}}]),
+    lambda: evolve_report.eliminations_by_rule([{"round": 3, "by_rule": {"<script>alert(1)</script>" * 3: 2,
+                                                                          None: 1}}]),
     lambda: plots.cost_and_tokens_by_stage([{"stage": "judge", "model": "m", "prompt_tokens": None,
                                              "completion_tokens": None, "cost_usd": None, "unpriced_calls": 3}]),
 ])

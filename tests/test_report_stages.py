@@ -12,6 +12,7 @@ import matplotlib.image
 import openai
 import pytest
 
+from evolforge.tasks.ppo import report as ppo_report
 from evolforge.tasks.report import plots
 from evolforge.tasks.trajectories import report as trajectory_report
 
@@ -128,11 +129,11 @@ def test_modules_plots(tmp_path):
 
 
 @pytest.mark.parametrize("draw", [
-    lambda: plots.grpo_training([]),
-    lambda: plots.grpo_training([{"step": 1, "reward": None, "kl": float("nan")}, {"step": "x"}],
+    lambda: ppo_report.grpo_training([]),
+    lambda: ppo_report.grpo_training([{"step": 1, "reward": None, "kl": float("nan")}, {"step": "x"}],
                                 {"passed": False, "steps_watched": 1, "r_a": {}, "drift": None}),
-    lambda: plots.policy_rewards([], []),
-    lambda: plots.policy_rewards([0.5, None, float("inf")], [1.0], "train (no held-out prompts)"),
+    lambda: ppo_report.policy_rewards([], []),
+    lambda: ppo_report.policy_rewards([0.5, None, float("inf")], [1.0], "train (no held-out prompts)"),
     lambda: trajectory_report.trajectory_calls([], [], [], []),
     lambda: trajectory_report.trajectory_calls([1], [None], [None], [None]),
     lambda: trajectory_report.session_rewards([None, None]),

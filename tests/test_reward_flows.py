@@ -7,8 +7,10 @@ import json
 import polars as pl
 import pytest
 
+from evolforge.cli.status import stage_status
 from evolforge.flows.reward_data import RewardDataParams, reward_data_flow
 from evolforge.flows.train_reward import TrainRewardParams, train_reward_flow
+from evolforge.storage.folder import FolderOfAnotherStage
 from evolforge.storage.ledger import read_ledger
 from evolforge.storage.reward_sets import RewardLayout
 from evolforge.tasks.reward.health import RewardHealthError
@@ -50,9 +52,9 @@ def test_reward_data_then_training_then_scoring(tmp_path, server):
     n = len(server.posts())
     reward_data_flow(data_params(tmp_path, server))
     assert len(server.posts()) == n
-    part = lay.part("irm", 1)
+    part = lay.irm.part(1)
     part.write_bytes(part.read_bytes()[:50])
-    lay.journal("irm", 1).unlink()
+    lay.irm.journal(1).unlink()
     reward_data_flow(data_params(tmp_path, server))
     assert len(server.posts()) == n + 4 * 3 and list(part.parent.glob("*.corrupt"))
     assert pl.read_parquet(lay.irm_pairs).height == 36
@@ -78,6 +80,39 @@ def test_reward_data_then_training_then_scoring(tmp_path, server):
     assert not (tmp_path / "models2" / "models").exists()
     again = train_reward_flow(TrainRewardParams(data=str(lay.root), override_health=True, overrides=stop))
     assert again["health"]["overridden"] and again["models"]["irm"] == metrics["models"]["irm"]  # kept, not retrained
+
+
+def test_stage_markers_of_the_shared_folder_and_of_a_models_folder(tmp_path, server):
+    """reward-data marks its folder; train-reward over it (the default --out) keeps that marker and `status`
+    shows the models trained; a models folder of its own gets a train-reward marker, which reward-data refuses."""
+    data = lay = RewardLayout(tmp_path / "reward")
+    reward_data_flow(data_params(tmp_path, server, max_instructions=4))
+    marker = json.loads(lay.marker.read_text())
+    assert marker["kind"] == "reward-data" and marker["finished_at"]
+    assert marker["counts"] == {"irm_pairs": 4 * 3, "prm_rows": 2}  # 4 ranked groups of 3; e0, e1 answered
+    st = stage_status(lay.root)
+    assert st["kind"] == "reward-data" and st["finished"] and st["models_trained"] == []
+    assert [(u["unit"], u["done"], u["batches"]) for u in st["units"]] == [("irm", 1, 1), ("prm", 1, 1)]
+
+    train_reward_flow(TrainRewardParams(data=str(lay.root), models=["irm"], overrides={"reward": TINY_TRAINING}))
+    assert json.loads(lay.marker.read_text()) == marker  # still the reward-data folder: it can resume
+    assert json.loads(lay.summary.read_text())["irm_pairs"] == 12  # the reward-data summary is not replaced
+    assert json.loads(lay.metrics.read_text())["models"]["irm"]["train_pairs"] > 0
+    st = stage_status(lay.root)
+    assert st["kind"] == "reward-data" and st["models_trained"] == ["irm"] and len(st["units"]) == 2
+    reward_data_flow(data_params(tmp_path, server, max_instructions=4))  # resumes over the trained folder
+
+    own = RewardLayout(tmp_path / "models")
+    train_reward_flow(TrainRewardParams(data=str(data.root), out=str(own.root), models=["irm"],
+                                        overrides={"reward": TINY_TRAINING}))
+    marker = json.loads(own.marker.read_text())
+    assert marker["kind"] == "train-reward" and marker["finished_at"]
+    assert marker["counts"] == {"models": ["irm"], "model_health_passed": False}  # no PRM scores to check
+    assert own.metrics.exists() and not own.summary.exists() and own.model_ready("irm")
+    st = stage_status(own.root)
+    assert st["kind"] == "train-reward" and st["units"] == [] and st["models_trained"] == ["irm"]
+    with pytest.raises(FolderOfAnotherStage, match="train-reward stage"):
+        reward_data_flow(data_params(tmp_path, server).model_copy(update={"out": str(own.root)}))
 
 
 def test_failed_rankings_are_counted_and_decorl_labels(tmp_path, server):

@@ -155,7 +155,10 @@ def test_cli_run_names_the_change_and_force_settings_accepts_it(tmp_path, server
     run = ["run", "--seeds", str(seeds), "--out", str(tmp_path / "out"), "--rounds", "1", "--base-url", server.base_url]
     assert cli_main([*run, "--config", config(0.9)]) == 0
     sent = len(server.posts())
-    capsys.readouterr()
+    printed = capsys.readouterr().out  # the evolve stage's `present`
+    assert "== evolforge run complete ==" in printed and "round 1: 4/4 accepted (survival 100%)" in printed
+    assert f"summary:                               {tmp_path / 'out'}/summary.json" in printed
+    assert f"per-stage costs: evolforge costs --out {tmp_path / 'out'} --by stage" in printed
     assert cli_main([*run, "--config", config(0.4)]) == 2
     err = capsys.readouterr().err
     assert "evol_instruct.temperature 0.9 -> 0.4" in err and "--force-settings" in err and "resume" not in err

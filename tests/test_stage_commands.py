@@ -36,8 +36,10 @@ def test_reward_data_then_train_reward_commands(tmp_path, server, capsys):
     assert result["irm_pairs"] == 36 and result["prm_rows"] == 6
     assert "reward-data: " in captured.out and "batches 6/6" in captured.out  # the progress, one line per update
 
+    marker = json.loads((out / "stage.json").read_text())
+    assert marker["kind"] == "reward-data" and marker["counts"] == {"irm_pairs": 36, "prm_rows": 6}
     st = folder_status(out)
-    assert st["kind"] == "reward" and [u["unit"] for u in st["units"]] == ["irm", "prm"]
+    assert st["kind"] == "reward-data" and st["finished"] and [u["unit"] for u in st["units"]] == ["irm", "prm"]
     assert all(u["done"] == u["batches"] == 3 and u["pending"] == 0 for u in st["units"])
     assert st["units"][0]["accepted"] == 12 and st["cost"]["calls"] == len(server.posts()) + len(server.probes)
 
@@ -47,7 +49,9 @@ def test_reward_data_then_train_reward_commands(tmp_path, server, capsys):
     metrics = json.loads(lay.metrics.read_text())
     assert list(metrics["models"]) == ["irm"] and metrics["models"]["irm"]["train_pairs"] > 0
     assert lay.model_ready("irm") and not lay.model_ready("prm")
-    assert folder_status(out)["models_trained"] == ["irm"]
+    st = folder_status(out)  # train-reward over the data folder (its default --out) keeps its reward-data marker
+    assert st["kind"] == "reward-data" and st["models_trained"] == ["irm"]
+    assert json.loads((out / "stage.json").read_text()) == marker
 
     with pytest.raises(SystemExit) as exc:  # argparse: a bad --models value is a usage error
         main(["train-reward", "--data", str(out), "--models", "irm,orm"])

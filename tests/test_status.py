@@ -14,6 +14,7 @@ import pytest
 
 from evolforge.cli.status import stage_status as folder_status
 from evolforge.flows.evolve import EvolveParams, evolve_flow
+from evolforge.storage.folder import read_marker
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.parts import read_part, write_table_atomic
 from evolforge.storage.status import has_checkpoints
@@ -41,6 +42,10 @@ def status_cli(out) -> subprocess.CompletedProcess:
 
 def test_status_of_an_evolve_run_done_failed_pending(tmp_path, server):
     lay = evolve_run(tmp_path, server)
+    # the evolve stage's marker: its kind and, once finished, its counts (what status reads the kind from)
+    marker = read_marker(lay.root)
+    assert marker["kind"] == "evolve" and marker["finished_at"]
+    assert marker["counts"] == {"rounds": 2, "lineage": 10, "evolved": 15, "final_pool": 5, "sft": 10}
     st = folder_status(lay.root)
     assert st["kind"] == "evolve" and st["finished"]
     assert [(u["unit"], u["batches"], u["done"], u["failed"], u["pending"], u["records"], u["records_done"])

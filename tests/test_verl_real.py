@@ -292,7 +292,7 @@ def test_verl_reward_without_evolforge_installed(through_verl, stage):
 
 def test_the_stage_checks_its_config_with_verl_when_verl_python_is_set(verl_env, stage, tmp_path):
     """ppo.verl_python: the PPO stage runs verl's own compose + validate_config before it writes anything to submit."""
-    from evolforge.flows.ppo import _verl_config
+    from evolforge.tasks.ppo.job import verl_config
 
     wrapper = tmp_path / "verl-python"
     env = verl_env.environ()
@@ -301,9 +301,9 @@ def test_the_stage_checks_its_config_with_verl_when_verl_python_is_set(verl_env,
     wrapper.chmod(0o755)
     lay = PPOLayout(tmp_path / "ppo").ensure()
     cfg = load_settings(None, {"ppo": {"verl_python": str(wrapper)}}, environ={}).ppo
-    done = _verl_config(cfg, lay, str(stage["policy"]), stage["irm"], stage["prm"], "job-1")
+    done = verl_config(cfg, lay, str(stage["policy"]), stage["irm"], stage["prm"], "job-1")
     assert done["checked_by"].startswith(f"verl {verl_env.version}")
     # verl itself refuses what the project's schema cannot see: a policy folder that is not there
     with pytest.raises(ValueError, match="refuses the PPO configuration"):
-        _verl_config(cfg, PPOLayout(tmp_path / "ppo2").ensure(), str(tmp_path / "no-policy"), stage["irm"],
-                     stage["prm"], "j")
+        verl_config(cfg, PPOLayout(tmp_path / "ppo2").ensure(), str(tmp_path / "no-policy"), stage["irm"],
+                    stage["prm"], "j")

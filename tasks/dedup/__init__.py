@@ -10,9 +10,17 @@
 
 Modules: normalize (exact keys), minhash (sketches, LSH, Jaccard), embedding
 (static + full encoders, ANN), index (persistent incremental index), pipeline.
-Heavy dependencies (torch, sentence-transformers) load only when embeddings run.
+stage (the dedup stage's parameters, check and descriptor), report, shard_tasks.
+Heavy dependencies (torch, sentence-transformers) load only when embeddings run; the pipeline itself loads on
+first use of the names below, so importing the stage descriptor (every CLI start) stays light.
 """
 
-from evolforge.tasks.dedup.pipeline import DedupResult, components, dedup, dedup_file
-
 __all__ = ["DedupResult", "components", "dedup", "dedup_file"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from evolforge.tasks.dedup import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

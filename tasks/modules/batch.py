@@ -3,7 +3,8 @@
 `run_modules_batch` describes the batch for the batch runtime (tasks/core/batch.py: resume from the part,
 journal replay, atomic part, error rows) and runs it: one Prefect task per batch (flows/modules.py), never
 per question or module. `assemble` turns the parts into the items table, the PRM rows (prm_steps.parquet in the
-reward stage's form) and the summary with the annotated Mermaid graph.
+reward stage's form) and the summary with the annotated Mermaid graph. `endpoint_models` names every model a
+run calls (the flow's pre-flight probes each).
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from statistics import mean
 from evolforge.config.settings import Settings
 from evolforge.storage import module_sets as store
 from evolforge.tasks.core.batch import BatchSpec, Progress, run_batch
+from evolforge.tasks.modules.compare import single_shot_model
 from evolforge.tasks.modules.report import mermaid, module_stats, summary_markdown
-from evolforge.tasks.modules.run import error_item, judge_model, module_graph, solve_item, step_row
+from evolforge.tasks.modules.run import error_item, judge_model, module_graph, module_models, solve_item, step_row
 
 
 def modules_batch_spec(out_dir: str | Path, batch: int, settings: Settings) -> BatchSpec:
     layout = store.ModulesLayout(out_dir)
+    questions = layout.questions
     return BatchSpec(
-        name=f"mod{batch}", part=layout.part(batch), journal=layout.journal(batch), schema=store.ITEM_SCHEMA,
+        name=f"mod{batch}", part=questions.part(batch), journal=questions.journal(batch), schema=store.ITEM_SCHEMA,
         load_rows=lambda: store.read_batch(layout, batch),
         work=lambda row, gw, journal: solve_item(row, gw, settings, journal),
         on_rejected=lambda row, err: error_item(row, err, settings), concurrency=settings.modules.concurrency)
@@ -30,6 +33,14 @@ def modules_batch_spec(out_dir: str | Path, batch: int, settings: Settings) -> B
 def run_modules_batch(out_dir: str | Path, batch: int, settings: Settings, base_url: str, run_id: str,
                       progress: Progress | None = None) -> dict:
     return run_batch(modules_batch_spec(out_dir, batch, settings), settings, base_url, run_id, out_dir, progress)
+
+
+def endpoint_models(settings: Settings) -> tuple[str, ...]:
+    """The judge, every module's model, and with `compare` the single-shot model, sorted."""
+    models = {judge_model(settings), *module_models(settings).values()}
+    if settings.modules.compare:
+        models.add(single_shot_model(settings))
+    return tuple(sorted(models))
 
 
 def _mean(values: list) -> float | None:

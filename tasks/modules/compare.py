@@ -121,7 +121,7 @@ def compare_batch_spec(out_dir: str | Path, batch: int, settings: Settings) -> B
         return store.read_batch(layout, batch)
 
     return BatchSpec(
-        name=f"cmp{batch}", part=layout.compare_part(batch), journal=layout.compare_journal(batch),
+        name=f"cmp{batch}", part=layout.comparisons.part(batch), journal=layout.comparisons.journal(batch),
         schema=store.COMPARE_SCHEMA, load_rows=load_rows,
         work=lambda row, gw, journal: compare_item(row, graph_rows.get(row["id"]), gw, settings, journal),
         on_rejected=lambda row, err: rejected_row(row, err, settings), concurrency=settings.modules.concurrency)

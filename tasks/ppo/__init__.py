@@ -11,6 +11,9 @@
 - grpo_smoke:   the whole smoke run in one call, in the flow or as a Ray job (`python -m ...grpo_smoke SPEC`).
 - training_health: reward health while the smoke run trains (share of rA < 0.5, reward drift; warn / stop).
 - preflight:    checks before PPO (reward models present, reward stage healthy).
+- stage:        the stage's parameters, its fail-fast check and its registry descriptor.
+- job:          what a run sets up: inputs, prompt data, SFT policy, verl configuration, the Ray job.
+- report:       what a run reports: summary, counts, artifacts, plots, the dataset card, the outcome.
 
 This package's __init__ stays import-free: verl loads reward.py by path.
 """

@@ -1,7 +1,8 @@
 """One batch of reward-model data (IRM groups or PRM step labels), and the assembly of the finished sets.
 
 `run_reward_batch` describes the batch for the batch runtime (tasks/core/batch.py: resume, journal replay,
-atomic part, error classification) and runs it; the Prefect task that wraps it is in flows/reward_data.py.
+atomic part, error classification) and runs it, with the part and journal of the kind's batched set
+(storage/reward_sets.RewardLayout.irm / .prm); the Prefect task that wraps it is in flows/reward_data.py.
 One batch per kind and row group, never per record. A record whose request the endpoint rejects
 (HTTP 400/422) is kept with status `error`. `assemble` turns the parts into the trainer-ready sets and the
 data-level health scores.
@@ -26,8 +27,9 @@ KINDS = {
 def reward_batch_spec(kind: str, out_dir: str | Path, batch: int, settings: Settings) -> BatchSpec:
     fn, on_error, schema = KINDS[kind]
     layout = store.RewardLayout(out_dir)
+    batched = layout.batched(kind)
     return BatchSpec(
-        name=f"{kind}{batch}", part=layout.part(kind, batch), journal=layout.journal(kind, batch), schema=schema,
+        name=f"{kind}{batch}", part=batched.part(batch), journal=batched.journal(batch), schema=schema,
         load_rows=lambda: store.read_batch(layout, batch),
         work=lambda row, gw, journal: fn(row, gw, settings, journal), on_rejected=on_error,
         concurrency=settings.reward.concurrency, extra_stats=lambda statuses: {"kind": kind})
@@ -44,7 +46,7 @@ def assemble(out_dir: str | Path, settings: Settings, kinds: tuple[str, ...] = (
     layout = store.RewardLayout(out_dir)
     out: dict = {"irm_scores": [], "prm_scores": []}
     if "irm" in kinds:
-        groups = store.concat_parts(layout, "irm", store.GROUP_SCHEMA)
+        groups = store.concat_parts(layout.irm, store.GROUP_SCHEMA)
         rows = groups.to_pylist()
         pairs = [p for g in rows for p in irm_data.pairs_from_group(g, settings.reward.irm_prompt)]
         store.write_irm_sets(groups, pairs, layout)
@@ -55,7 +57,7 @@ def assemble(out_dir: str | Path, settings: Settings, kinds: tuple[str, ...] = (
                       "failed_ranking_attempts": sum(g.get("failed_attempts") or 0 for g in rows),
                       "path": str(layout.irm_pairs)}
     if "prm" in kinds:
-        steps = store.concat_parts(layout, "prm", store.STEP_ROW_SCHEMA)
+        steps = store.concat_parts(layout.prm, store.STEP_ROW_SCHEMA)
         rows = steps.to_pylist()
         n_ok, n_rejected = store.write_prm_sets(steps, layout)
         ok = [r for r in rows if r["status"] == "ok"]

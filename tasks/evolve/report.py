@@ -1,0 +1,228 @@
+"""What an evolve run reports: each round's cost and table artifact rows, the summary's rounds, the markdown
+summary, the dataset card's content and the plots. Plain functions over the round tables (storage/rounds.py
+round_table) and the ledger (polars); flows/evolve.py writes them.
+
+    RoundCosts(out)                  USD of each round, from the ledger rows new since the round before
+    CostTally                        USD per task, summed incrementally from ledger rows as they arrive
+    round_summary(table)             a round as summary.json lists it
+    round_rows(table, cost_usd)      the `evolve-round-N` table artifact
+    markdown(summary)                the `evolve-summary` artifact
+    card(summary, settings)          the dataset card's content (dataset/README.md, storage/cards.py writes it)
+    plots(summary)                   survival_by_operation, eliminations_by_rule, cost_tokens_by_stage (PNG bytes)
+
+matplotlib loads when the first plot is drawn (at the end of a run), not when the flow is imported.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import polars as pl
+
+from evolforge import __version__
+from evolforge.storage import rounds as round_store
+from evolforge.storage.fs import AnyPath
+from evolforge.storage.layout import RunLayout
+from evolforge.storage.ledger import LedgerTail
+from evolforge.tasks.core.reporting import markdown_table, usd
+from evolforge.tasks.report.card import as_yaml, card_cost, card_models, common_sections
+
+ROUND_KEYS = ("round", "attempts", "accepted", "eliminated", "errors", "survival", "by_rule", "by_operation", "calls",
+              "prompt_tokens", "completion_tokens", "cost_usd")
+
+
+class CostTally:
+    """USD per task, summed incrementally from ledger rows as they arrive (memory: one entry per task)."""
+
+    def __init__(self):
+        self.by_task = pl.DataFrame(schema={"task_id": pl.Utf8, "cost_usd": pl.Float64, "calls": pl.UInt32,
+                                            "priced": pl.UInt32})
+
+    def add(self, rows: pl.DataFrame) -> "CostTally":
+        if rows.height:
+            new = rows.group_by("task_id").agg(pl.col("cost_usd").sum(), pl.len().cast(pl.UInt32).alias("calls"),
+                                               pl.col("cost_usd").is_not_null().sum().cast(pl.UInt32).alias("priced"))
+            self.by_task = (pl.concat([self.by_task, new]).group_by("task_id")
+                            .agg(pl.col("cost_usd").sum(), pl.col("calls").sum(), pl.col("priced").sum()))
+        return self
+
+    def cost_of(self, task_ids: pl.Series) -> float | None:
+        """Total USD of these tasks; None (unknown) when any of their calls has no price."""
+        rows = self.by_task.filter(pl.col("task_id").is_in(task_ids.implode()))
+        if rows.is_empty() or rows["priced"].sum() < rows["calls"].sum():
+            return None
+        return float(rows["cost_usd"].sum())
+
+
+class RoundCosts:
+    """The cost of each round of the run at `out`, priced from the ledger rows new since the last round only
+    (storage/ledger.py LedgerTail), summed per task over every round so far."""
+
+    def __init__(self, out: str | AnyPath):
+        self.layout, self.tail, self.tally = RunLayout(out), LedgerTail(out), CostTally()
+
+    def of_round(self, round_no: int) -> float | None:
+        """USD of the round's records (None: unknown, a call without a price)."""
+        ids = round_store.round_lineage(self.layout, round_no).select("id").collect()["id"]
+        return self.tally.add(self.tail.new_rows()).cost_of(ids)
+
+
+def round_summary(table: dict) -> dict:
+    """A round as summary.json's `rounds` lists it (a round table with its cost_usd)."""
+    return {k: table[k] for k in ROUND_KEYS}
+
+
+def round_rows(table: dict, cost_usd: float | None = None) -> list[dict]:
+    """Rows of the per-round table artifact: survival by operation, then the round total with tokens and cost."""
+    rows = [
+        {"round": table["round"], "operation": r["operation"], "direction": r["direction"],
+         "attempts": r["attempts"], "accepted": r["accepted"], "survival": r["survival"],
+         "prompt_tokens": "", "completion_tokens": "", "cost_usd": ""}
+        for r in table["by_operation"]
+    ]
+    rows.append({"round": table["round"], "operation": "ALL", "direction": "",
+                 "attempts": table["attempts"], "accepted": table["accepted"], "survival": table["survival"],
+                 "prompt_tokens": table["prompt_tokens"], "completion_tokens": table["completion_tokens"],
+                 "cost_usd": "unpriced" if cost_usd is None else round(cost_usd, 6)})
+    for rule, n in sorted(table["by_rule"].items()):
+        rows.append({"round": table["round"], "operation": f"eliminated: {rule}", "direction": "", "attempts": n,
+                     "accepted": "", "survival": "", "prompt_tokens": "", "completion_tokens": "", "cost_usd": ""})
+    return rows
+
+
+def markdown(summary: dict) -> str:
+    """The `evolve-summary` artifact: rounds, cost per stage and per task, datasets (and the rounds note)."""
+    lines = [f"# evolforge run `{summary['run_id']}`", "",
+             f"Output folder: `{summary['out_dir']}`  ", f"Endpoint: `{summary['endpoint']}`", "",
+             "## Rounds", ""]
+    lines += markdown_table(
+        ["round", "attempts", "accepted", "eliminated", "errors", "survival", "removed by rule"],
+        [[r["round"], r["attempts"], r["accepted"], r["eliminated"], r["errors"], f"{r['survival']:.1%}",
+          ", ".join(f"{k}: {v}" for k, v in sorted(r["by_rule"].items())) or "-"] for r in summary["rounds"]])
+    cost = summary["cost"]
+    lines += ["", "## Cost per stage", "", f"Total: {usd(cost.get('cost_usd'))} over {cost.get('attempts', 0)} attempts "
+              f"({cost.get('failed_attempts', 0)} failed); prices from: {', '.join(cost.get('price_sources', [])) or '-'}",
+              ""]
+    lines += markdown_table(
+        ["stage", "model", "calls", "failed", "prompt tok", "completion tok", "USD", "seconds"],
+        [[s["stage"], s["model"], s["calls"], s["failed_attempts"], s["prompt_tokens"], s["completion_tokens"],
+          "n/a" if s["cost_usd"] is None or s["unpriced_calls"] else f"{s['cost_usd']:.6f}",
+          f"{s['model_seconds']:.1f}"] for s in cost.get("by_stage", [])])
+    pt = cost.get("per_task") or {}
+    if pt:
+        lines += ["", "## Cost per task (per evolved record)", "",
+                  f"{pt['tasks']} tasks; mean {usd(pt['mean_cost_usd'])}, median {usd(pt['median_cost_usd'])}, "
+                  f"max {usd(pt['max_cost_usd'])}; mean {pt['mean_calls'] or 0:.2f} calls and "
+                  f"{pt['mean_model_seconds'] or 0:.2f} model seconds per task. "
+                  "Full table: `cost_ledger.parquet` (group by task_id)."]
+    lines += ["", "## Datasets", ""] + [f"- {k}: `{v}`" for k, v in summary["datasets"].items()]
+    text = "\n".join(lines)
+    return text + (f"\n\n**Note:** {summary['rounds_note']}" if summary.get("rounds_note") else "")
+
+
+def card(summary: dict, settings: dict) -> dict:
+    """The card of an evolve run's dataset/ folder (summary.json and the run's settings fingerprint)."""
+    evo = settings.get("evol_instruct", {})
+    facts = {
+        "stage": "evolve", "evolforge_version": __version__, "run_id": summary["run_id"],
+        "lineage": {"seeds": str(summary.get("seeds")), "rounds": summary.get("rounds_in_datasets"),
+                    "counts": summary.get("counts")},
+        "generation": {"evol_instruct": evo, "models": settings.get("models", {})},
+        "models": card_models(summary["cost"]), "cost": card_cost(summary["cost"]),
+    }
+    rounds = ["| round | attempts | accepted | survival | eliminated by rule |", "|---|---|---|---|---|"] + [
+        f"| {r['round']} | {r['attempts']} | {r['accepted']} | {r['survival']:.1%} | "
+        f"{', '.join(f'{k}: {v}' for k, v in sorted(r['by_rule'].items())) or '-'} |" for r in summary["rounds"]]
+    sections = {
+        "Lineage": [f"Seeds: `{summary.get('seeds')}`, evolved over {len(summary['rounds'])} Evol-Instruct round(s) "
+                    "(in-depth and in-breadth operations, each attempt judged and eliminated by rule). Every record "
+                    "keeps `parent_id`, `seed_id`, `round`, `operation` and `direction`; the `lineage` config holds "
+                    "every attempt, eliminated ones with their `elimination_rule`.", "", *rounds],
+        "Generation settings": ["```yaml", *as_yaml(evo).splitlines(), "```"],
+        **common_sections(facts),
+    }
+    return {"title": "evolforge evolved instructions",
+            "description": "Instructions evolved from seed instructions with Evol-Instruct by evolforge, with answers. "
+                           "`sft` is the SFT view (TRL SFTTrainer `messages`: user instruction, assistant answer); "
+                           "`evolved` the seeds and accepted evolutions; `lineage` every attempt; `final_pool` what "
+                           "the next round would evolve.",
+            "sections": sections, "facts": facts, "default": "sft"}
+
+
+# ----------------------------------------------------------------- plots (matplotlib loads on the first one)
+
+def _label(row: dict) -> str:
+    op, direction = row.get("operation") or "?", row.get("direction")
+    return f"{op} ({direction})" if direction else op
+
+
+def survival_by_operation(rounds: list[dict]) -> bytes:
+    """Share of attempts accepted, per evolution operation (bars) and round (one bar per round), with counts."""
+    from evolforge.tasks.report.plots import COLORS, empty_plot, plt, png
+
+    title = "Survival by operation and round"
+    cells = {(_label(r), t["round"]): r for t in rounds for r in t.get("by_operation", [])}
+    if not cells:
+        return empty_plot(title, "no evolution attempts")
+    ops = sorted({op for op, _ in cells})
+    round_nos = sorted({r for _, r in cells})
+    width = 0.8 / len(round_nos)
+    fig, ax = plt.subplots(figsize=(min(13.0, max(6.0, 0.8 * len(ops) * len(round_nos) ** 0.5 + 2)), 4.6))
+    for k, rno in enumerate(round_nos):
+        xs, ys, notes = [], [], []
+        for i, op in enumerate(ops):
+            row = cells.get((op, rno))
+            if row:
+                xs.append(i - 0.4 + width * (k + 0.5))
+                ys.append(float(row["survival"] or 0.0))
+                notes.append(f"{row['accepted']}/{row['attempts']}")
+        bars = ax.bar(xs, ys, width=width * 0.95, color=COLORS[k % 10], label=f"round {rno}")
+        if len(ops) * len(round_nos) <= 24:
+            ax.bar_label(bars, labels=notes, fontsize=7, padding=2)
+    tilt = len(ops) > 3
+    ax.set_xticks(range(len(ops)), ops, rotation=30 if tilt else 0, ha="right" if tilt else "center", fontsize=8)
+    ax.set_ylim(0, 1.1)
+    ax.set_ylabel("accepted / attempts")
+    ax.set_title(title, pad=22)
+    # above the axes: never over a bar or its count
+    ax.legend(fontsize=8, ncols=min(6, len(round_nos)), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    return png(fig)
+
+
+def eliminations_by_rule(rounds: list[dict]) -> bytes:
+    """Attempts eliminated per rule, stacked by round (horizontal bars: rule names stay readable)."""
+    from evolforge.tasks.report.plots import COLORS, empty_plot, plt, png
+
+    title = "Eliminations by rule"
+    counts: dict[str, dict[int, int]] = defaultdict(dict)
+    for t in rounds:
+        for rule, n in (t.get("by_rule") or {}).items():
+            counts[rule or "(no rule)"][t["round"]] = n
+    if not counts:
+        return empty_plot(title, "nothing was eliminated")
+    rules = sorted(counts, key=lambda r: sum(counts[r].values()))
+    round_nos = sorted({r for c in counts.values() for r in c})
+    fig, ax = plt.subplots(figsize=(7, 1.6 + 0.45 * len(rules)))
+    left = [0] * len(rules)
+    for k, rno in enumerate(round_nos):
+        vals = [counts[rule].get(rno, 0) for rule in rules]
+        ax.barh(rules, vals, left=left, color=COLORS[k % 10], label=f"round {rno}")
+        left = [a + b for a, b in zip(left, vals)]
+    for y, total in enumerate(left):
+        ax.text(total, y, f" {total}", va="center", fontsize=8)
+    ax.set_xlim(0, max(left) * 1.15 + 1)
+    ax.set_xlabel("eliminated attempts")
+    ax.set_title(title, pad=22)
+    ax.legend(fontsize=8, ncols=min(6, len(round_nos)), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    return png(fig)
+
+
+def plots(summary: dict) -> dict[str, bytes]:
+    """survival_by_operation, eliminations_by_rule, cost_tokens_by_stage from an evolve run's summary.json."""
+    from evolforge.tasks.report.plots import cost_and_tokens_by_stage
+
+    return {"survival_by_operation": survival_by_operation(summary["rounds"]),
+            "eliminations_by_rule": eliminations_by_rule(summary["rounds"]),
+            "cost_tokens_by_stage": cost_and_tokens_by_stage(summary["cost"].get("by_stage", []))}

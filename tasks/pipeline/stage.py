@@ -1,0 +1,60 @@
+"""The pipeline: its parameters (the Prefect UI form, the stage switches its checkboxes, and the CLI flags), its
+input check and its descriptor (tasks/core/stages.py). The flow: flows/pipeline.py; the files:
+storage/pipeline_sets.py; what it reports: tasks/pipeline/report.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from evolforge.config.settings import SAMPLE_SEEDS, Settings
+from evolforge.storage.fs import is_url
+from evolforge.storage.pipeline_sets import PipelineLayout
+from evolforge.tasks.core.checks import InputError, check_endpoint, check_out_dir, check_rows
+from evolforge.tasks.core.params import EndpointParams
+from evolforge.tasks.core.stages import Deployment, Stage, Table, register
+
+
+class PipelineParams(EndpointParams):
+    """Parameters of the full pipeline (the stage switches are the UI's checkboxes)."""
+
+    seeds: str = Field(str(SAMPLE_SEEDS), description="Seed instructions: a jsonl, parquet or csv file.")
+    out: str = Field("runs/pipeline", description="Root output folder; each stage writes OUT/<stage>/.")
+    rounds: int | None = Field(None, ge=1, le=64, description="Evolution rounds (default: evol_instruct.rounds).")
+    synthesize: bool = Field(True, description="Synthesize verified tasks from the evolved instructions.")
+    reward: bool = Field(True, description="Make reward-model data and train the IRM and PRM.")
+    ppo: bool = Field(False, description="Run the PPO stage (verl config / Ray job and the local GRPO smoke run).")
+
+    def stage_overrides(self) -> dict[str, Any]:
+        return {"evol_instruct": {"rounds": self.rounds}} if self.rounds is not None else {}
+
+
+def check(params: PipelineParams, settings: Settings) -> None:
+    """The first stage's check (the seed file holds a usable instruction, the output folder can be written, the
+    endpoint answers); with the PPO stage on, the output folder is a local one (verl and the trainers write
+    there). The later stages check their inputs when they start, once the earlier stages made them."""
+    check_rows(params.seeds, settings.input.instruction_field, "seed file", settings.input.max_chars)
+    check_out_dir(params.out)
+    if params.ppo and is_url(params.out):
+        raise InputError(f"the PPO stage needs a local (or shared, mounted) output folder, not {params.out}: choose "
+                         "another --out, or leave the PPO stage off")
+    check_endpoint(settings)
+
+
+STAGE = register(Stage(
+    name="pipeline",
+    help="evolve -> synthesize -> reward data -> reward models [-> PPO]",
+    params=PipelineParams,
+    flow="evolforge.flows.pipeline:pipeline_flow",
+    folder=PipelineLayout,
+    check=check,
+    inputs=(Table("seeds", "(--seeds)", ("instruction", "id", "domain"), "seed instructions"),),
+    outputs=(
+        Table("stage folders", "evolve/, synthesize/, reward/, ppo/", (),
+              "each stage's own output folder (reward-data and train-reward share reward/)"),
+        Table("plots", "plots/*.png", (), "tokens and cost of every stage, then each stage's own plots"),
+    ),
+    deployment=Deployment("The whole chain - evolve, synthesize, reward data, reward models, (PPO off by default).",
+                          ("evolforge", "pipeline"), concurrency_limit=1),
+))
