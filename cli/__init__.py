@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 
-from evolforge.cli import costs, legacy_stages, prefect_server, publish, run, sandbox, services, stages, status
+from evolforge.cli import costs, prefect_server, publish, run, sandbox, services, stages, status
 from evolforge.cli.common import run_command
 
 # Each command module registers its sub-commands. `stages` adds one command per registered stage
 # (tasks/core/stages.py); a new stage needs no line here.
-COMMANDS = (stages, run, legacy_stages, services, costs, sandbox, status, publish, prefect_server)
+COMMANDS = (stages, run, services, costs, sandbox, status, publish, prefect_server)
 
 
 class _FirstWins:

@@ -49,18 +49,17 @@ def cmd_serve_model(args) -> int:
 
 
 def preflight(settings, base_url: str, embedded: bool) -> list[dict]:
-    """One minimal completion per distinct model of every stage, the reward stage's variant models and the
-    module graph's models (its judge included)."""
-    from evolforge.tasks.core.gateway import Gateway
+    """One minimal completion per distinct model of every [models] role and of every model a registered stage
+    calls beyond them (its descriptor's `models`: variant writers, the module graph's models and judge)."""
+    from evolforge.tasks.core.gateway import Gateway, model_roles
+    from evolforge.tasks.core.stages import stages
 
     gw = Gateway(settings.model_copy(update={"gateway": settings.gateway.model_copy(update={"max_retries": 0})}),
                  base_url=base_url, run_id="preflight",
                  embedded_models={settings.embedded.alias} if embedded else set())
-    from evolforge.tasks.modules.run import judge_model, module_models
-
-    extra = (*settings.reward.variant_models, judge_model(settings), *module_models(settings).values())
+    extra = tuple(dict.fromkeys(m for st in stages() if st.models for m in st.models(settings)))
     try:
-        return gw.check_models(["evolve", "answer", "judge", "synthesize", "solver"], tuple(dict.fromkeys(extra)))
+        return gw.check_models(model_roles(), extra)
     finally:
         gw.close()
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
+STATUS_KEYS = {"kind", "root", "exists", "finished", "units", "cost", "stages"}
+
 
 def _cost(c: dict) -> str:
     usd = f"unknown ({c['unpriced_calls']} unpriced calls)" if c["cost_usd"] is None else f"${c['cost_usd']:.6f}"
@@ -24,8 +26,10 @@ def _print_stage(st: dict, indent: str = "") -> None:
         print(f"{indent}  {u['unit']}: batches {u['done']} done, {u['failed']} failed{failed}, {u['pending']} pending "
               f"of {u['batches']}; records {u['records_done']}/{u['records']} done, {u['accepted']} accepted, "
               f"{u['errors']} errors{extra}")
-    if "models_trained" in st:
-        print(f"{indent}  reward models trained: {', '.join(st['models_trained']) or 'none'}")
+    for key, value in st.items():  # what the stage's folder adds (StageFolder.status_extra: models trained, nights)
+        if key not in STATUS_KEYS:
+            shown = (", ".join(map(str, value)) or "none") if isinstance(value, (list, tuple)) else value
+            print(f"{indent}  {key.replace('_', ' ')}: {shown}")
     if "cost" in st:
         print(f"{indent}  {_cost(st['cost'])}")
         for s in st["cost"]["by_stage"]:

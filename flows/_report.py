@@ -16,8 +16,8 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from evolforge.storage.cards import write_dataset_card
+from evolforge.storage.folder import OutputFolder
 from evolforge.storage.fs import AnyPath
-from evolforge.storage.layout import OutputFolder
 from evolforge.storage.plots import write_plots
 from evolforge.tasks.core import progress as live_progress
 from evolforge.tasks.report.markdown import plots_markdown

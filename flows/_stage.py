@@ -153,11 +153,13 @@ def finish_stage(run: StageRun, summary: dict, *, counts: dict | None = None,
                  card: tuple[dict[str, Any], dict] | None = None,
                  plots: tuple[str, Callable[[], dict[str, bytes]]] | None = None,
                  tables: dict[str, tuple[list[dict], str]] | None = None,
-                 markdown: dict[str, tuple[str, str]] | None = None, cost: bool = True) -> dict:
+                 markdown: dict[str, tuple[str, str]] | None = None, cost: bool = True,
+                 plots_key: str | None = None) -> dict:
     """The epilogue of a stage flow (see the module docstring); returns the summary it wrote.
 
     `counts`: the figures stage.json keeps; `card`: (tables by config name, card content); `plots`: (title,
-    draw function); `tables` / `markdown`: artifact key -> (rows or markdown, description)."""
+    draw function), shown in the markdown artifact `plots_key` (default "<stage>-plots"); `tables` / `markdown`:
+    artifact key -> (rows or markdown, description)."""
     folder, key = run.folder, run.stage.name
     head: dict[str, Any] = {"run_id": run.run_id, "out_dir": str(folder.root)}
     if run.endpoint_ is not None:
@@ -169,7 +171,7 @@ def finish_stage(run: StageRun, summary: dict, *, counts: dict | None = None,
     summary.setdefault("wall_seconds", run.elapsed())
     if plots is not None:
         title, draw = plots
-        summary["plots"] = attach_plots(folder, f"{key}-plots", title, draw)
+        summary["plots"] = attach_plots(folder, plots_key or f"{key}-plots", title, draw)
     if card is not None:
         card_tables, content = card
         summary["card"] = attach_card(folder.card_dir, card_tables, content)

@@ -56,7 +56,7 @@ def synthesize_flow(params: SynthesizeParams) -> dict:
         run.logger.info("synthesis: %d kept of %d proposed -> %s", summary["kept"], summary["proposed"], lay.tasks)
         return finish_stage(
             run, summary, cost=False, counts={k: summary[k] for k in ("proposed", "kept")},
-            plots=("Task synthesis plots", lambda: report.plots(
+            plots_key="synthesis-plots", plots=("Task synthesis plots", lambda: report.plots(
                 table.select("kind", "status", "difficulty").to_dicts(), cost.get("by_stage", []))),
             card=({"tasks": lay.tasks, "rejected": lay.rejected, "cost_per_task": lay.cost_per_task},
                   report.card({"run_id": run.run_id, **summary}, settings.fingerprint(), cost)),

@@ -29,21 +29,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
 from evolforge.storage.fs import AnyPath, exists, parquet_file, read_parquet, read_text, write_text_atomic
-from evolforge.storage.parts import write_table_atomic
 
 CARD = "README.md"
 MAIN_TABLE = ("data", "train-00000-of-00001.parquet")  # what data_dir loads as split "train" (see above)
 SIZE_CATEGORIES = [(1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
                    (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M")]
-SFT_SCHEMA = pa.schema([
-    ("id", pa.string()), ("seed_id", pa.string()), ("round", pa.int64()), ("domain", pa.string()),
-    ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-])
 
 
 def card_path(folder: AnyPath) -> AnyPath:
@@ -53,21 +47,6 @@ def card_path(folder: AnyPath) -> AnyPath:
 def main_table(folder: AnyPath) -> AnyPath:
     """FOLDER/data/train-00000-of-00001.parquet: the table `load_dataset("parquet", data_dir=FOLDER)` loads."""
     return folder / MAIN_TABLE[0] / MAIN_TABLE[1]
-
-
-def write_sft_view(evolved: AnyPath, dest: AnyPath) -> int:
-    """The evolved dataset as TRL SFTTrainer conversations: one row per record with an answer, `messages` =
-    [user: instruction, assistant: answer] (seeds without an answer are left out). Returns the row count."""
-    t = read_parquet(evolved, columns=["id", "seed_id", "round", "domain", "instruction", "answer"])
-    t = t.filter(pc.and_(pc.is_valid(t["answer"]), pc.not_equal(pc.utf8_length(pc.utf8_trim_whitespace(
-        pc.fill_null(t["answer"], ""))), 0)))
-    rows = t.to_pylist()
-    out = pa.Table.from_pylist(
-        [{"id": r["id"], "seed_id": r["seed_id"], "round": r["round"], "domain": r["domain"],
-          "messages": [{"role": "user", "content": r["instruction"]}, {"role": "assistant", "content": r["answer"]}]}
-         for r in rows], schema=SFT_SCHEMA)
-    write_table_atomic(out, dest)
-    return out.num_rows
 
 
 def _size_category(n: int) -> str:

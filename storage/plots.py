@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from evolforge.storage.folder import OutputFolder
 from evolforge.storage.fs import AnyPath, ensure_dir, list_files, write_bytes_atomic
-from evolforge.storage.layout import OutputFolder
 
 
 def plot_path(folder: OutputFolder, name: str) -> AnyPath:

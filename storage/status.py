@@ -100,7 +100,7 @@ def folder_status(out: str | Path, folders: dict[str, type]) -> dict:
     subs = [folder_status(sub, folders) for sub in list_files(root, "*") if read_marker(sub) is not None]
     if subs:
         return {"kind": marker["kind"] if marker else "folders", "root": str(root), "exists": True,
-                "finished": exists(root / "summary.json"), "stages": subs}
+                "finished": bool(marker and marker.get("finished_at")), "stages": subs}
     if marker is None:
         return {"kind": None, "root": str(root), "exists": True}
     folder = folders.get(marker["kind"])

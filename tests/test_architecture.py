@@ -158,3 +158,100 @@ def test_ruff_finds_no_unused_or_undefined_names_and_sorted_imports():
         pytest.skip("ruff is not installed (it is in the test extras)")
     res = subprocess.run([ruff, "check", "--no-cache", str(ROOT)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-1000:]
+
+
+# The shared code names no stage: the CLI, status, the deployments and the pipeline iterate over the stage registry
+# (tasks/core/stages.py). Storage modules outside this list are some stage's own (layout/rounds: evolve, ...).
+SHARED_STORAGE = {"fs", "folder", "status", "cards", "datasets", "inputs", "journal", "ledger", "locks", "logs",
+                  "parts", "plots", "schemas", "__init__"}
+
+
+def _stage_words() -> set[str]:
+    """Every registered stage's name and every stage package's name, as words ("reward-data" -> reward_data)."""
+    import tomllib  # noqa: F401  (stdlib; keeps this test free of the package's imports)
+
+    tree = ast.parse((ROOT / "tasks" / "__init__.py").read_text())
+    packages: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "STAGE_PACKAGES" for t in node.targets):
+            packages = {e.value for e in node.value.elts}
+    names = set()
+    for pkg in packages:
+        stage_file = ROOT / "tasks" / pkg / "stage.py"
+        if stage_file.exists():
+            for node in ast.walk(ast.parse(stage_file.read_text())):
+                if isinstance(node, ast.keyword) and node.arg == "name" and isinstance(node.value, ast.Constant):
+                    names.add(node.value.value)
+    return {w.replace("-", "_") for w in packages | names}
+
+
+def _shared_modules() -> list[Path]:
+    files = [*(ROOT / "tasks" / "core").rglob("*.py"), *(ROOT / "tasks" / "report").rglob("*.py"),
+             *(ROOT / "cli").rglob("*.py")]
+    files += [p for p in (ROOT / "storage").glob("*.py") if p.stem in SHARED_STORAGE]
+    return sorted(files)
+
+
+def _names_in(path: Path, words: set[str], stage_modules: set[str]) -> list[str]:
+    """Where the module names a stage: imports a stage's module, or a string constant, identifier or attribute
+    that is a stage's word (split at underscores: check_evolve names evolve). Docstrings do not count."""
+    text = path.read_text()
+    exempt = {i for i, line in enumerate(text.splitlines(), 1) if "# not a stage" in line}  # a word that is
+    tree = ast.parse(text)                                            # something else there (a TRL metric name)
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    found = []
+    for imported, line, _, _ in imports_of(path):
+        if any(imported == m or imported.startswith(m + ".") for m in stage_modules):
+            found.append(f"{line}: imports {imported}")
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if line in exempt:
+            continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            if node.value.replace("-", "_") in words:
+                found.append(f"{line}: string {node.value!r}")
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "sys":
+            continue  # sys.modules is Python's, not the modules stage
+        ident = (node.name if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else node.id if isinstance(node, ast.Name)
+                 else node.attr if isinstance(node, ast.Attribute) else node.arg if isinstance(node, ast.arg) else None)
+        if ident and set(ident.lower().split("_")) & words:
+            found.append(f"{line}: name {ident}")
+    return found
+
+
+def test_shared_code_names_no_stage():
+    words = _stage_words()
+    assert {"evolve", "synthesize", "ppo"} <= words, words  # the registry was read
+    stage_modules = {f"evolforge.tasks.{w}" for w in words} | {f"evolforge.flows.{w}" for w in words} | {
+        f"evolforge.storage.{p.stem}" for p in (ROOT / "storage").glob("*.py") if p.stem not in SHARED_STORAGE}
+    bad = [f"{p.relative_to(ROOT)}:{hit}" for p in _shared_modules() for hit in _names_in(p, words, stage_modules)]
+    assert not bad, "shared modules naming a stage (move it into the stage's own modules):\n" + "\n".join(bad)
+
+
+FLOW_BODY_MAX_LINES = 40
+
+
+def _flow_bodies() -> dict[str, int]:
+    """Lines of every @flow function's body (its docstring left out), by file:function."""
+    out = {}
+    for path in sorted((ROOT / "flows").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(
+                    (getattr(d, "func", d).id if isinstance(getattr(d, "func", d), ast.Name) else "") == "flow"
+                    for d in node.decorator_list):
+                body = node.body[1:] if isinstance(node.body[0], ast.Expr) and isinstance(
+                    getattr(node.body[0], "value", None), ast.Constant) else node.body
+                out[f"{path.name}:{node.name}"] = node.end_lineno - body[0].lineno + 1
+    return out
+
+
+def test_every_stage_flow_body_reads_as_its_dag():
+    """A stage flow's body is its DAG: the preamble and epilogue are stage_run / finish_stage (flows/_stage.py),
+    the work is in tasks/<stage>/; about 40 lines at most."""
+    bodies = _flow_bodies()
+    assert len(bodies) >= 10, bodies  # every stage's flow was found
+    long = {k: n for k, n in bodies.items() if n > FLOW_BODY_MAX_LINES}
+    assert not long, f"flow bodies over {FLOW_BODY_MAX_LINES} lines: {long}"
+

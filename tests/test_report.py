@@ -21,6 +21,7 @@ from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import read_ledger
 from evolforge.tasks.evolve import report as evolve_report
 from evolforge.tasks.report import plots
+from evolforge.tasks.synthesis import report as synthesis_report
 from evolforge.testing.evolved_runs import TINY_TRAINING, evolve_folder
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -173,7 +174,7 @@ def test_reward_plots_and_card(tmp_path, server):
     lambda: evolve_report.survival_by_operation([]),
     lambda: evolve_report.eliminations_by_rule([{"round": 1, "by_rule": {}}]),
     lambda: plots.cost_and_tokens_by_stage([]),
-    lambda: plots.task_difficulty([{"kind": "code", "status": "rejected", "difficulty": None}]),
+    lambda: synthesis_report.task_difficulty([{"kind": "code", "status": "rejected", "difficulty": None}]),
     lambda: plots.score_histograms({"IRM": [], "PRM": [None, 1.0]}, (0.4, 0.7), "scores"),
     # hostile-ish content: model-made names with markup and very long text, unknown costs, null counts
     lambda: evolve_report.eliminations_by_rule([{"round": 3, "by_rule": {"<script>alert(1)</script>" * 3: 2,

@@ -12,8 +12,8 @@ import matplotlib.image
 import openai
 import pytest
 
+from evolforge.tasks.modules import report as modules_report
 from evolforge.tasks.ppo import report as ppo_report
-from evolforge.tasks.report import plots
 from evolforge.tasks.trajectories import report as trajectory_report
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -137,10 +137,10 @@ def test_modules_plots(tmp_path):
     lambda: trajectory_report.trajectory_calls([], [], [], []),
     lambda: trajectory_report.trajectory_calls([1], [None], [None], [None]),
     lambda: trajectory_report.session_rewards([None, None]),
-    lambda: plots.module_contributions({}),
-    lambda: plots.module_contributions({"<b>x</b>" * 20: [], "y": [3.0, -10.0]}),
-    lambda: plots.module_schema_pass([{"id": "a", "runs": 0}]),
-    lambda: plots.module_schema_pass([{"id": "a" * 200, "runs": 2, "ok": 1, "invalid": None, "error": 1}]),
+    lambda: modules_report.module_contributions({}),
+    lambda: modules_report.module_contributions({"<b>x</b>" * 20: [], "y": [3.0, -10.0]}),
+    lambda: modules_report.module_schema_pass([{"id": "a", "runs": 0}]),
+    lambda: modules_report.module_schema_pass([{"id": "a" * 200, "runs": 2, "ok": 1, "invalid": None, "error": 1}]),
 ])
 def test_every_new_plot_draws_on_empty_or_odd_data(draw):
     assert draw().startswith(PNG_MAGIC)

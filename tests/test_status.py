@@ -14,7 +14,7 @@ import pytest
 
 from evolforge.cli.status import stage_status as folder_status
 from evolforge.flows.evolve import EvolveParams, evolve_flow
-from evolforge.storage.folder import read_marker
+from evolforge.storage.folder import StageFolder, read_marker
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.parts import read_part, write_table_atomic
 from evolforge.storage.status import has_checkpoints
@@ -73,10 +73,13 @@ def test_status_of_an_evolve_run_done_failed_pending(tmp_path, server):
     assert f"calls {st['cost']['calls']} (0 failed attempts)" in proc.stdout
     assert f"cost unknown ({st['cost']['calls']} unpriced calls)" in proc.stdout and st["cost"]["cost_usd"] is None
 
-    # a pipeline folder: one status per stage
+    # a folder of stage folders: one status per stage; its kind is its own marker's (a pipeline root), else "folders"
     shutil.copytree(lay.root, tmp_path / "pipe" / "evolve")
     pipe = folder_status(tmp_path / "pipe")
-    assert pipe["kind"] == "pipeline" and [s["kind"] for s in pipe["stages"]] == ["evolve"]
+    assert pipe["kind"] == "folders" and [s["kind"] for s in pipe["stages"]] == ["evolve"]
+    StageFolder(tmp_path / "pipe").start_marker("pipeline")
+    pipe = folder_status(tmp_path / "pipe")
+    assert pipe["kind"] == "pipeline" and [s["kind"] for s in pipe["stages"]] == ["evolve"] and not pipe["finished"]
     proc = status_cli(tmp_path / "pipe")
     assert proc.returncode == 0 and "pipeline " in proc.stdout and "  evolve " in proc.stdout
 

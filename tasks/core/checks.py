@@ -1,24 +1,21 @@
-"""Fail fast: every stage's inputs checked before any work, in one place, with one clear message each.
+"""Fail fast: the generic checks every stage's input check is made of, each with one clear message.
 
-The CLI runs these before a Prefect server starts (a user error costs well under a second and creates
-nothing); each flow runs the same function first, so a run started from the Prefect UI stops with the same
-message before it creates its output folder. A problem is an `InputError`: the message names the input and
-the fix; the CLI prints it on one line and exits 2.
+Each stage's `check(params, settings)` (tasks/<stage>/stage.py, named by its descriptor) is built from these.
+The CLI runs it before a Prefect server starts (a user error costs well under a second and creates nothing);
+the stage runner (flows/_stage.py) runs the same check first, so a run started from the Prefect UI stops with
+the same message before it creates its output folder. A problem is an `InputError`: the message names the
+input and the fix; the CLI prints it on one line and exits 2.
 
-    check_evolve(seeds, out, settings)          evolve (run), pipeline, nightly's first night
-    check_synthesize(seeds, out, settings)
-    check_dedup(input, text_field, out)
-    check_modules(input, out, settings)
-    check_trajectories(proxy_out, out, rewards)
-    check_reward_data(evolve_out, out, settings, kinds)
-    check_train_reward(data, out, models)
-    check_ppo(evolved, reward_dir, out, tasks)
+    check_rows(path, field, what)      the input file exists and holds a usable row
+    check_file(path, what)             an optional input file exists
+    check_folder(path, what, marker)   an input folder exists (holding `marker`)
+    check_out_dir(out)                 the output folder can be created and written (nothing is created)
+    check_endpoint(settings)           a configured endpoint answers and accepts the key (one GET /models with
+                                       a short timeout; a slow endpoint is left to the flow's pre-flight, which
+                                       probes every model)
 
-What each checks: the input files exist and hold a usable row, the output folder can be created and
-written (nothing is created), and, for the stages that call models on a configured endpoint, that the
-endpoint answers and accepts the key (one GET /models with a short timeout; a slow endpoint is left to
-the flow's pre-flight, which also probes every model). Imports stay light (no Prefect, no openai, no
-pyarrow for jsonl / csv inputs): the whole check costs about as much as loading the settings.
+Imports stay light (no Prefect, no openai, no pyarrow for jsonl / csv inputs): a whole check costs about as
+much as loading the settings.
 """
 
 from __future__ import annotations
@@ -96,79 +93,3 @@ def check_endpoint(settings: Settings, timeout: float = ENDPOINT_TIMEOUT_SECONDS
                          "(gateway.base_url), or leave it empty to use the embedded model") from None
 
 
-def _seed_rows(path: str, settings: Settings, what: str) -> None:
-    cfg = settings.input
-    check_rows(path, cfg.instruction_field, what, cfg.max_chars)
-
-
-def check_evolve(seeds: str, out: str, settings: Settings, endpoint: bool = True) -> None:
-    _seed_rows(seeds, settings, "seed file")
-    check_out_dir(out)
-    if endpoint:
-        check_endpoint(settings)
-
-
-def check_synthesize(seeds: str, out: str, settings: Settings, endpoint: bool = True) -> None:
-    _seed_rows(seeds, settings, "seed file")
-    check_out_dir(out)
-    if endpoint:
-        check_endpoint(settings)
-
-
-def check_dedup(input: str, text_field: str, out: str) -> None:
-    check_rows(input, text_field, "input file")
-    check_out_dir(out)
-
-
-def check_modules(input: str, out: str, settings: Settings, endpoint: bool = True) -> None:
-    check_rows(input, settings.modules.question_field, "question file", fallback_field="instruction")
-    check_out_dir(out)
-    if endpoint:
-        check_endpoint(settings)
-
-
-def check_trajectories(proxy_out: str, out: str, rewards: str | None = None) -> None:
-    check_folder(proxy_out, "proxy folder", "records", " (pass the folder of a recording proxy: evolforge proxy --out)")
-    check_file(rewards, "rewards file")
-    check_out_dir(out)
-
-
-def check_reward_data(evolve_out: str, out: str, settings: Settings, endpoint: bool = True) -> None:
-    from evolforge.storage.layout import RunLayout
-
-    evolved = RunLayout(evolve_out).evolved
-    if not input_exists(evolved):
-        raise InputError(f"{evolved} not found: pass the output folder of a finished evolve run (evolforge run --out)")
-    check_out_dir(out)
-    if endpoint:
-        check_endpoint(settings)
-
-
-def check_train_reward(data: str, out: str | None, models: list[str] | tuple[str, ...]) -> None:
-    from evolforge.storage.reward_sets import RewardLayout
-
-    lay = RewardLayout(data)
-    needed = {"irm": lay.irm_pairs, "prm": lay.prm_steps}
-    for kind in models:
-        if not input_exists(needed[kind]):
-            raise InputError(f"{needed[kind]} not found: pass the output folder of the reward-data stage "
-                             f"(evolforge reward-data --out), or leave {kind} out of --models")
-    check_out_dir(out or data)
-
-
-def check_ppo(evolved: str, reward_dir: str, out: str, tasks: str | None = None) -> None:
-    from evolforge.storage.fs import is_url
-    from evolforge.storage.layout import RunLayout
-
-    path = evolved
-    if not is_url(evolved) and not str(evolved).endswith(".parquet"):
-        path = str(RunLayout(evolved).evolved)  # an evolve run's output folder
-    if not input_exists(path):
-        raise InputError(f"{path} not found: pass an evolve run's dataset/evolved.parquet or its output folder")
-    check_folder(reward_dir, "reward folder", None, " (pass the train-reward stage's output folder)")
-    folder = str(tasks).rstrip("/")
-    if tasks and not input_exists(tasks) and not any(  # the tasks table (data/), or an older run's tasks.parquet
-            input_exists(f"{folder}/{name}") for name in ("data/train-00000-of-00001.parquet", "tasks.parquet")):
-        raise InputError(f"synthesis tasks not found: {tasks} (pass the synthesis output folder or its tasks table, "
-                         "data/train-00000-of-00001.parquet)")
-    check_out_dir(out)

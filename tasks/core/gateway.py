@@ -61,6 +61,13 @@ PREFLIGHT_PROMPT = "Reply with the word OK."  # the pre-flight probe: one minima
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
 
 
+def model_roles() -> tuple[str, ...]:
+    """Every role of the [models] section (each may name its own model; `default` is the fallback)."""
+    from evolforge.config.sections.gateway import ModelMap
+
+    return tuple(name for name in ModelMap.model_fields if name != "default")
+
+
 class GatewayError(RuntimeError):
     """A call that cannot succeed by retrying (bad request, auth, unknown model) or ran out of retries."""
 
@@ -252,10 +259,11 @@ class Gateway:
             log.info("unparseable JSON from %s for task %s: %s", res.model, kw.get("task_id"), e)
             return None, res
 
-    def check_reachable(self, stages: tuple[str, ...] = ("evolve", "answer", "judge"),
+    def check_reachable(self, stages: tuple[str, ...] | None = None,
                         extra_models: tuple[str, ...] = ()) -> list[dict]:
-        """Before a run: one minimal completion per distinct model of `stages` (plus `extra_models`).
-        A refused key, an unknown model or a down endpoint raises here, naming the model and the stages."""
+        """Before a run: one minimal completion per distinct model of the [models] roles `stages` (default: every
+        role) plus `extra_models`. A refused key, an unknown model or a down endpoint raises here, naming the
+        model and the roles."""
         url = self.base_url + "/models"
         try:  # a refused or hanging connection: down at once, without a completion's retries
             with httpx.Client(timeout=min(10.0, self.cfg.timeout_seconds)) as c:
@@ -265,7 +273,7 @@ class Gateway:
                 f"model endpoint {self.base_url} is unreachable ({type(e).__name__}: {e}); "
                 "start it, fix gateway.base_url, or leave base_url empty to use the embedded model"
             ) from None
-        report = self.check_models(stages, extra_models)
+        report = self.check_models(model_roles() if stages is None else stages, extra_models)
         failed = [r for r in report if not r["ok"]]
         if failed:
             first = failed[0]

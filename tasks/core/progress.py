@@ -210,7 +210,8 @@ def trainer_callback(progress: StepProgress):
             progress.update(state.global_step, total=state.max_steps or None)
 
         def on_log(self, args, state, control, logs=None, **kw):
-            shown = [(k, logs[k]) for k in ("loss", "reward", "kl") if (logs or {}).get(k) is not None]
+            shown = [(k, logs[k]) for k in ("loss", "reward", "kl")  # not a stage: TRL's logged metrics
+                     if (logs or {}).get(k) is not None]
             if shown and "train_runtime" not in logs:
                 progress.detail = ", ".join(f"{k} {float(v):.4g}" for k, v in shown)
 

@@ -57,6 +57,7 @@ class Stage:
     flow: str  # "evolforge.flows.<module>:<flow function>"
     folder: type | None = None  # the storage class of its output folder (a StageFolder)
     check: Callable[[Any, Any], None] | None = None  # check(params, settings): fail fast, creates nothing
+    models: Callable[[Any], tuple[str, ...]] | None = None  # models(settings): models it calls beyond [models]
     inputs: tuple[Table, ...] = ()
     outputs: tuple[Table, ...] = ()
     out_field: str | None = "out"  # the parameter naming the output folder (None: the stage has none)
@@ -105,12 +106,7 @@ def _load() -> None:
     from evolforge.tasks import STAGE_PACKAGES
 
     for pkg in STAGE_PACKAGES:
-        name = f"evolforge.tasks.{pkg}.stage"
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as e:  # TRANSITION (issue 22): a stage not moved to the registry yet
-            if e.name != name:
-                raise
+        importlib.import_module(f"evolforge.tasks.{pkg}.stage")
 
 
 def stages() -> list[Stage]:

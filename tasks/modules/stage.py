@@ -45,6 +45,13 @@ def check(params: ModulesParams, settings: Settings) -> None:
     check_endpoint(settings)
 
 
+def models(settings: Settings) -> tuple[str, ...]:
+    """The models the stage calls beyond the [models] roles: the judge, every module's, the single-shot one."""
+    from evolforge.tasks.modules.batch import endpoint_models  # the module graph loads when asked
+
+    return endpoint_models(settings)
+
+
 STAGE = register(Stage(
     name="modules",
     help="module-DAG reasoning (DeCoRL): questions through a graph of modules, per-module contribution rewards "
@@ -53,6 +60,7 @@ STAGE = register(Stage(
     flow="evolforge.flows.modules:modules_flow",
     folder=ModulesLayout,
     check=check,
+    models=models,
     inputs=(Table("questions", "(--input)", ("question", "id", "difficulty", "generation"),
                   "questions (or an evolve run's instructions); difficulty / generation only for the comparison"),),
     outputs=(

@@ -105,6 +105,7 @@ REWARD_DATA = register(Stage(
     flow="evolforge.flows.reward_data:reward_data_flow",
     folder=RewardLayout,
     check=check_reward_data,
+    models=lambda settings: tuple(settings.reward.variant_models),
     inputs=(Table("evolved", "(--evolve-out)/dataset/evolved.parquet",
                   ("id", "instruction", "answer", "domain", "reference_answer"),
                   "an evolve run's seeds and accepted evolutions, with their answers"),),
