@@ -89,20 +89,14 @@ def _reward_dir(tmp_path, health):
     return tmp_path, tmp_path / "irm", tmp_path / "prm"
 
 
-def test_preflight_passes_a_healthy_reward_stage(tmp_path):
-    out = preflight(*_reward_dir(tmp_path, {"healthy": True, "irm": {"mean": 0.5}}))
-    assert out["healthy"] and not out["overridden"]
-
-
 def test_preflight_reads_the_train_reward_flow_reports(tmp_path):
     out = preflight(*_reward_dir(tmp_path, {"data": {"passed": False}, "model": {"passed": True, "problems": []}}))
     assert out["healthy"] and not out["overridden"]
 
 
 @pytest.mark.parametrize("health,reason", [
-    ({"healthy": False, "irm": "overfit"}, "unhealthy"),
     (None, "no .*health.json"),
-    ({"ok": True}, "boolean 'healthy'"),
+    ({"healthy": True}, "not the reward stage's health report"),
     ({"data": {"passed": True}, "model": {"passed": False, "problems": ["IRM overfit: mean over 0.9"]}}, "IRM overfit"),
     ({"data": {"passed": True}, "model": None}, "model health report"),
 ])
@@ -112,6 +106,15 @@ def test_preflight_refuses_unless_overridden(tmp_path, health, reason):
         preflight(*args)
     out = preflight(*args, ignore_health=True)
     assert out["overridden"] and not out["healthy"] and re.search(reason, out["reason"])
+
+
+def test_preflight_names_an_unreadable_health_file(tmp_path):
+    args = _reward_dir(tmp_path, None)
+    (tmp_path / "health.json").write_text("{not json")
+    with pytest.raises(RewardStageUnhealthy, match="unreadable .*health.json"):
+        preflight(*args)
+    out = preflight(*args, ignore_health=True)
+    assert out["overridden"] and out["health"] is None and out["reason"].startswith("unreadable ")
 
 
 def test_preflight_never_runs_without_models(tmp_path):

@@ -9,7 +9,7 @@
     dedup_file("data.jsonl", "instruction", "out/dedup", DedupSettings())
 
 Modules: normalize (exact keys), minhash (sketches, LSH, Jaccard), embedding
-(static + full encoders, ANN), index (persistent incremental index), pipeline.
+(static + full encoders, ANN), index (persistent incremental index), shards (band / query-row shards), pipeline.
 stage (the dedup stage's parameters, check and descriptor), report, shard_tasks.
 Heavy dependencies (torch, sentence-transformers) load only when embeddings run; the pipeline itself loads on
 first use of the names below, so importing the stage descriptor (every CLI start) stays light.

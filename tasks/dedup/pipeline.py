@@ -13,6 +13,15 @@ lowest input order (indexed records count as earlier than new ones), keep="best"
 the highest score (ties: earliest); a group with an indexed record keeps that.
 Groups are transitive: a dropped record's similarity to the kept one can be
 below the threshold when it was linked through a chain (matched_* shows the link).
+The embedding method's weak edges do not chain unless `dedup.embedding_grouping`
+is "components" (see `_embedding_groups`).
+
+One call runs these phases, in order (`_dedup`), each a function that says what it
+takes and gives: `_inputs` (texts, ids, scores checked), `_open_run` (static
+encoder and the index's records loaded), `_exact_phase`, `_minhash_phase`,
+`_embedding_phase` (`_static_vectors`, `_embedding_edges`: candidates, full-model
+confirmation, number guard) and, with an index, `_index_phase` (the kept records
+appended). `_Run` holds what they share: the records still alive, the drops, the stats.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -31,7 +40,7 @@ from evolforge.tasks.core import progress as live_progress
 from evolforge.tasks.dedup import embedding as emb
 from evolforge.tasks.dedup import minhash as mh
 from evolforge.tasks.dedup import shards as sh
-from evolforge.tasks.dedup.index import DedupIndex, empty_data, index_lock
+from evolforge.tasks.dedup.index import DedupIndex, IndexData, empty_data, index_lock
 from evolforge.tasks.dedup.normalize import exact_groups, exact_keys, normalize_many
 
 _ENCODERS: dict[tuple, object] = {}
@@ -263,6 +272,91 @@ def dedup(texts: Sequence[str] | Sequence[Mapping], ids: Sequence[str] | None = 
 
 def _dedup(texts, ids, s: DedupSettings, index_dir, scores, text_field: str, index_source: Mapping | None,
            shard_runner: sh.ShardRunner | None = None, progress: bool = False) -> DedupResult:
+    """The phases of one dedup call, in order (each drops what it finds among the records still alive)."""
+    texts, ids, sc = _inputs(texts, ids, s, scores, text_field)
+    run = _open_run(texts, ids, sc, s, index_dir, progress)
+    norms, keys = _exact_phase(run)
+    sketches = _minhash_phase(run, norms, shard_runner)
+    del norms  # only the MinHash phase reads the normalized texts
+    vectors = _embedding_phase(run, shard_runner)
+    kept = np.flatnonzero(run.alive)
+    run.stats["kept"] = len(kept)
+    if run.index is not None:
+        _index_phase(run, kept, keys, sketches, vectors, index_source)
+    if run.bar is not None:
+        run.bar.finish(detail=f"kept {len(kept):,} of {run.n:,}")
+    return DedupResult([ids[i] for i in kept], run.dropped, run.stats)
+
+
+@dataclass
+class _Run:
+    """One dedup call's state, shared by its phases. Nodes of a phase's graph are numbered history first:
+    0..H-1 the indexed records (`hist` rows), then the new records still alive when the phase started."""
+
+    s: DedupSettings
+    texts: list[str]
+    ids: list[str]
+    sc: np.ndarray | None          # keep="best": one score per text (NaN -> -inf); else None
+    static: object | None          # the static encoder when dedup.embedding is on
+    index: DedupIndex | None       # the persistent index that receives the kept records, if any
+    hist: IndexData                # its records (empty without an index)
+    H: int                         # len(hist)
+    alive: np.ndarray              # per new record: not dropped yet
+    steps: list[str]               # the phases that run, as the progress bar counts them
+    bar: live_progress.StepProgress | None
+    stats: dict = field(default_factory=dict)
+    dropped: list[dict] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    def live_scores(self, live: np.ndarray) -> np.ndarray | None:
+        return None if self.sc is None else self.sc[live]
+
+    def record(self, method, nodes_alive, drop, rep, nb, nb_s, rep_sim, detail) -> None:
+        """Drop the new nodes `drop` of a phase's graph (`nodes_alive`: the records its new nodes stand for), each
+        a duplicate of `rep` (similarity `rep_sim`) found through `nb` (`nb_s`), and count them."""
+        H, hist, ids = self.H, self.hist, self.ids
+        name = lambda node: hist.ids[node] if node < H else ids[nodes_alive[node - H]]  # noqa: E731
+        for d, r, m, ms, rs, dt in zip(drop, rep, nb, nb_s, rep_sim, detail):
+            k = int(nodes_alive[d - H])
+            self.alive[k] = False
+            self.dropped.append({"id": ids[k], "duplicate_of": name(int(r)), "method": method,
+                                 "similarity": round(float(rs), 6), "matched_id": name(int(m)),
+                                 "matched_similarity": round(float(ms), 6), "detail": dt})
+        self.stats[f"dropped_{method}"] = len(drop)
+
+    def step_done(self, name: str, started: float, seconds_key: str | None = None) -> None:
+        """Charge the phase's seconds since `started` (to stats["seconds"][seconds_key or name]) and advance the
+        progress bar past it."""
+        self.stats["seconds"][seconds_key or name] = time.perf_counter() - started
+        if self.bar is not None and name in self.steps:
+            left = self.steps[self.steps.index(name) + 1:]
+            self.bar.update(advance=1, detail=f"{name}: {self.stats.get('dropped_' + name, 0):,} dropped"
+                            + (f"; next {left[0]} ({int(self.alive.sum()):,} records left)" if left else ""))
+
+
+class _SketchRows(NamedTuple):
+    """The MinHash phase's sketches of the records alive after it (history rows first), kept only for the index."""
+
+    sketches: mh.Sketches | None
+    rows: np.ndarray               # per new record: its row in `sketches` (-1: none)
+
+
+class _VectorRows(NamedTuple):
+    """The embedding phase's static vectors (history rows first) and the full-model vectors it computed, kept
+    only for the index."""
+
+    vectors: np.ndarray | None
+    rows: np.ndarray               # per new record: its row in `vectors` (-1: none)
+    full: dict[int, np.ndarray]    # node -> full-model vector
+
+
+def _inputs(texts, ids, s: DedupSettings, scores, text_field: str):
+    """Takes the caller's texts (strings or records), ids (None: "0", "1", ...) and scores; gives (texts as strings,
+    ids as strings, keep="best" scores as an array or None). ValueError for ids that are not unique and one per
+    text, or keep="best" without one score per text."""
     n = len(texts)
     texts = [t.get(text_field) if isinstance(t, Mapping) else t for t in texts]
     texts = ["" if t is None else str(t) for t in texts]
@@ -274,40 +368,37 @@ def _dedup(texts, ids, s: DedupSettings, index_dir, scores, text_field: str, ind
         if scores is None or len(scores) != n:
             raise ValueError("keep='best' needs one score per text")
         sc = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-np.inf)
+    return texts, ids, sc
+
+
+def _open_run(texts: list[str], ids: list[str], sc: np.ndarray | None, s: DedupSettings, index_dir,
+              progress: bool) -> _Run:
+    """Takes the checked inputs; loads the static encoder (when embeddings run) and the index's records (when
+    `index_dir` is given); gives the call's _Run with every record alive and the progress bar started."""
+    n = len(texts)
     static = _encoder("static", s) if s.embedding else None
     dim = static.dim if static else 0
     index = DedupIndex(index_dir, s, static.fingerprint if static else "") if index_dir else None
     hist = index.load(dim) if index else empty_data(s, dim)
-    H = len(hist)
-    alive = np.ones(n, bool)
-    dropped: list[dict] = []
-    stats: dict = {"records": n, "indexed_before": H, "seconds": {}}
     steps = [m for m in ("exact", "minhash", "embedding") if getattr(s, m)] + (["index"] if index else [])
     bar = live_progress.StepProgress("dedup", len(steps), unit="steps") if progress else None
-
-    def step_done(name: str) -> None:
-        if bar is not None and name in steps:
-            left = steps[steps.index(name) + 1:]
-            bar.update(advance=1, detail=f"{name}: {stats.get('dropped_' + name, 0):,} dropped"
-                       + (f"; next {left[0]} ({int(alive.sum()):,} records left)" if left else ""))
-
+    run = _Run(s=s, texts=texts, ids=ids, sc=sc, static=static, index=index, hist=hist, H=len(hist),
+               alive=np.ones(n, bool), steps=steps, bar=bar,
+               stats={"records": n, "indexed_before": len(hist), "seconds": {}})
     if bar is not None:
         bar.update(detail=f"{n:,} records: {steps[0] if steps else 'nothing to do'}")
+    return run
 
-    def record(method, nodes_alive, drop, rep, nb, nb_s, rep_sim, detail):
-        name = lambda node: hist.ids[node] if node < H else ids[nodes_alive[node - H]]  # noqa: E731
-        for d, r, m, ms, rs, dt in zip(drop, rep, nb, nb_s, rep_sim, detail):
-            k = int(nodes_alive[d - H])
-            alive[k] = False
-            dropped.append({"id": ids[k], "duplicate_of": name(int(r)), "method": method, "similarity": round(float(rs), 6),
-                            "matched_id": name(int(m)), "matched_similarity": round(float(ms), 6), "detail": dt})
-        stats[f"dropped_{method}"] = len(drop)
 
+def _exact_phase(run: _Run) -> tuple[list[str], np.ndarray]:
+    """Normalizes every text and keys it; with dedup.exact, drops the records whose normalized text an indexed or
+    an earlier record has. Gives (normalized texts, exact keys), both for every record."""
     t0 = time.perf_counter()
-    norms = normalize_many(texts, s)
+    s, hist, H, n = run.s, run.hist, run.H, run.n
+    norms = normalize_many(run.texts, s)
     keys = exact_keys(norms)
     if s.exact:
-        live = np.flatnonzero(alive)
+        live = np.flatnonzero(run.alive)
         hk = hist.exact
         order = np.argsort(hk, kind="stable")
         pos = np.minimum(np.searchsorted(hk[order], keys), max(H - 1, 0))
@@ -317,104 +408,132 @@ def _dedup(texts, ids, s: DedupSettings, index_dir, scores, text_field: str, ind
         own = np.flatnonzero(first != np.arange(n))
         pairs.append(np.stack([H + first[own], H + own], 1))
         p = np.concatenate(pairs).astype(np.int64)
-        g = _groups(H, H + n, p, np.ones(len(p)), None if sc is None else sc[live])
-        record("exact", live, *g, np.ones(len(g[0])), ["normalized text"] * len(g[0]))
-    stats["seconds"]["exact"] = time.perf_counter() - t0
-    step_done("exact")
+        g = _groups(H, H + n, p, np.ones(len(p)), run.live_scores(live))
+        run.record("exact", live, *g, np.ones(len(g[0])), ["normalized text"] * len(g[0]))
+    run.step_done("exact", t0)
+    return norms, keys
 
+
+def _minhash_phase(run: _Run, norms: list[str], shard_runner: sh.ShardRunner | None) -> _SketchRows:
+    """Takes the normalized texts; with dedup.minhash, sketches the records alive (the indexed sketches are moved
+    in, not copied), finds their verified Jaccard pairs in shards and drops the groups' duplicates. Gives the
+    sketches of the records still alive when an index will receive them, else none."""
     t0 = time.perf_counter()
-    sk_rows = np.full(n, -1)   # row of each live record in `allsk` (history rows first)
+    s, hist, H = run.s, run.hist, run.H
+    sk_rows = np.full(run.n, -1)   # row of each live record in `allsk` (history rows first)
     allsk = None
     if s.minhash:
-        live = np.flatnonzero(alive)
+        live = np.flatnonzero(run.alive)
         # history rows are copied in first (no concatenation of history + new afterwards)
         allsk = mh.sketch_many([norms[i] for i in live], s, prefix=hist.sketches if H else None)
         hist.sketches = mh.empty_sketches(s)
         sk_rows[live] = H + np.arange(len(live))
         is_new = np.arange(H + len(live)) >= H
         p, sim, ncand = sh.minhash_pairs(allsk, s, is_new, shard_runner)
-        g = _groups(H, H + len(live), p, sim, None if sc is None else sc[live])
+        g = _groups(H, H + len(live), p, sim, run.live_scores(live))
         rep_sim = mh.jaccard(allsk.offsets, allsk.values, np.stack([g[0], g[1]], 1)) if len(g[0]) else np.zeros(0)
-        record("minhash", live, *g, rep_sim, ["jaccard"] * len(g[0]))
-        stats.update(minhash_candidates=ncand, minhash_verified_pairs=len(p))
+        run.record("minhash", live, *g, rep_sim, ["jaccard"] * len(g[0]))
+        run.stats.update(minhash_candidates=ncand, minhash_verified_pairs=len(p))
         del p, sim, g, rep_sim, is_new
-        if index is None:  # the sketches are only needed again to append the kept records to an index
+        if run.index is None:  # the sketches are only needed again to append the kept records to an index
             allsk = None
         else:  # keep only the records still alive (a superset of the kept ones), compacted in place
-            rows = sk_rows[alive]
+            rows = sk_rows[run.alive]
             allsk.compact(rows)
-            sk_rows[alive] = np.arange(len(rows))
-    del norms
-    stats["seconds"]["minhash"] = time.perf_counter() - t0
-    step_done("minhash")
+            sk_rows[run.alive] = np.arange(len(rows))
+    run.step_done("minhash", t0)
+    return _SketchRows(allsk, sk_rows)
 
+
+def _embedding_phase(run: _Run, shard_runner: sh.ShardRunner | None) -> _VectorRows:
+    """With dedup.embedding, embeds the records alive (static model; the indexed vectors are moved in), keeps the
+    candidate pairs `_embedding_edges` accepts, groups them (`dedup.embedding_grouping`) and drops the groups'
+    duplicates. Gives the static vectors and the full-model vectors computed, when an index will receive them."""
     t0 = time.perf_counter()
-    st_rows = np.full(n, -1)   # row of each live record in `E` (history rows first)
+    s, H = run.s, run.H
+    st_rows = np.full(run.n, -1)   # row of each live record in `E` (history rows first)
     E = None
     full_new: dict[int, np.ndarray] = {}
     if s.embedding:
-        live = np.flatnonzero(alive)
-        if H:  # history rows first; the new vectors are copied once, then freed
-            E = np.empty((H + len(live), dim), np.float32)
-            E[:H] = hist.static
-            hist.static = None
-            E[H:] = static.encode([texts[i] for i in live])
-        else:
-            E = static.encode([texts[i] for i in live])
+        live = np.flatnonzero(run.alive)
+        E = _static_vectors(run, live)
         st_rows[live] = H + np.arange(len(live))
-        is_new = np.arange(H + len(live)) >= H
-        p, sim = sh.neighbor_pairs(E, s.static_candidate_cosine, s, is_new if H else None, shard_runner)
-        del is_new
-        sure = sim >= s.static_accept_cosine
-        unc = np.flatnonzero(~sure)
-        detail = np.array(["static"] * len(p), dtype=object)
-        ok, full_vecs = _confirm(p[unc], sim[unc], s, hist, [texts[i] for i in live], H) if s.confirm else (None, {})
-        keep_edge = sure.copy()
-        fsim = sim.astype(np.float64)
-        if ok is not None and len(ok[0]):
-            keep_edge[unc[ok[0]]] = ok[1] >= s.cosine_threshold
-            fsim[unc[ok[0]]] = ok[1]
-            detail[unc[ok[0]]] = "full"
-        guarded = 0
-        if s.number_guard:  # weak static-only pairs whose numbers were substituted are distinct tasks
-            weak = np.flatnonzero(keep_edge & (detail == "static") & (fsim < s.static_chain_cosine))
-            live_texts = [texts[i] for i in live]
-            text_of = lambda x: hist.texts[x] if x < H else live_texts[x - H]  # noqa: E731
-            bad = weak[numbers_substituted(p[weak], text_of)]
-            keep_edge[bad] = False
-            guarded = len(bad)
-        p, fsim, detail = p[keep_edge], fsim[keep_edge], detail[keep_edge]
-        g = _embedding_groups(H, H + len(live), p, fsim, detail, s, None if sc is None else sc[live])
+        p, fsim, detail, full_new, counts = _embedding_edges(run, live, E, shard_runner)
+        g = _embedding_groups(H, H + len(live), p, fsim, detail, s, run.live_scores(live))
         rep_sim = np.einsum("ij,ij->i", E[g[0]], E[g[1]]) if len(g[0]) else np.zeros(0)
         dt = _edge_detail(p, detail, g[0], g[2], H + len(live))
-        record("embedding", live, *g, rep_sim, dt)
-        full_new = full_vecs
-        stats.update(embedding_candidates=len(sim), embedding_static_accepted=int(sure.sum()), embedding_uncertain=len(unc),
-                     embedding_confirm_checked=0 if ok is None else len(ok[0]),
-                     embedding_confirmed=0 if ok is None else int((ok[1] >= s.cosine_threshold).sum()),
-                     embedding_number_guarded=guarded)
-        del p, sim, fsim, detail, g, rep_sim, dt
-        if index is None:
+        run.record("embedding", live, *g, rep_sim, dt)
+        run.stats.update(counts)
+        del p, fsim, detail, g, rep_sim, dt
+        if run.index is None:
             E = None
-    stats["seconds"]["embedding"] = time.perf_counter() - t0
-    step_done("embedding")
+    run.step_done("embedding", t0)
+    return _VectorRows(E, st_rows, full_new)
 
-    kept = np.flatnonzero(alive)
-    stats["kept"] = len(kept)
-    if index is not None:
-        t0 = time.perf_counter()
-        sk = allsk.take(sk_rows[kept]) if s.minhash else _blank_sketches(len(kept), s)
-        st = E[st_rows[kept]] if s.embedding else np.zeros((len(kept), 0), np.float32)
-        # full-model vectors computed for this call, keyed by their row in the index after this append
-        row_of_live = {int(st_rows[k]): H + i for i, k in enumerate(kept)} if s.embedding else {}
-        full_rows = {node if node < H else row_of_live[node]: v for node, v in full_new.items()
-                     if node < H or node in row_of_live}
-        index.append([ids[i] for i in kept], [texts[i] for i in kept], keys[kept], sk, st, full_rows, index_source)
-        stats["seconds"]["index_save"] = time.perf_counter() - t0
-        step_done("index")
-    if bar is not None:
-        bar.finish(detail=f"kept {len(kept):,} of {n:,}")
-    return DedupResult([ids[i] for i in kept], dropped, stats)
+
+def _static_vectors(run: _Run, live: np.ndarray) -> np.ndarray:
+    """Takes the new records alive; gives the static vectors of the history (moved out of `hist`) then of them."""
+    H, hist = run.H, run.hist
+    new_texts = [run.texts[i] for i in live]
+    if not H:
+        return run.static.encode(new_texts)
+    # history rows first; the new vectors are copied once, then freed
+    E = np.empty((H + len(live), run.static.dim), np.float32)
+    E[:H] = hist.static
+    hist.static = None
+    E[H:] = run.static.encode(new_texts)
+    return E
+
+
+def _embedding_edges(run: _Run, live: np.ndarray, E: np.ndarray, shard_runner: sh.ShardRunner | None):
+    """Takes the new records alive and the static vectors (history rows first). Finds the candidate pairs over
+    static_candidate_cosine (in shards); accepts those over static_accept_cosine, confirms the uncertain rest with
+    the full model within its budget (dedup.confirm), and (dedup.number_guard) refuses weak static-only pairs
+    whose numbers were substituted. Gives (the accepted pairs, their cosine: full-model where confirmed, each
+    pair's detail "static" | "full", the full-model vectors computed by node, the counts for the stats)."""
+    s, hist, H = run.s, run.hist, run.H
+    is_new = np.arange(H + len(live)) >= H
+    p, sim = sh.neighbor_pairs(E, s.static_candidate_cosine, s, is_new if H else None, shard_runner)
+    del is_new
+    sure = sim >= s.static_accept_cosine
+    unc = np.flatnonzero(~sure)
+    detail = np.array(["static"] * len(p), dtype=object)
+    live_texts = [run.texts[i] for i in live]
+    ok, full_vecs = _confirm(p[unc], sim[unc], s, hist, live_texts, H) if s.confirm else (None, {})
+    keep_edge = sure.copy()
+    fsim = sim.astype(np.float64)
+    if ok is not None and len(ok[0]):
+        keep_edge[unc[ok[0]]] = ok[1] >= s.cosine_threshold
+        fsim[unc[ok[0]]] = ok[1]
+        detail[unc[ok[0]]] = "full"
+    guarded = 0
+    if s.number_guard:  # weak static-only pairs whose numbers were substituted are distinct tasks
+        weak = np.flatnonzero(keep_edge & (detail == "static") & (fsim < s.static_chain_cosine))
+        text_of = lambda x: hist.texts[x] if x < H else live_texts[x - H]  # noqa: E731
+        bad = weak[numbers_substituted(p[weak], text_of)]
+        keep_edge[bad] = False
+        guarded = len(bad)
+    counts = {"embedding_candidates": len(sim), "embedding_static_accepted": int(sure.sum()),
+              "embedding_uncertain": len(unc), "embedding_confirm_checked": 0 if ok is None else len(ok[0]),
+              "embedding_confirmed": 0 if ok is None else int((ok[1] >= s.cosine_threshold).sum()),
+              "embedding_number_guarded": guarded}
+    return p[keep_edge], fsim[keep_edge], detail[keep_edge], full_vecs, counts
+
+
+def _index_phase(run: _Run, kept: np.ndarray, keys: np.ndarray, sketches: _SketchRows, vectors: _VectorRows,
+                 index_source: Mapping | None) -> None:
+    """Appends the kept records to the index: ids, texts, exact keys, sketches, static vectors and the full-model
+    vectors this call computed (for indexed records too), tagged with `index_source`."""
+    t0 = time.perf_counter()
+    s, H, ids, texts = run.s, run.H, run.ids, run.texts
+    sk = sketches.sketches.take(sketches.rows[kept]) if s.minhash else _blank_sketches(len(kept), s)
+    st = vectors.vectors[vectors.rows[kept]] if s.embedding else np.zeros((len(kept), 0), np.float32)
+    # full-model vectors computed for this call, keyed by their row in the index after this append
+    row_of_live = {int(vectors.rows[k]): H + i for i, k in enumerate(kept)} if s.embedding else {}
+    full_rows = {node if node < H else row_of_live[node]: v for node, v in vectors.full.items()
+                 if node < H or node in row_of_live}
+    run.index.append([ids[i] for i in kept], [texts[i] for i in kept], keys[kept], sk, st, full_rows, index_source)
+    run.step_done("index", t0, seconds_key="index_save")
 
 
 def _edge_detail(pairs: np.ndarray, detail: np.ndarray, a: np.ndarray, b: np.ndarray, n: int) -> list[str]:

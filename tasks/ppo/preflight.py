@@ -1,20 +1,20 @@
 """Pre-flight of the PPO stage: the reward models exist and the reward stage called them healthy.
 
-The reward stage writes `health.json` next to its model folders, in one of two forms:
-  {"healthy": bool, ...}                                       a plain verdict, or
-  {"data": {"passed": bool, ...}, "model": {"passed": bool, ...}}   the train-reward flow's reports (IRM / PRM
-                                                               score mean and spread, share of low PRM scores)
-In the second form the verdict is the model report's (the checks on the trained models' scores, which is
-what PPO consumes); a file without a model report means the model checks never ran. PPO on an unhealthy
-reward (an overfit IRM, a PRM that does not tell steps apart) burns a cluster for nothing, so the stage refuses
-to start unless `ignore_reward_health` is set; missing model folders are never overridable.
+The reward stage writes `health.json` next to its model folders (storage/reward_sets.py):
+  {"data": {"passed": bool, ...}, "model": {"passed": bool, ...} | null}
+the reward-data flow's data report (with "model": null), then the train-reward flow's model report beside it
+(tasks/reward/health.py check_health: IRM / PRM score mean and spread, share of low PRM scores). The verdict is
+the model report's (the checks on the trained models' scores, which is what PPO consumes); a file without a
+model report means the model checks never ran, and a missing or unreadable file is no verdict either. PPO on
+an unhealthy reward (an overfit IRM, a PRM that does not tell steps apart) burns a cluster for nothing, so the
+stage refuses to start unless `ignore_reward_health` is set; missing model folders are never overridable.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from evolforge.storage.ppo import read_health
+from evolforge.storage.ppo import UnreadableHealth, read_health
 
 
 class RewardStageUnhealthy(RuntimeError):
@@ -29,20 +29,18 @@ def _model_folder_problem(path: Path, kind: str) -> str | None:
     return None
 
 
-def health_verdict(health: dict | None, path: Path) -> tuple[bool, str]:
-    """(healthy, reason when not) from either health.json form."""
+def health_verdict(health: dict | None, path: str) -> tuple[bool, str]:
+    """(healthy, reason when not) from health.json as read (None: missing): the model report's verdict."""
     if health is None:
         return False, f"no {path}: the reward stage's health checks never ran"
-    if isinstance(health, dict) and isinstance(health.get("healthy"), bool):
-        return health["healthy"], "" if health["healthy"] else f"reward stage reports unhealthy: {health}"
-    if isinstance(health, dict) and ("model" in health or "data" in health):
-        model = health.get("model")
-        if not isinstance(model, dict) or not isinstance(model.get("passed"), bool):
-            return False, f"{path} holds no model health report: the trained models' health checks never ran"
-        if model["passed"]:
-            return True, ""
-        return False, "trained reward models fail the health checks: " + "; ".join(model.get("problems") or ["?"])
-    return False, f"{path} has neither a boolean 'healthy' field nor a 'model' health report"
+    if not isinstance(health, dict) or not ("model" in health or "data" in health):
+        return False, f"{path} is not the reward stage's health report (no 'data' or 'model' report)"
+    model = health.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("passed"), bool):
+        return False, f"{path} holds no model health report: the trained models' health checks never ran"
+    if model["passed"]:
+        return True, ""
+    return False, "trained reward models fail the health checks: " + "; ".join(model.get("problems") or ["?"])
 
 
 def preflight(reward_dir: str | Path, irm_dir: Path, prm_dir: Path, ignore_health: bool = False) -> dict:
@@ -51,8 +49,11 @@ def preflight(reward_dir: str | Path, irm_dir: Path, prm_dir: Path, ignore_healt
     if problems:
         raise RewardStageUnhealthy("; ".join(problems) + " (train the reward models first, or point irm_dir / "
                                    "prm_dir at them)")
-    health = read_health(reward_dir)
-    verdict, why = health_verdict(health, f"{str(reward_dir).rstrip('/')}/health.json")
+    try:
+        health = read_health(reward_dir)
+        verdict, why = health_verdict(health, f"{str(reward_dir).rstrip('/')}/health.json")
+    except UnreadableHealth as e:
+        health, verdict, why = None, False, str(e)
     if not verdict and not ignore_health:
         raise RewardStageUnhealthy(f"PPO refused to start: {why}. Fix the reward models (see the health checks in "
                                    "the README, 'Reward models and PPO'), or set ignore_reward_health=True to run anyway.")

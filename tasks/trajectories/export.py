@@ -6,6 +6,9 @@
 3. token_samples(out, ...)        the kept conversations -> tokens.parquet (streamed)
 4. publish(out, ...)              sft.jsonl, transitions (data/), skipped.parquet, summary.json; work/ removed
 
+collect's phases: `_proxy_of` (the inputs exist), the spool, `_export_sessions` (how each session finished;
+`_export_session` builds and writes one), `_collect_result` (work/collect.json); `_Tally` holds the counts.
+
 Dedup: a conversation's prompt is its first user message, a completions-route call's its prompt text; they
 go through the dedup library (exact, MinHash, embeddings per [dedup]), earliest kept. Only duplicates across
 sessions are dropped: conversations of one session that share their first message are branches of one
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
 
 from evolforge.config.sections.dedup import DedupSettings
 from evolforge.storage.fs import ensure_dir, exists, location, read_json, read_parquet, write_json_atomic
@@ -26,6 +31,7 @@ from evolforge.storage.trajectory_sets import (
     TOKEN_SCHEMA,
     TRANSITION_SCHEMA,
     RecordSpool,
+    SpooledSession,
     TrajectoryLayout,
     iter_jsonl,
     jsonl_writer,
@@ -43,87 +49,142 @@ REWARD_PRECEDENCE = "the rewards file wins over the proxy's reward events when b
 
 def collect(proxy_out: str, out: str, *, idle_seconds: float, rewards_file: str | None = None,
             include_unfinished: bool = False, now: float | None = None) -> dict:
-    proxy = ProxyLayout(proxy_out)
-    if not exists(proxy.records_dir):
-        raise FileNotFoundError(f"{proxy.records_dir} does not exist: is {proxy_out} the folder of a recording proxy "
-                                "(evolforge proxy --out)?")
-    if rewards_file and not exists(location(rewards_file)):
-        raise FileNotFoundError(f"rewards file {rewards_file} does not exist")
+    """Step 1: the recording proxy's records (PROXY_OUT) -> work/conversations.jsonl, work/transitions.jsonl,
+    work/skipped.jsonl and work/collect.json (counts, how sessions finished, rewards), which it also returns.
+    `now` (default: the clock) decides which sessions were idle for `idle_seconds`; unfinished sessions are
+    skipped unless `include_unfinished`. FileNotFoundError for a PROXY_OUT without records or a missing
+    rewards file."""
+    proxy = _proxy_of(proxy_out, rewards_file)
     lay = TrajectoryLayout(out)
     ensure_dir(lay.work_dir)
     now = time.time() if now is None else now
     t0 = time.perf_counter()
     events = gather_events(iter_events(proxy))
     file_rewards = read_rewards(rewards_file) if rewards_file else {}
-    c: Counter = Counter()
-    failed: Counter = Counter()
-    finished_counts: Counter = Counter()
-    rewards: Counter = Counter()
-    seen_sessions: set[str] = set()
+    tally = _Tally()
     with RecordSpool() as spool:
-        c["records"] = spool.add(iter_records(proxy))
-        sessions = spool.sessions()
-        status = finished_by(sessions, events, idle_seconds, now)
-        parents = {s.session: s.parent_session for s in sessions}
-        progress = StepProgress("trajectories sessions", len(sessions), "sessions")  # live progress
-        progress.update()
-        with jsonl_writer(lay.work_conversations) as conv_out, jsonl_writer(lay.work_transitions) as tr_out, \
-                jsonl_writer(lay.work_skipped) as skip_out:
-            for s in sessions:
-                progress.update(c["sessions"])
-                seen_sessions.add(s.session)
-                c["sessions"] += 1
-                c["sub_agent_sessions"] += bool(s.parent_session)
-                fin = status[s.session]
-                finished_counts[fin or "unfinished"] += 1
-                if fin is None and not include_unfinished:
-                    skip_out({"kind": "session", "session": s.session, "record_id": None, "call_index": None,
-                              "reason": "unfinished", "detail": f"{s.records} records; last call {now - s.end_ts:.0f} s "
-                              f"ago, under proxy.session_idle_seconds ({idle_seconds:g}), and no finish event"})
-                    c["sessions_skipped_unfinished"] += 1
-                    continue
-                reward = session_reward(s.session, events, file_rewards)
-                ctx = SessionContext(s.session, s.parent_session, root_of(s.session, parents), fin, reward)
-                built = build_session(spool.records_of(s.session), ctx)  # one session's records in memory
-                c.update(built.counts)
-                failed.update(built.failed_by_status)
-                for row in built.skipped:
-                    skip_out(row)
-                if not built.transitions:
-                    skip_out({"kind": "session", "session": s.session, "record_id": None, "call_index": None,
-                              "reason": "no_successful_call", "detail": f"{s.records} records, none a successful "
-                              "model call"})
-                    c["sessions_without_successful_call"] += 1
-                    continue
-                c["sessions_exported"] += 1
-                c["sessions_unfinished_included"] += fin is None
-                rewards["with_reward" if reward.value is not None else "without_reward"] += 1
-                rewards[f"from_{reward.source}"] += reward.source is not None
-                rewards["file_overrode_event"] += reward.overrode_event
-                rewards["several_reward_events"] += reward.several_events
-                for row in built.conversations:
-                    conv_out(row)
-                for row in built.transitions:
-                    tr_out(row)
-                c["conversations"] += len(built.conversations)
-                c["transitions"] += len(built.transitions)
-        progress.update(c["sessions"])
-        progress.finish(f"{c['sessions_exported']} exported")
-    result = {
+        tally.counts["records"] = spool.add(iter_records(proxy))
+        _export_sessions(spool, events, file_rewards, lay, tally, idle_seconds=idle_seconds,
+                         include_unfinished=include_unfinished, now=now)
+    result = _collect_result(proxy, tally, events, file_rewards, rewards_file, idle_seconds=idle_seconds,
+                             include_unfinished=include_unfinished, now=now, started=t0)
+    write_json_atomic(lay.work_collect, result)
+    return result
+
+
+@dataclass
+class _Tally:
+    """What collect counts while it exports sessions, for work/collect.json."""
+
+    counts: Counter = field(default_factory=Counter)            # records, sessions, conversations, ...
+    failed: Counter = field(default_factory=Counter)            # failed model calls by HTTP status
+    finished: Counter = field(default_factory=Counter)          # sessions by how they finished (or "unfinished")
+    rewards: Counter = field(default_factory=Counter)           # exported sessions by reward and its source
+    seen_sessions: set[str] = field(default_factory=set)
+
+
+class _Writers(NamedTuple):
+    """The work/ files collect streams rows into: one call appends one row."""
+
+    conversations: Callable[[dict], object]
+    transitions: Callable[[dict], object]
+    skipped: Callable[[dict], object]
+
+
+def _proxy_of(proxy_out: str, rewards_file: str | None) -> ProxyLayout:
+    """Takes collect's inputs; gives the proxy folder's layout, or FileNotFoundError naming what is missing."""
+    proxy = ProxyLayout(proxy_out)
+    if not exists(proxy.records_dir):
+        raise FileNotFoundError(f"{proxy.records_dir} does not exist: is {proxy_out} the folder of a recording proxy "
+                                "(evolforge proxy --out)?")
+    if rewards_file and not exists(location(rewards_file)):
+        raise FileNotFoundError(f"rewards file {rewards_file} does not exist")
+    return proxy
+
+
+def _export_sessions(spool: RecordSpool, events: dict, file_rewards: dict[str, float], lay: TrajectoryLayout,
+                     tally: _Tally, *, idle_seconds: float, include_unfinished: bool, now: float) -> None:
+    """Takes the spooled records, the proxy's events and the rewards file's rewards; decides how each session
+    finished, skips the unfinished ones (unless `include_unfinished`) and exports the others (`_export_session`),
+    streaming the rows into the work/ files; gives nothing but what it counts in `tally`."""
+    c = tally.counts
+    sessions = spool.sessions()
+    status = finished_by(sessions, events, idle_seconds, now)
+    parents = {s.session: s.parent_session for s in sessions}
+    progress = StepProgress("trajectories sessions", len(sessions), "sessions")  # live progress
+    progress.update()
+    with jsonl_writer(lay.work_conversations) as conv_out, jsonl_writer(lay.work_transitions) as tr_out, \
+            jsonl_writer(lay.work_skipped) as skip_out:
+        out = _Writers(conv_out, tr_out, skip_out)
+        for s in sessions:
+            progress.update(c["sessions"])
+            tally.seen_sessions.add(s.session)
+            c["sessions"] += 1
+            c["sub_agent_sessions"] += bool(s.parent_session)
+            fin = status[s.session]
+            tally.finished[fin or "unfinished"] += 1
+            if fin is None and not include_unfinished:
+                out.skipped({"kind": "session", "session": s.session, "record_id": None, "call_index": None,
+                             "reason": "unfinished", "detail": f"{s.records} records; last call {now - s.end_ts:.0f} s "
+                             f"ago, under proxy.session_idle_seconds ({idle_seconds:g}), and no finish event"})
+                c["sessions_skipped_unfinished"] += 1
+                continue
+            reward = session_reward(s.session, events, file_rewards)
+            ctx = SessionContext(s.session, s.parent_session, root_of(s.session, parents), fin, reward)
+            _export_session(spool.records_of(s.session), s, ctx, out, tally)  # one session's records in memory
+    progress.update(c["sessions"])
+    progress.finish(f"{c['sessions_exported']} exported")
+
+
+def _export_session(records: list[dict], s: SpooledSession, ctx: SessionContext, out: _Writers,
+                    tally: _Tally) -> None:
+    """Takes one session's records and context; builds its conversations, transitions and skipped calls
+    (samples.build_session) and writes them; a session without a successful model call is skipped as a whole.
+    Gives nothing but what it counts in `tally`."""
+    c, reward = tally.counts, ctx.reward
+    built = build_session(records, ctx)
+    c.update(built.counts)
+    tally.failed.update(built.failed_by_status)
+    for row in built.skipped:
+        out.skipped(row)
+    if not built.transitions:
+        out.skipped({"kind": "session", "session": s.session, "record_id": None, "call_index": None,
+                     "reason": "no_successful_call", "detail": f"{s.records} records, none a successful "
+                     "model call"})
+        c["sessions_without_successful_call"] += 1
+        return
+    c["sessions_exported"] += 1
+    c["sessions_unfinished_included"] += ctx.finished_by is None
+    tally.rewards["with_reward" if reward.value is not None else "without_reward"] += 1
+    tally.rewards[f"from_{reward.source}"] += reward.source is not None
+    tally.rewards["file_overrode_event"] += reward.overrode_event
+    tally.rewards["several_reward_events"] += reward.several_events
+    for row in built.conversations:
+        out.conversations(row)
+    for row in built.transitions:
+        out.transitions(row)
+    c["conversations"] += len(built.conversations)
+    c["transitions"] += len(built.transitions)
+
+
+def _collect_result(proxy: ProxyLayout, tally: _Tally, events: dict, file_rewards: dict[str, float],
+                    rewards_file: str | None, *, idle_seconds: float, include_unfinished: bool, now: float,
+                    started: float) -> dict:
+    """Takes what collect counted and read; gives work/collect.json's content (publish reads it)."""
+    rewards, seen = tally.rewards, tally.seen_sessions
+    return {
         "proxy_out": str(proxy.root), "exported_at": now, "include_unfinished": include_unfinished,
         "idle_seconds": idle_seconds, "grouping": "SQLite spool in a local temporary folder: one streamed pass "
         "over the records, then one session's records in memory at a time",
-        "counts": dict(c), "failed_calls_by_status": dict(failed),
-        "finished_by": {k: finished_counts.get(k, 0) for k in ("event", "idle", "parent", "unfinished")},
+        "counts": dict(tally.counts), "failed_calls_by_status": dict(tally.failed),
+        "finished_by": {k: tally.finished.get(k, 0) for k in ("event", "idle", "parent", "unfinished")},
         "rewards": {"precedence": REWARD_PRECEDENCE, "file": rewards_file,
                     **{k: rewards.get(k, 0) for k in ("with_reward", "without_reward", "from_event", "from_file",
                                                      "file_overrode_event", "several_reward_events")},
-                    "file_sessions_not_in_proxy_out": len(set(file_rewards) - seen_sessions),
-                    "event_sessions_not_in_proxy_out": len({s for s, e in events.items() if e.rewards} - seen_sessions)},
-        "seconds": round(time.perf_counter() - t0, 3),
+                    "file_sessions_not_in_proxy_out": len(set(file_rewards) - seen),
+                    "event_sessions_not_in_proxy_out": len({s for s, e in events.items() if e.rewards} - seen)},
+        "seconds": round(time.perf_counter() - started, 3),
     }
-    write_json_atomic(lay.work_collect, result)
-    return result
 
 
 def _units(lay: TrajectoryLayout) -> tuple[list[str], list[str], list[str], dict[str, str], int]:

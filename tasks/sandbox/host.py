@@ -1,0 +1,158 @@
+"""What the host's two ways of running a check share: run.py (one bwrap sandbox per run) and pool.py (warm workers).
+
+- the file names inside the sandbox's working dir (SOLUTION_FILE, TEST_FILE, HARNESS_FILE, PROGRAM_FILE);
+- SandboxResult, what either way returns;
+- inner_env: the cleared environment the code under test sees;
+- take_uid / release_uid: the dedicated unprivileged uids handed to runs when started as root (one per run at a time);
+- ResultChannel: the harness's nonce pipe and result pipe (judged by tasks/sandbox/verdict.py);
+- watch_sandbox_init, kill_group, NS_EXIT_WAIT_S: killing a sandbox and waiting for its PID namespace to be gone;
+- drain_result: what is left in the result pipe once a run is over, within the output cap;
+- classify_exit: the `killed_reason` of a run from its exit status and output.
+
+Both run.py and pool.py import this module; it imports neither.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import threading
+from dataclasses import dataclass
+
+from evolforge.config.sections.sandbox import SandboxSettings
+from evolforge.tasks.sandbox.limits import WORKDIR
+
+SOLUTION_FILE = "solution.py"
+TEST_FILE = "test_solution.py"
+HARNESS_FILE = "_evolforge_harness.py"  # tasks/sandbox/harness.py, written beside them
+PROGRAM_FILE = "main.py"  # run_python_program's script
+NS_EXIT_WAIT_S = 10.0  # bound on waiting for the kernel to tear the sandbox's PID namespace down
+_UID_SPAN = 65_536
+_uids_lock = threading.Lock()
+_uids_in_use: set[int] = set()
+
+
+@dataclass
+class SandboxResult:
+    passed: bool
+    exit_code: int | None  # the run's exit status; 128+N when signal N ended it inside bwrap, -N when killed outside
+    timed_out: bool
+    killed_reason: str | None
+    stdout: str  # truncated to max_output_bytes (stdout and stderr together)
+    stderr: str
+    duration_s: float  # wall seconds from start to reap: the sandbox seconds charged to the task
+    runner: str = "pytest"  # "pytest", "script" or "raw" (run_python_program: no result channel)
+    tests_passed: int | None = None  # from the result channel's record (None for scripts or without a valid record)
+    tests_failed: int | None = None  # failed + errors, from the same record
+    verdict_error: str | None = None  # why the result channel does not let the run pass (None when it does)
+
+
+def inner_env() -> dict[str, str]:
+    """The whole environment of the code under test (nothing of the host's, never the gateway's API key)."""
+    return {"PATH": "/usr/bin:/bin", "HOME": WORKDIR, "USER": "sandbox", "LANG": "C.UTF-8", "TMPDIR": "/tmp",
+            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+def take_uid(base: int) -> int:
+    """A uid in base..base+65535 that no other run of this process holds; give it back with release_uid."""
+    with _uids_lock:
+        start = secrets.randbelow(_UID_SPAN)  # random start: unlikely to collide with other processes
+        for i in range(_UID_SPAN):
+            uid = base + (start + i) % _UID_SPAN
+            if uid not in _uids_in_use:
+                _uids_in_use.add(uid)
+                return uid
+    raise RuntimeError("no free sandbox uid")
+
+
+def release_uid(uid: int) -> None:
+    """Hand back a uid from take_uid once its run (and every process of it) is gone."""
+    with _uids_lock:
+        _uids_in_use.discard(uid)
+
+
+class ResultChannel:
+    """The two pipes of the result channel: the nonce in (filled and closed before the start), records out."""
+
+    def __init__(self) -> None:
+        self.nonce = secrets.token_hex(16)
+        self.fds: dict[str, int | None] = dict.fromkeys(("nonce_r", "result_r", "result_w"))
+        self.fds["nonce_r"], nonce_w = os.pipe()
+        try:
+            os.write(nonce_w, self.nonce.encode())  # 32 bytes: never blocks on an empty pipe
+            os.close(nonce_w)
+            nonce_w = None
+            self.fds["result_r"], self.fds["result_w"] = os.pipe()
+        except BaseException:
+            if nonce_w is not None:
+                os.close(nonce_w)
+            self.close()
+            raise
+
+    def harness_args(self, runner: str) -> list[str]:
+        return [HARNESS_FILE, str(self.fds["nonce_r"]), str(self.fds["result_w"]), runner, TEST_FILE]
+
+    def child_fds(self) -> tuple[int, ...]:
+        return self.fds["nonce_r"], self.fds["result_w"]
+
+    def close(self, *names: str) -> None:
+        for name in names or tuple(self.fds):
+            if self.fds[name] is not None:
+                os.close(self.fds[name])
+                self.fds[name] = None
+
+
+def watch_sandbox_init(state: dict, chunk: bytes) -> None:
+    """Feed bwrap's --info-fd output; once it names the sandbox's init, open a pidfd on it in state["ns_pidfd"]
+    (readable when the init, and so every process of the sandbox's PID namespace, is gone)."""
+    state["info"] += chunk
+    found = re.search(rb'"child-pid":\s*(\d+)', state["info"])
+    if found and state["ns_pidfd"] is None:
+        try:  # opened while the sandbox runs: the pid cannot have been reused yet
+            state["ns_pidfd"] = os.pidfd_open(int(found.group(1)))
+        except ProcessLookupError:
+            pass
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group; one that is already gone is no error."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def drain_result(fd: int, buf: bytearray, room: int) -> str | None:
+    """Read what is left in the result pipe once the run is over (`room`: bytes left under the output cap);
+    "output_cap" when it holds more than that, else None."""
+    os.set_blocking(fd, False)
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:  # a writer escaped the kill (rlimits-only): what it has not written does not count
+            return None
+        if not chunk:
+            return None
+        buf += chunk[: max(0, room)]
+        room -= len(chunk)
+        if room < 0:
+            return "output_cap"
+
+
+def classify_exit(code: int, wall: float, s: SandboxSettings, output: str) -> str | None:
+    """The killed_reason a run's exit status (and, for the rlimit errors, its output) points to; None for exit 0."""
+    if code == 0:
+        return None
+    sig = code - 128 if code > 128 else -code if code < 0 else 0
+    # SIGKILL we did not send after at least cpu_seconds of wall time: the hard CPU limit (SIGXCPU ignored)
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and wall >= s.cpu_seconds):
+        return "cpu_limit"
+    if "MemoryError" in output or "[Errno 12] Cannot allocate memory" in output:
+        return "memory"
+    if "[Errno 11] Resource temporarily unavailable" in output:
+        return "process_limit"
+    if "[Errno 27] File too large" in output or sig == signal.SIGXFSZ:
+        return "file_size"
+    return f"signal:{sig}" if sig else None
