@@ -92,7 +92,12 @@ def test_dask_two_workers_decide_exactly_as_one_process(tmp_path, corpus):
     kept_one, dropped_one = _decisions(tmp_path / "one")
     kept_dask, dropped_dask = _decisions(tmp_path / "dask")
     assert kept_dask == kept_one
-    assert dropped_dask.equals(dropped_one)
+    # the same decisions (who, against whom, how), and the same similarities up to float32's last bits: the
+    # encoder's vectors computed in another process may differ there (seen: 9 of 600 rows in the 6th decimal)
+    floats = [c for c, t in dropped_one.schema.items() if t.is_float()]
+    assert dropped_dask.drop(floats).equals(dropped_one.drop(floats))
+    for c in floats:
+        assert (dropped_dask[c] - dropped_one[c]).abs().fill_null(0).max() < 1e-5, c
     stats = summary["stats"]
     # every method dropped something (history included), so every path was compared
     assert all(stats.get(f"dropped_{m}", 0) > 0 for m in ("exact", "minhash", "embedding")), stats
