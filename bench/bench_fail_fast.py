@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_fail_fast.py [--rounds 5] [--reference-rounds 2]
 
 - cli:       `evolforge run --seeds MISSING --out DIR` (the check runs before any Prefect server starts);
-- cli_bad_rows / cli_bad_config / cli_unwritable_out: the other user errors of tests/test_fail_fast.py;
+- cli_bad_rows / cli_bad_config / cli_unwritable_out: the other user errors of tests/cli/test_fail_fast.py;
 - reference: the same missing seed file found inside the evolve flow called directly (what `evolforge run` did
   before: a temporary Prefect server starts, then the seed file is read), in a fresh process each round;
 - status:    `evolforge status --out DIR` over a folder with rounds (reads checkpoints, starts nothing).

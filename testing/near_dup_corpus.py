@@ -237,3 +237,16 @@ if __name__ == "__main__":  # pragma: no cover - quick look
     c = make_corpus(20, seed=1, mix={"style": 0.2, "0.05": 0.2, "0.1": 0.2})
     for b, v, lv, k in c.pairs:
         print(f"[{lv} k={k}]\n  {c.texts[b]}\n  {c.texts[v]}")
+
+
+UNRELATED_WORDS = [f"{w}{i}" for i, w in enumerate(
+    "amber basalt cedar delta ember fjord garnet harbor iris jasper kelp lumen magma nectar onyx prism quartz raven "
+    "sable tundra umber vortex willow xenon yarrow zephyr".split() * 8)]
+
+
+def unrelated_texts(tag: str, n: int) -> list[str]:
+    """n unrelated texts (no two near duplicates: 24 words drawn from 208), the same for the same tag."""
+    import random
+
+    rng = random.Random(tag)
+    return [" ".join(rng.choices(UNRELATED_WORDS, k=24)) for _ in range(n)]

@@ -134,9 +134,22 @@ def test_no_sys_path_edits(folder):
 
 
 def test_tests_import_no_sibling_test_modules():
-    bad = [f"{p.relative_to(ROOT)}:{line} imports {i}" for p in (ROOT / "tests").glob("*.py")
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {i}" for p in (ROOT / "tests").rglob("*.py")
            for i, line, _, _ in imports_of(p) if i.split(".")[0].startswith("test_") or i == "conftest"]
     assert not bad, f"tests importing other test modules (share helpers through evolforge.testing): {bad}"
+
+
+def test_tests_mirror_the_source_tree():
+    """tests/<folder>/test_*.py tests <folder> of the source (tests/tasks/sandbox/ tests tasks/sandbox/); only the
+    house plan itself sits at the top."""
+    stray = []
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        rel = path.relative_to(ROOT / "tests")
+        if rel.parts[0] == "fixtures" or len(rel.parts) == 1 and rel.name == "test_architecture.py":
+            continue
+        if len(rel.parts) == 1 or not (ROOT / Path(*rel.parts[:-1])).is_dir():
+            stray.append(str(rel))
+    assert not stray, f"tests outside a folder that mirrors a source folder: {stray}"
 
 
 def test_setuptools_lists_every_package():

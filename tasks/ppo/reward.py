@@ -19,7 +19,7 @@ One module, three callers (each scores a batch with ONE forward pass per reward 
   * TRL GRPOTrainer:  `PPOReward(irm, prm)(prompts, completions, **dataset_columns) -> list[float]`
   * verl, one sample: `compute_score(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs)`
   * verl, batched:    `compute_score_async(...)` (what the generated config names): verl's reward loop (verl >= 0.7;
-    tests/test_verl_real.py runs verl 0.9.1's RewardLoopWorker on it) calls the function once per sample,
+    tests/tasks/ppo/test_verl_real.py runs verl 0.9.1's RewardLoopWorker on it) calls the function once per sample,
     concurrently; calls arriving within `batch_window_s` are coalesced into one batch.
     `compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **reward_kwargs)` has the
     signature of verl's legacy BatchRewardManager (not wired into verl 0.9's trainer).

@@ -2,7 +2,7 @@
 
 A pydantic mirror of the part of verl's `ppo_trainer.yaml` that evolforge sets, `extra="forbid"` at every
 level, so a misspelt or misplaced key fails here where verl is not installed (verl pins packages older than
-evolforge's, so it usually is not). The choices are values verl 0.9 knows (tests/test_verl_real.py compares
+evolforge's, so it usually is not). The choices are values verl 0.9 knows (tests/tasks/ppo/test_verl_real.py compares
 them with verl's own enums); the constraints are verl's batch arithmetic, evolforge's own stricter ones (micro
 batches divide the per-GPU mini-batch, one response per prompt with a critic) and the published RLEIF bounds
 (rollout batch >= 64). The real check is `tasks/ppo/verl.check_with_verl`: verl's own Hydra composition and

@@ -1,5 +1,5 @@
 """verl PPO configuration (published settings, offline schema), Ray submission, reward pre-flight. The checks
-with verl's own code are in tests/test_verl_real.py."""
+with verl's own code are in tests/tasks/ppo/test_verl_real.py."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_hydra_arguments_and_ray_command():
     assert "algorithm.kl_ctrl.kl_coef=0.05" in args and "actor_rollout_ref.actor.optim.lr=1e-06" in args
     assert "algorithm.use_kl_in_reward=true" in args and "trainer.logger=[console]" in args
     assert "trainer.experiment_name='my run'" in args
-    # texts reach verl verbatim (checked against verl's own Hydra in tests/test_verl_real.py)
+    # texts reach verl verbatim (checked against verl's own Hydra in tests/tasks/ppo/test_verl_real.py)
     texts = ppo_verl.hydra_args({"trainer.experiment_name": "${oc.env:OPENAI_API_KEY}", "trainer.project_name": "2024"})
     assert texts == ["trainer.experiment_name='\\${oc.env:OPENAI_API_KEY}'", "trainer.project_name='2024'"]
     assert "+reward.custom_reward_function.reward_kwargs.irm_dir=/rm/irm" in args

@@ -110,7 +110,7 @@ class FakeIRM:
 
 
 class FakePRM:
-    """Step score = the number the step starts with (the same fake as tests/test_ppo_reward.py)."""
+    """Step score = the number the step starts with (the same fake as tests/tasks/ppo/test_ppo_reward.py)."""
 
     def __call__(self, prompts, steps):
         return [[float(step.split()[0]) for step in ss] for ss in steps]

@@ -5,7 +5,7 @@ deployment again - `prefect flow-run retry` when Prefect left the killed run FAI
 run is orphaned in RUNNING: nothing is left alive to report the crash) a new `prefect deployment run` over
 the same output folder, the documented resume path. The finished run holds every seed record exactly once,
 no call journaled before the kill reached the model endpoint again, and its artifacts are readable via the
-API. The CLI counterpart is tests/test_resume_kill.py.
+API. The CLI counterpart is tests/flows/test_resume_kill.py.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from evolforge.config.sections.sandbox import SandboxSettings
 from evolforge.tasks.sandbox.run import SandboxUnavailable, check_sandbox_available, run_many, run_python_tests
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]  # tests/tasks/sandbox/ -> the repository root
 HAS_BWRAP = os.access("/usr/bin/bwrap", os.X_OK)
 needs_bwrap = pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap not installed (apt-get install -y bubblewrap)")
 

@@ -18,7 +18,7 @@ from evolforge.storage.folder import read_marker
 from evolforge.storage.parts import read_part
 from evolforge.tasks.core import stages
 
-FIXTURE = Path(__file__).parent / "fixtures" / "dry_stage"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "dry_stage"  # tests/fixtures/dry_stage
 
 
 @pytest.fixture

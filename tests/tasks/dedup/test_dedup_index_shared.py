@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import textwrap
@@ -21,18 +20,10 @@ from evolforge.storage.fs import location
 from evolforge.storage.locks import lock_file, lock_holder
 from evolforge.tasks.dedup import dedup
 from evolforge.tasks.dedup.index import DedupIndex, IndexLocked, IndexMismatch, index_lock, rollback_index
+from evolforge.testing.near_dup_corpus import unrelated_texts
 
 S = DedupSettings(embedding=False)
-ROOT = Path(__file__).resolve().parents[1]
-WORDS = [f"{w}{i}" for i, w in enumerate("amber basalt cedar delta ember fjord garnet harbor iris jasper kelp lumen "
-                                         "magma nectar onyx prism quartz raven sable tundra umber vortex willow xenon "
-                                         "yarrow zephyr".split() * 8)]
-
-
-def texts(tag: str, n: int) -> list[str]:
-    """n unrelated texts (no two near duplicates), the same for the same tag."""
-    rng = random.Random(tag)
-    return [" ".join(rng.choices(WORDS, k=24)) for _ in range(n)]
+texts = unrelated_texts  # n unrelated texts (no two near duplicates), the same for the same tag
 
 
 def add(idx, tag: str, n: int, run: str | None, rnd: int):
@@ -159,17 +150,18 @@ def test_second_process_waits_for_the_lock_then_fails_naming_the_holder(tmp_path
 def test_two_processes_appending_to_one_index_lose_nothing(tmp_path):
     idx, go = tmp_path / "idx", tmp_path / "go"
     code = """
-        import os, sys, time
-        sys.path.insert(0, {tests!r})
-        from test_dedup_index_shared import S, texts
+        import os, time
+        from evolforge.config.sections.dedup import DedupSettings
+        from evolforge.testing.near_dup_corpus import unrelated_texts as texts
         from evolforge.tasks.dedup import dedup
+        S = DedupSettings(embedding=False)
         p = {p}
         while not os.path.exists({go!r}):
             time.sleep(0.01)
         for i in range(12):
             dedup(texts(f"P{{p}}-{{i}}", 3), [f"P{{p}}-{{i}}-{{k}}" for k in range(3)], S, {idx!r})
         """
-    procs = [_python(code.format(tests=str(ROOT / "tests"), p=p, go=str(go), idx=str(idx))) for p in (0, 1)]
+    procs = [_python(code.format(p=p, go=str(go), idx=str(idx))) for p in (0, 1)]
     time.sleep(1.5)  # both imported and waiting
     go.write_text("")
     for proc in procs:

@@ -23,7 +23,7 @@ from evolforge.tasks.sandbox.service import ServiceConfigError, check_bind, free
 from evolforge.testing.sandbox_fusion_client import load_client
 from evolforge.testing.verl_env import VerlEnvUnavailable, ensure_verl_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]  # tests/tasks/sandbox/ -> the repository root
 pytestmark = pytest.mark.skipif(not os.access("/usr/bin/bwrap", os.X_OK),
                                 reason="bubblewrap not installed (apt-get install -y bubblewrap)")
 CAPS = dict(cpu_seconds=4, memory_mb=512, max_processes=32, wall_timeout_seconds=20, max_output_bytes=200_000)
