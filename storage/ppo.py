@@ -3,7 +3,8 @@
     PPO_OUT/
       data/train.parquet            verl prompt data (also loadable by datasets / TRL GRPOTrainer)
       data/test.parquet             held-out prompts (split by seed lineage)
-      verl/ppo_config.yaml          the verl configuration as a nested document (what the overrides set)
+      verl/ppo_config.yaml          the verl configuration as a nested document (what the overrides set; every
+                                    string escaped so that OmegaConf reads it verbatim: no `${...}` resolves)
       verl/overrides.txt            one Hydra override per line (the command's arguments)
       verl/submit.sh                the exact `ray job submit ... -- python3 -m verl.trainer.main_ppo ...` command
       verl/submission.json          address, submission id and output of a submitted job

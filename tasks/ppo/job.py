@@ -95,7 +95,7 @@ def verl_config(cfg: PPOSettings, lay: store.PPOLayout, policy: str, irm: Path, 
         checked_by = f"verl {verdict['verl']} (Hydra compose + validate_config)"
     line = ppo_verl.shell_line(ppo_verl.ray_submit_command(overrides, cfg.ray_address, submission_id,
                                                            cfg.ray_working_dir))
-    store.write_yaml(lay.verl_config, ppo_verl.nested(overrides),
+    store.write_yaml(lay.verl_config, ppo_verl.config_document(overrides),  # strings escaped for OmegaConf
                      header="# verl PPO configuration written by evolforge (keys of verl.trainer.main_ppo)\n")
     store.write_lines(lay.verl_overrides, ppo_verl.hydra_args(overrides))
     write_text_atomic(lay.submit_script, "#!/bin/sh\n# RAY_ADDRESS: the cluster's dashboard, e.g. "

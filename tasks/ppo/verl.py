@@ -11,7 +11,9 @@ flow runs), and `check_with_verl`, verl's own: Hydra composes the overrides onto
 verl's `validate_config` runs on it, exactly as `verl.trainer.main_ppo` does before it starts Ray, in a python
 where verl is importable (verl pins packages older than evolforge's: its own virtualenv, or the test suite's
 evolforge.testing.verl_env). `hydra_args` quotes every text so that it reaches verl verbatim (no OmegaConf
-interpolation of `${...}` in names or paths, no number or boolean parsing of a name like "2024").
+interpolation of `${...}` in names or paths, no number or boolean parsing of a name like "2024"), and
+`config_document` (verl/ppo_config.yaml) escapes every string the same way for OmegaConf: a user string holding
+`${oc.env:OPENAI_API_KEY}` stays that text when verl or Hydra loads and resolves the file.
 """
 
 from __future__ import annotations
@@ -101,6 +103,21 @@ def nested(overrides: dict[str, Any]) -> dict:
     return tree
 
 
+def config_document(overrides: dict[str, Any]) -> dict:
+    """The overrides as the nested document written to verl/ppo_config.yaml, every string escaped for OmegaConf
+    (`omegaconf_text`): loaded and resolved by OmegaConf (as verl and Hydra load a config), each arrives verbatim."""
+    def escape(value: Any) -> Any:
+        if isinstance(value, str):
+            return omegaconf_text(value)
+        if isinstance(value, dict):
+            return {k: escape(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [escape(v) for v in value]
+        return value
+
+    return escape(nested(overrides))
+
+
 def validate_config(overrides: dict[str, Any]) -> VerlPPOConfig:
     """Check the overrides against the documented schema; raises pydantic.ValidationError."""
     return VerlPPOConfig.model_validate(nested(overrides))
@@ -117,11 +134,16 @@ def _is_number(s: str) -> bool:
     return True
 
 
+def omegaconf_text(s: str) -> str:
+    """`s` as OmegaConf reads it back verbatim: every `${` escaped (`\\${`) and the backslashes just before it
+    doubled, so a name or path holding `${oc.env:API_KEY}` never pulls the environment into the config."""
+    return re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", s)
+
+
 def _quoted(s: str) -> str:
     """A Hydra override string that arrives in verl's config as exactly `s`: OmegaConf interpolations escaped
-    (a name or path holding `${oc.env:API_KEY}` must not pull the environment into the config), then Hydra's
-    quoting (backslashes before a quote or the end doubled, quotes escaped)."""
-    s = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", s)
+    (`omegaconf_text`), then Hydra's quoting (backslashes before a quote or the end doubled, quotes escaped)."""
+    s = omegaconf_text(s)
     s = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, s)
     return "'" + s.replace("'", "\\'") + "'"
 
