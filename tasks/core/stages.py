@@ -110,9 +110,19 @@ def _load() -> None:
 
 
 def stages() -> list[Stage]:
-    """Every registered stage: those of STAGE_PACKAGES in its order, then any registered later (tests)."""
+    """Every registered stage: those of STAGE_PACKAGES in its order (within a package, in the order its stage
+    module defines them), then any other registered stage (tests) in the order registered. The order does not
+    depend on which module happened to be imported first."""
     _load()
-    return list(_REGISTRY.values())
+    from evolforge.tasks import STAGE_PACKAGES
+
+    rank: dict[str, int] = {}
+    for pkg in STAGE_PACKAGES:
+        for value in vars(importlib.import_module(f"evolforge.tasks.{pkg}.stage")).values():
+            if isinstance(value, Stage) and _REGISTRY.get(value.name) is value:
+                rank.setdefault(value.name, len(rank))
+    ordered = sorted(_REGISTRY.values(), key=lambda st: rank.get(st.name, len(rank)))  # stable: the rest keep theirs
+    return ordered
 
 
 def get(name: str) -> Stage:

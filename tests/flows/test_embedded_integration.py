@@ -14,6 +14,7 @@ from evolforge.flows.evolve import EvolveParams, evolve_flow
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import read_ledger
 from evolforge.tasks.core.embedded_model import embedded_server
+from evolforge.tasks.core.gateway import model_roles
 
 pytest.importorskip("llama_cpp.server")
 pytestmark = pytest.mark.embedded
@@ -24,7 +25,7 @@ def test_preflight_against_embedded_model(tmp_path):
     with embedded_server(settings.embedded, tmp_path) as url:
         report = preflight(settings, url, embedded=True)
     assert len(report) == 1 and report[0]["ok"]
-    assert report[0]["stages"] == ["evolve", "answer", "judge", "synthesize", "solver"]  # every stage model
+    assert report[0]["stages"] == list(model_roles())  # every [models] role, in the section's order
     with pytest.raises(httpx.HTTPError):
         httpx.get(url + "/models", timeout=2)  # stopped with the context
 

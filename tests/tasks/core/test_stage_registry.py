@@ -83,3 +83,23 @@ def test_dry_stage_runs_marks_its_folder_and_status_reads_it(dry_stage, tmp_path
 
     with pytest.raises(FolderOfAnotherStage, match="dry-run"):
         StageFolder(out).start_marker("synthesize")
+
+
+def _stage_names_after_importing(first: str) -> list[str]:
+    import subprocess
+
+    code = (f"import importlib; importlib.import_module({first!r})\n"
+            "from evolforge.tasks.core.stages import stages\nprint(' '.join(s.name for s in stages()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def test_stage_order_is_the_packages_order_whatever_was_imported_first():
+    """The CLI's command list, prefect.yaml and the preflight report follow stages(): importing one stage's
+    module before the others (a flow file, a test) must not reorder them."""
+    from evolforge.tasks import STAGE_PACKAGES
+
+    plain = _stage_names_after_importing("evolforge.tasks.core.stages")
+    assert _stage_names_after_importing("evolforge.tasks.ppo.stage") == plain
+    assert _stage_names_after_importing("evolforge.tasks.trajectories.stage") == plain
+    assert plain[0] == "evolve" and plain[-1] == "pipeline" and len(plain) >= len(STAGE_PACKAGES), plain
