@@ -26,6 +26,7 @@ from evolforge.flows._report import progress_artifacts
 from evolforge.flows._stage import finish_stage, stage_run
 from evolforge.storage.ppo import PPOLayout
 from evolforge.tasks.core.batch import settings_from_json
+from evolforge.tasks.core.keys import secret_env_names
 from evolforge.tasks.ppo import grpo_smoke, job, ray_jobs, report
 from evolforge.tasks.ppo.stage import PPOParams
 
@@ -63,7 +64,7 @@ def ppo_flow(params: PPOParams) -> dict:
         log.info("prompt data: %d train, %d test -> %s; ground truth by source: %s", counts["train"], counts["test"],
                  lay.data_dir, counts["ground_truth_sources"])
         sft_dir = sft_policy_task(str(lay.root), run.settings_json) if job.needs_sft_policy(cfg) else None
-        plan = job.plan(cfg, settings.reward, lay, irm, prm, sft_dir)
+        plan = job.plan(cfg, settings.reward, lay, irm, prm, sft_dir, secret_env_names(settings))
 
         submitted = None
         if plan.address:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from evolforge.config.sections._base import Section
 
@@ -58,7 +59,8 @@ class PPOSettings(Section):
     ray_working_dir: str = Field("", description="Folder uploaded as the job's runtime_env working_dir (`ray job submit --working-dir`); empty uploads nothing (code, data and models on a shared filesystem).")
     ray_job: Literal["verl_ppo", "grpo_smoke"] = Field("verl_ppo", description="What the Ray job runs: verl_ppo, the verl PPO trainer (GPU nodes with verl and vLLM/SGLang); grpo_smoke, this stage's local GRPO smoke run (CPU, needs evolforge on the cluster) to check the cluster, its shared filesystem and the reward models before spending GPU hours. With grpo_smoke and a cluster address the smoke run happens on the cluster instead of in the flow.")
     ray_wait_seconds: float = Field(0, ge=0, description="How long the flow waits for the submitted job to finish (then its log is fetched, a failed job fails the flow, and a grpo_smoke job's figures enter the summary); 0 submits and returns (follow with `ray job logs -f ID`).")
-    ray_env_vars: dict[str, str] = Field(default_factory=dict, description="Environment variables of the job (runtime_env env_vars), e.g. HF_HOME. The Ray dashboard shows them, so names that look like secrets (KEY, TOKEN, SECRET, PASSWORD) are refused: give the cluster its credentials its own way.")
+    ray_env_vars: dict[str, str] = Field(default_factory=dict, description="Environment variables of the job (runtime_env env_vars), e.g. HF_HOME. The Ray dashboard and its job table show them, so a variable is refused when its name is not a plain ASCII name or looks like a credential (KEY, TOKEN, SECRET, PASS, PWD, AUTH, CREDENTIAL, COOKIE, PRIVATE, SALT, SESSION, DSN, or the word PAT / CRED), or when its value holds a configured key or token (EVOLFORGE_API_KEY, OPENAI_API_KEY, HF_TOKEN, the proxy's and the sandbox service's token_env), a well-known token shape (sk-..., ghp_..., hf_..., AKIA..., xox..., a JWT, a private key, a bearer credential) or a URL with credentials (user[:password]@host): give the cluster its credentials its own way, or name the variable in ray_env_allow.")
+    ray_env_allow: list[str] = Field(default_factory=list, description="Names in ray_env_vars passed although they look like credentials (by name or by value): variables the operator vouches for, e.g. WANDB_API_KEY for the cluster's logger. Exact names, each a plain ASCII name ([A-Za-z_][A-Za-z0-9_]*); their values show in the Ray dashboard.")
     # local GRPO smoke run (TRL GRPOTrainer on this CPU)
     local_steps: int = Field(2, ge=0, description="GRPO steps of the local run; 0 skips it.")
     local_prompts_per_step: int = Field(2, ge=1, description="Prompts per local GRPO step.")
@@ -77,6 +79,14 @@ class PPOSettings(Section):
     health_min_samples: int = Field(16, ge=2, description="Completions scored before the watch may stop training (policy stop); also the size of the baseline (the first completions) and of the recent window the drift compares. A shorter run is judged at its end on what it has.")
     health_max_mean_drop: float = Field(0.2, ge=0, le=1, description="Reward drift: the recent mean reward falling more than this under the baseline mean fails the check (rewards collapsing).")
     health_min_std_ratio: float = Field(0.25, ge=0, le=1, description="Reward drift: the recent reward std under this share of the baseline std fails the check (the reward no longer separates completions: GRPO advantages vanish).")
+
+    @field_validator("ray_env_allow")
+    @classmethod
+    def _plain_names(cls, names: list[str]) -> list[str]:
+        bad = [n for n in names if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)]
+        if bad:
+            raise ValueError(f"not plain ASCII variable names: {', '.join(ascii(n) for n in bad)}")
+        return names
 
     @model_validator(mode="after")
     def _mini_batch_fits(self) -> "PPOSettings":

@@ -14,6 +14,24 @@ from urllib.parse import urlsplit
 
 API_KEY_ENV = ("EVOLFORGE_API_KEY", "OPENAI_API_KEY")
 NO_KEY = "sk-no-key-required"
+# Environment variables that hold the secrets evolforge itself is configured with: the API keys, the Hugging Face
+# token (`evolforge publish`) and the access tokens of the proxy and the sandbox service (their defaults; the
+# configured names come from `secret_env_names`).
+SECRET_ENV = (*API_KEY_ENV, "HF_TOKEN", "EVOLFORGE_PROXY_TOKEN", "EVOLFORGE_SANDBOX_TOKEN")
+
+
+def secret_env_names(settings) -> tuple[str, ...]:
+    """The names of the environment variables holding configured secrets (SECRET_ENV plus the token_env of the
+    proxy and of the sandbox service as `settings` name them)."""
+    names = [*SECRET_ENV, settings.proxy.token_env, settings.sandbox.service.token_env]
+    return tuple(dict.fromkeys(n for n in names if n))
+
+
+def configured_secrets(names: tuple[str, ...] = SECRET_ENV, environ: dict | None = None) -> dict[str, str]:
+    """{variable: value} of the set, non-trivial ones among `names` (at least 8 characters and not NO_KEY: a
+    placeholder such as `none` is no secret)."""
+    environ = os.environ if environ is None else environ
+    return {n: environ[n] for n in names if len(environ.get(n) or "") >= 8 and environ[n] != NO_KEY}
 
 
 def read_api_key(environ: dict | None = None) -> str | None:

@@ -30,6 +30,7 @@ from evolforge.storage import ppo as store
 from evolforge.storage.fs import AnyPath, local_copy, location, write_text_atomic
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.reward_sets import META_FILE
+from evolforge.tasks.core.keys import SECRET_ENV
 from evolforge.tasks.ppo import grpo_smoke, ray_jobs
 from evolforge.tasks.ppo import local as ppo_local
 from evolforge.tasks.ppo import verl as ppo_verl
@@ -105,13 +106,19 @@ def verl_config(cfg: PPOSettings, lay: store.PPOLayout, policy: str, irm: Path, 
             "entrypoint": ppo_verl.main_ppo_command(overrides)}
 
 
-def job_request(cfg: PPOSettings, submission_id: str, entrypoint: list[str], smoke: bool) -> ray_jobs.JobRequest:
-    """The Ray job's request: its entrypoint and environment (the smoke run: one CPU, ppo.local_torch_threads)."""
+def job_request(cfg: PPOSettings, submission_id: str, entrypoint: list[str], smoke: bool,
+                secret_names: tuple[str, ...] = SECRET_ENV) -> ray_jobs.JobRequest:
+    """The Ray job's request: its entrypoint and environment (the smoke run: one CPU, ppo.local_torch_threads).
+    A variable that looks like a credential (by name, or its value: one of the `secret_names` variables' values, a
+    token shape, a URL with credentials) and is not in ppo.ray_env_allow is refused here (RayJobError)."""
     env = {"PYTHONUNBUFFERED": "1", **cfg.ray_env_vars}
     if smoke:
         env.setdefault("OMP_NUM_THREADS", str(cfg.local_torch_threads))
-    return ray_jobs.JobRequest(entrypoint=entrypoint, submission_id=submission_id, working_dir=cfg.ray_working_dir,
-                               env_vars=env, entrypoint_num_cpus=1 if smoke else None)
+    request = ray_jobs.JobRequest(entrypoint=entrypoint, submission_id=submission_id, working_dir=cfg.ray_working_dir,
+                                  env_vars=env, entrypoint_num_cpus=1 if smoke else None,
+                                  allow_env=tuple(cfg.ray_env_allow), secret_env=tuple(secret_names))
+    request.runtime_env()  # refused before anything is submitted or printed
+    return request
 
 
 @dataclass(frozen=True)
@@ -132,8 +139,9 @@ class JobPlan:
 
 
 def plan(cfg: PPOSettings, reward: RewardSettings, lay: store.PPOLayout, irm: Path, prm: Path,
-         sft_dir: str | None) -> JobPlan:
-    """Write the verl configuration (and the smoke run's spec when it is the job) and name the Ray job."""
+         sft_dir: str | None, secret_names: tuple[str, ...] = SECRET_ENV) -> JobPlan:
+    """Write the verl configuration (and the smoke run's spec when it is the job) and name the Ray job
+    (`secret_names`: the variables holding configured secrets, tasks/core/keys.py secret_env_names)."""
     address = ray_jobs.job_address(cfg.ray_address)
     submission_id = f"evolforge-{cfg.ray_job.replace('_', '-')}-{int(time.time())}-{uuid.uuid4().hex[:6]}"
     verl = verl_config(cfg, lay, cfg.policy_path or str(sft_dir), irm, prm, submission_id)
@@ -143,7 +151,7 @@ def plan(cfg: PPOSettings, reward: RewardSettings, lay: store.PPOLayout, irm: Pa
     if smoke:
         store.write_json(lay.grpo_job_spec, spec)
     entrypoint = grpo_smoke.entrypoint(lay.grpo_job_spec) if smoke else verl["entrypoint"]
-    request = job_request(cfg, submission_id, entrypoint, smoke=smoke)
+    request = job_request(cfg, submission_id, entrypoint, smoke=smoke, secret_names=secret_names)
     command = ppo_verl.shell_line(ray_jobs.submit_command(address, request))
     return JobPlan(cfg.ray_job, address, request, command, verl, spec)
 

@@ -10,8 +10,11 @@
     logs(address, id)               the job's whole log
     run(address, req, wait_s)       submit, then (wait_s > 0) wait and fetch the log; the record says how it ended
 
-The job's environment variables show in the Ray dashboard and its job table, so names that look like credentials
-are refused here, and a record keeps only the names of the variables. `ray[default]` provides the client (its
+The job's environment variables show in the Ray dashboard and its job table, so `JobRequest.runtime_env` refuses a
+variable (`secret_findings`) whose name is not a plain ASCII name or looks like a credential, or whose value holds a
+configured secret (tasks/core/keys.py: the API keys, HF_TOKEN, the proxy's and sandbox service's tokens), a
+well-known token shape or a URL with credentials; names listed in `allow_env` (ppo.ray_env_allow) pass, as the
+operator vouches for them. Errors name the variables and why, never a value; a record keeps only the names. `ray[default]` provides the client (its
 dashboard hosts the job server on the cluster); the client is imported only when a job is submitted.
 """
 
@@ -24,29 +27,80 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from evolforge.tasks.core.keys import SECRET_ENV, configured_secrets
+
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 ADDRESS_VARIABLES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # Ray's order of precedence
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Names that look like credentials: a part anywhere in the name, or a whole word between underscores.
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|PWD|AUTH|CREDENTIAL|COOKIE|PRIVATE|SALT|SESSION|DSN", re.IGNORECASE)
+_SECRET_WORD = re.compile(r"(?:^|_)(?:PAT|CREDS?|JWT|BEARER|OTP)(?:_|$)", re.IGNORECASE)
+# Values that look like credentials, whatever the variable's name.
+_TOKEN_SHAPES = tuple((what, re.compile(pattern)) for what, pattern in (
+    ("an API key (sk-...)", r"\bsk-[A-Za-z0-9_-]{16,}"),
+    ("a GitHub token", r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+    ("a GitLab token", r"\bglpat-[A-Za-z0-9_-]{20,}"),
+    ("a Hugging Face token (hf_...)", r"\bhf_[A-Za-z0-9]{20,}"),
+    ("an AWS access key id", r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),
+    ("a Google API key", r"\bAIza[0-9A-Za-z_-]{35}"),
+    ("a Stripe key", r"\b[rs]k_(?:live|test)_[0-9A-Za-z]{16,}"),
+    ("a Slack token (xox...)", r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),
+    ("a JWT", r"\beyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"),
+    ("a private key", r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+    ("a bearer or basic credential", r"(?i)\b(?:bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"),
+    ("a URL with credentials (user@host)", r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#@]+@"),
+))
 
 
 class RayJobError(RuntimeError):
     """The job could not be submitted, or it failed / was stopped / did not finish in time."""
 
 
+def secret_findings(env_vars: dict[str, str], allow: tuple[str, ...] = (),
+                    secret_env: tuple[str, ...] = SECRET_ENV) -> dict[str, str]:
+    """{variable as shown (non-ASCII escaped): why it looks like a credential} for every variable of `env_vars` not
+    named in `allow`: a name that is not a plain ASCII name or looks like a credential, a value holding the value
+    of one of the `secret_env` variables (as set now in this process's environment), a well-known token shape or a
+    URL with credentials. The reasons never quote a value."""
+    configured = configured_secrets(secret_env)
+    found: dict[str, str] = {}
+    for name, value in env_vars.items():
+        name, value = str(name), str(value)
+        if name in allow and _PLAIN_NAME.fullmatch(name):
+            continue
+        shown = name if name.isascii() and name.isprintable() else ascii(name)
+        if not _PLAIN_NAME.fullmatch(name):
+            found[shown] = "not a plain ASCII name"
+        elif _SECRET_NAME.search(name) or _SECRET_WORD.search(name):
+            found[shown] = "its name looks like a credential"
+        elif holder := next((n for n, secret in configured.items() if secret in value), None):
+            found[shown] = f"holds the value of ${holder}"
+        elif shape := next((what for what, pattern in _TOKEN_SHAPES if pattern.search(value)), None):
+            found[shown] = f"its value looks like {shape}"
+    return found
+
+
 @dataclass(frozen=True)
 class JobRequest:
+    """A Ray job. `allow_env`: variables passed although they look like credentials (ppo.ray_env_allow);
+    `secret_env`: the variables whose values (read when the job is submitted) must not be passed."""
+
     entrypoint: list[str]
     submission_id: str
     working_dir: str = ""
     env_vars: dict[str, str] = field(default_factory=dict)
     entrypoint_num_cpus: float | None = None
+    allow_env: tuple[str, ...] = ()
+    secret_env: tuple[str, ...] = SECRET_ENV
 
     def runtime_env(self) -> dict[str, Any]:
-        secret = sorted(k for k in self.env_vars if _SECRET_NAME.search(k))
+        secret = secret_findings(self.env_vars, self.allow_env, self.secret_env)
         if secret:
-            raise RayJobError(f"refusing to pass {', '.join(secret)} to the Ray job: job environment variables are "
-                              "shown by the Ray dashboard and its job table; give the cluster credentials its own way "
-                              "(its environment, a secret store)")
+            raise RayJobError(
+                "refusing to pass " + "; ".join(f"{k} ({why})" for k, why in sorted(secret.items())) + " to the Ray "
+                "job: job environment variables are shown by the Ray dashboard and its job table. Give the cluster "
+                "credentials its own way (its environment, a secret store), or name a variable you vouch for in "
+                "ppo.ray_env_allow")
         env: dict[str, Any] = {"env_vars": {str(k): str(v) for k, v in self.env_vars.items()}}
         if self.working_dir:
             env["working_dir"] = self.working_dir

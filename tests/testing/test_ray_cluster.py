@@ -60,7 +60,7 @@ def _client(cluster):
 def test_secret_looking_env_vars_never_reach_the_job():
     req = ray_jobs.JobRequest(entrypoint=["python3", "-c", "pass"], submission_id="x",
                               env_vars={"HF_HOME": "/cache", "OPENAI_API_KEY": "sk-live-123", "hf_token": "t"})
-    with pytest.raises(ray_jobs.RayJobError, match="OPENAI_API_KEY, hf_token") as err:
+    with pytest.raises(ray_jobs.RayJobError, match=r"OPENAI_API_KEY \(.*\); hf_token \(") as err:
         req.runtime_env()
     assert "sk-live-123" not in str(err.value)
     with pytest.raises(ray_jobs.RayJobError):
