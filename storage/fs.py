@@ -47,6 +47,11 @@ except ImportError:  # pragma: no cover - a dependency of evolforge
 
 AnyPath = Union[Path, "UPath"]
 LOCAL_PROTOCOLS = ("", "file", "local")
+# Local output files and folders are created with these modes less the process's umask (as `open` and `mkdir`
+# do): datasets, plots and cards are as readable as the operator's umask makes them. None of them holds a
+# secret; a writer that needs a stricter mode passes `permissions`.
+OUTPUT_FILE_MODE = 0o666
+OUTPUT_DIR_MODE = 0o777
 
 
 class StorageURLError(ValueError):
@@ -145,7 +150,8 @@ def atomic_output(path: AnyPath, mode: str = "wb", encoding: str | None = "utf-8
 
     An exception inside the block (disk full, read-only folder, a kill) leaves
     no file at `path` and no temporary file behind (a SIGKILL may leave a
-    `.NAME.*.tmp`, which is never read). `permissions` (e.g. 0o755) applies to local files.
+    `.NAME.*.tmp`, which is never read). A local file gets OUTPUT_FILE_MODE less the umask, or exactly
+    `permissions` (e.g. 0o755) when given.
     """
     text = "b" not in mode
     if is_remote(path):
@@ -171,7 +177,9 @@ def atomic_output(path: AnyPath, mode: str = "wb", encoding: str | None = "utf-8
         return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = str(path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    # created 0666 less the umask (mkstemp would make every output private to its writer: 0600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, OUTPUT_FILE_MODE)
     try:
         with os.fdopen(fd, mode, **({"encoding": encoding, "newline": ""} if text else {})) as fh:
             yield fh
@@ -227,7 +235,8 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
 
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:12]}"
+    os.mkdir(tmp, OUTPUT_DIR_MODE)  # 0777 less the umask (mkdtemp would make it private: 0700)
     try:
         yield tmp
         if dest.exists():
