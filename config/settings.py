@@ -30,6 +30,7 @@ from pydantic import Field, ValidationError
 
 from evolforge.config.sections._base import Section
 from evolforge.config.sections.dedup import DedupSettings
+from evolforge.config.sections.eval import EvalSettings
 from evolforge.config.sections.evolve import EvolInstructSettings, InputSettings
 from evolforge.config.sections.gateway import GatewaySettings, ModelMap, PriceOverride, PricingSettings
 from evolforge.config.sections.modules import ModulesSettings
@@ -38,6 +39,7 @@ from evolforge.config.sections.proxy import ProxySettings
 from evolforge.config.sections.reward import DEFAULT_IRM_PROMPT, RewardSettings
 from evolforge.config.sections.runtime import EmbeddedModelSettings, RunnerSettings, ScheduleSettings, StorageSettings
 from evolforge.config.sections.sandbox import SandboxSettings
+from evolforge.config.sections.sft import SFTSettings
 from evolforge.config.sections.synthesis import SynthesisSettings
 
 __all__ = [  # the sections are importable from here too: one place to find any setting
@@ -45,7 +47,7 @@ __all__ = [  # the sections are importable from here too: one place to find any 
     "DedupSettings", "EvolInstructSettings", "InputSettings", "GatewaySettings", "ModelMap", "PriceOverride",
     "PricingSettings", "PPOSettings", "DEFAULT_IRM_PROMPT", "RewardSettings", "EmbeddedModelSettings",
     "RunnerSettings", "ScheduleSettings", "StorageSettings", "SandboxSettings", "SynthesisSettings", "ProxySettings",
-    "ModulesSettings",
+    "ModulesSettings", "SFTSettings", "EvalSettings",
 ]
 
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -75,6 +77,8 @@ class Settings(Section):
     reward: RewardSettings = Field(default_factory=RewardSettings)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     modules: ModulesSettings = Field(default_factory=ModulesSettings)
+    sft: SFTSettings = Field(default_factory=SFTSettings)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
 
     @property
     def uses_embedded_model(self) -> bool:

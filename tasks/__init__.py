@@ -9,6 +9,7 @@
 - synthesis/  verified tasks: propose -> sandboxed tests -> repair -> solver check, one batch.
 - sandbox/    the bubblewrap sandbox that runs generated code, and its limits.
 - reward/     RLEIF reward models: IRM pairs, PRM step labels, health checks, training, scoring.
+- sft/        supervised fine-tuning of the policy (TRL SFTTrainer) on the forged step-form data.
 - ppo/        PPO data, the r = rI * rA reward, verl config and job, the local GRPO run.
 - proxy/      the recording proxy between an agent and its model endpoint.
 - trajectories/  recorded agent sessions -> SFT conversations, transitions, token-level samples.
@@ -31,6 +32,7 @@ STAGE_PACKAGES = (
     "reward",
     "modules",
     "trajectories",
+    "sft",
     "ppo",
     "pipeline",
 )

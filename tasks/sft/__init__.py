@@ -1,0 +1,8 @@
+"""Supervised fine-tuning of the policy (TRL SFTTrainer) on the forged data.
+
+- stage:   parameters, input check, descriptor.
+- data:    the rows: step-form evolved answers, verified code solutions, successful trajectories; what is left out.
+- job:     the rows once per output folder (held-out lineages, decontamination), the ledger row.
+- train:   SFTTrainer, checkpoints and resume, LoRA, the model folder and its card.
+- report:  summary, plots, dataset card, artifact.
+"""

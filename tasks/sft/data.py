@@ -1,0 +1,162 @@
+"""The SFT rows: what the policy is fine-tuned on, in TRL's conversational prompt-completion form.
+
+Sources (each optional but one):
+  evolved        an evolve run's SFT view (dataset/sft/train.parquet: user instruction, assistant answer). The
+                 answer must be in the step form the PRM was trained on ('Step 1: ... Step 2: ...', the one step
+                 splitter of tasks/text/steps.py); the prompt becomes the step-by-step answer prompt the PPO data
+                 uses (tasks/evolve/prompts.py answer_messages), so SFT, PPO and the PRM see one format.
+  synthesis_code a kept code task of the synthesis stage: the solver prompt (tasks/synthesis/prompts.py SOLVE_CODE)
+                 and its reference solution, which passed the task's own tests in the sandbox. Kept math tasks have
+                 a verified final answer but no stored worked solution: they are skipped with that reason (no
+                 answer is written by hand).
+  trajectory     a recorded agent conversation (the trajectories stage's sft.jsonl) whose reward is at least
+                 sft.trajectory_min_reward: everything before the last assistant turn is the prompt, that turn the
+                 completion.
+Left out, with the reason (data/skipped.parquet): answers not in step form, a seed lineage held out for evaluation
+(the PPO stage's test split over the same evolve run and tasks: tasks/eval/benchmarks.py held_out_seeds), a row
+sharing an n-gram with an evaluation set (sft.decontaminate = drop), repeats of a prompt already taken.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from evolforge.config.sections.sft import SFTSettings
+from evolforge.storage.sft_sets import message
+from evolforge.tasks.evolve.prompts import answer_messages
+from evolforge.tasks.synthesis.prompts import SOLVE_CODE
+from evolforge.tasks.text.ngrams import NgramIndex, check_table
+from evolforge.tasks.text.steps import steps_or_reason
+
+SOURCES = ("evolved", "synthesis_code", "trajectory")
+
+
+@dataclass
+class Built:
+    """The rows of one build: kept rows, skipped rows (with reasons), and per-table decontamination reports."""
+
+    rows: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+    decontamination: dict[str, dict] = field(default_factory=dict)
+
+    def skip(self, row_id, source: str, seed_id, reason: str, text: str = "") -> None:
+        self.skipped.append({"id": str(row_id), "source": source, "seed_id": seed_id, "reason": reason,
+                             "text": (text or "")[:500]})
+
+    def counts(self) -> dict:
+        by_source = {s: sum(r["source"] == s for r in self.rows) for s in SOURCES}
+        reasons: dict[str, int] = {}
+        for s in self.skipped:
+            key = s["reason"].split(":")[0]
+            reasons[key] = reasons.get(key, 0) + 1
+        return {"rows": len(self.rows), "by_source": by_source, "skipped": len(self.skipped),
+                "skipped_by_reason": reasons}
+
+
+def _content(messages: list[dict], role: str) -> str:
+    return next((m.get("content") or "" for m in messages if m.get("role") == role), "")
+
+
+def evolved_rows(view: list[dict], held_out: set[str], cfg: SFTSettings, out: Built) -> list[dict]:
+    rows = []
+    for r in view:
+        instruction, answer = _content(r["messages"], "user"), _content(r["messages"], "assistant")
+        seed = r.get("seed_id") or r.get("id")
+        if seed in held_out:
+            out.skip(r["id"], "evolved", seed, "held-out lineage: its seed is evaluated")
+            continue
+        if cfg.require_steps:
+            steps, why = steps_or_reason(answer, cfg.min_steps)
+            if steps is None:
+                out.skip(r["id"], "evolved", seed, f"not step form: {why}", answer)
+                continue
+        rows.append({"id": str(r["id"]), "source": "evolved", "seed_id": seed, "domain": r.get("domain") or "general",
+                     "prompt": [message(m["role"], m["content"]) for m in answer_messages(instruction, True)],
+                     "completion": [message("assistant", answer.strip())]})
+    return rows
+
+
+def task_rows(tasks: list[dict], held_out: set[str], out: Built) -> list[dict]:
+    rows = []
+    for t in tasks:
+        seed = t.get("seed_id") or t.get("task_id")
+        if seed in held_out:
+            out.skip(t["task_id"], f"synthesis_{t.get('kind')}", seed, "held-out lineage: its seed is evaluated")
+        elif t.get("kind") == "code" and (t.get("solution") or "").strip() and (t.get("entry_point") or "").strip():
+            prompt = SOLVE_CODE.format(entry_point=t["entry_point"], statement=t["statement"])
+            rows.append({"id": str(t["task_id"]), "source": "synthesis_code", "seed_id": seed, "domain": "code",
+                         "prompt": [message("user", prompt)],
+                         "completion": [message("assistant", f"```python\n{t['solution'].strip()}\n```")]})
+        else:
+            out.skip(t["task_id"], f"synthesis_{t.get('kind')}", seed,
+                     "no stored worked solution: the synthesis stage keeps a math task's verified answer, not steps"
+                     if t.get("kind") == "math" else "no verified solution")
+    return rows
+
+
+def trajectory_rows(conversations: list[dict], cfg: SFTSettings, out: Built) -> list[dict]:
+    rows = []
+    for c in conversations:
+        cid = c.get("conversation_id") or c.get("session")
+        reward = c.get("reward")
+        msgs = c.get("messages") or []
+        last = max((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), default=None)
+        if reward is None or float(reward) < cfg.trajectory_min_reward:
+            out.skip(cid, "trajectory", None, f"not successful: reward {reward} < {cfg.trajectory_min_reward}"
+                     if reward is not None else "not successful: no reward")
+        elif last is None or not (msgs[last].get("content") or msgs[last].get("tool_calls")):
+            out.skip(cid, "trajectory", None, "no assistant turn to learn")
+        else:
+            conv = [message(m.get("role"), m.get("content"), m.get("tool_calls"), m.get("tool_call_id"))
+                    for m in msgs[:last + 1]]
+            rows.append({"id": str(cid), "source": "trajectory", "seed_id": None, "domain": "agent",
+                         "prompt": conv[:-1], "completion": conv[-1:]})
+    return rows
+
+
+def row_text(row: dict) -> str:
+    return "\n".join((m.get("content") or "") for m in row["prompt"] + row["completion"])
+
+
+def decontaminate(tables: dict[str, list[dict]], index: NgramIndex | None, mode: str,
+                  out: Built) -> dict[str, list[dict]]:
+    """Each table checked against the evaluation sets (report per table); overlapping rows dropped under 'drop'."""
+    if index is None or mode == "off":
+        return tables
+    kept = {}
+    for name, rows in tables.items():
+        flags, report = check_table(name, rows, row_text, index)
+        report["dropped"] = report["overlapping"] if mode == "drop" else 0
+        out.decontamination[name] = report
+        kept[name] = []
+        for row, hit in zip(rows, flags):
+            if hit and mode == "drop":
+                out.skip(row["id"], row["source"], row["seed_id"], "overlaps an evaluation set (n-gram)", row_text(row))
+            else:
+                kept[name].append(row)
+    return kept
+
+
+def build(view: list[dict], tasks: list[dict], conversations: list[dict], held_out: set[str], cfg: SFTSettings,
+          index: NgramIndex | None) -> Built:
+    """Every source -> the rows to train on (deduplicated by prompt, seeded order, at most sft.max_rows)."""
+    out = Built()
+    tables = {"evolved": evolved_rows(view, held_out, cfg, out), "synthesis": task_rows(tasks, held_out, out),
+              "trajectories": trajectory_rows(conversations, cfg, out)}
+    tables = decontaminate(tables, index, cfg.decontaminate, out)
+    seen: set[str] = set()
+    for rows in tables.values():
+        for r in rows:
+            key = " ".join(row_text({"prompt": r["prompt"], "completion": []}).lower().split())
+            if key in seen:
+                out.skip(r["id"], r["source"], r["seed_id"], "repeated prompt")
+                continue
+            seen.add(key)
+            out.rows.append(r)
+    random.Random(cfg.seed).shuffle(out.rows)
+    if cfg.max_rows and len(out.rows) > cfg.max_rows:
+        for r in out.rows[cfg.max_rows:]:
+            out.skip(r["id"], r["source"], r["seed_id"], f"over sft.max_rows ({cfg.max_rows})")
+        out.rows = out.rows[:cfg.max_rows]
+    return out

@@ -1,0 +1,54 @@
+"""What an SFT run does around the trainer: its rows (once per output folder), and its cost in the ledger.
+
+    prepare(params, settings, folder)   the inputs read, the held-out seed lineages (the PPO stage's test split over
+                                        the same evolve run and tasks), the evaluation sets' n-gram index, then
+                                        data/train.parquet, data/skipped.parquet and decontamination.json (tasks/sft/
+                                        data.py). An output folder that has its rows keeps them: a resumed run
+                                        trains on exactly the rows its checkpoints were trained on.
+    record_cost(folder, run_id, ...)    one ledger row for the training run: wall seconds, tokens trained on, cost
+                                        = hours x sft.compute_usd_per_hour (0: local compute at $0)
+"""
+
+from __future__ import annotations
+
+from evolforge.config.settings import Settings
+from evolforge.storage import sft_sets as store
+from evolforge.storage.fs import exists
+from evolforge.storage.inputs import input_exists
+from evolforge.storage.ledger import LedgerWriter
+from evolforge.storage.synthesis_sets import read_kept_tasks
+from evolforge.tasks.eval.benchmarks import eval_index, held_out_seeds
+from evolforge.tasks.sft import data
+from evolforge.tasks.sft.stage import SFTParams, inputs
+
+
+def prepare(params: SFTParams, settings: Settings, folder: store.SFTFolder) -> dict:
+    """The rows to train on (see the module docstring); returns the counts and the decontamination reports."""
+    if exists(folder.train):
+        rows, skipped = store.read_rows(folder.train), store.read_table_rows(folder.skipped)
+        built = data.Built(rows, skipped, store.read_json(folder.decontamination) or {})
+        return {**built.counts(), "reused": True, "held_out_seeds": None, "decontamination": built.decontamination}
+    paths = inputs(params)
+    view = store.read_table_rows(paths["sft_view"]) if paths["sft_view"] else []
+    evolved = store.read_table_rows(paths["evolved"]) if paths["evolved"] and input_exists(paths["evolved"]) else []
+    tasks = read_kept_tasks(paths["tasks"]) if paths["tasks"] else []
+    conversations = store.read_jsonl(paths["trajectories"]) if paths["trajectories"] else []
+    held_out = held_out_seeds(evolved, tasks, settings.ppo)
+    index = eval_index(settings.eval) if settings.sft.decontaminate != "off" else None
+    built = data.build(view, tasks, conversations, held_out, settings.sft, index)
+    store.write_skipped(built.skipped, folder.skipped)
+    store.write_json(folder.decontamination, built.decontamination)
+    store.write_rows(built.rows, folder.train)  # last: its presence means the rows are complete
+    return {**built.counts(), "reused": False, "held_out_seeds": len(held_out), "decontamination": built.decontamination}
+
+
+def record_cost(folder: store.SFTFolder, run_id: str, result: dict, usd_per_hour: float) -> None:
+    """The training run as one ledger row (stage sft, task_id train): what `evolforge costs` and the card show."""
+    ledger = LedgerWriter(folder.ledger_dir, run_id)
+    seconds = float(result.get("train_seconds") or 0.0)
+    ledger.record(stage="sft", task_id="train", model=result.get("base_model"), attempt=1, outcome="ok",
+                  prompt_tokens=result.get("tokens") or 0, completion_tokens=0,
+                  cost_usd=round(seconds / 3600 * usd_per_hour, 6),
+                  price_source=f"local compute: {usd_per_hour} USD/hour (sft.compute_usd_per_hour)",
+                  latency_s=round(seconds, 3))
+    ledger.close()
