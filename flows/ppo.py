@@ -3,12 +3,13 @@
 Reads top to bottom like the stage it runs:
   settings and the fail-fast check (reward models present, reward stage healthy; tasks/ppo/stage.py) -> the
   reward models as local folders and the pre-flight's verdict -> verl prompt parquet (train / held-out test) ->
-  SFT policy as a transformers folder -> verl PPO configuration, validated and written, with its `ray job submit`
-  command -> the Ray job (ppo.ray_job: the verl PPO trainer, or the GRPO smoke run) submitted through the Ray
-  Jobs API when a cluster address is set -> the GRPO smoke run with the r = rI * rA reward and the in-training
-  reward health watch (here, or on the cluster as that job; here its steps are live progress: the terminal's
-  bar, the `ppo-progress-grpo` artifact), SFT vs trained on the held-out prompts -> plots/*.png (grpo_training,
-  held_out_reward; the `ppo-plots` artifact) -> the dataset card data/README.md (config `prompts`: train, test)
+  the initial policy (the SFT stage's model with --sft, else the base policy: the GGUF converted to transformers)
+  -> verl PPO configuration, validated and written, with its `ray job submit` command -> the Ray job (ppo.ray_job:
+  the verl PPO trainer, or the GRPO smoke run) submitted through the Ray Jobs API when a cluster address is set ->
+  the GRPO smoke run with the r = rI * rA reward and the in-training reward health watch (here, or on the cluster
+  as that job; here its steps are live progress: the terminal's bar, the `ppo-progress-grpo` artifact), initial vs
+  trained mean reward on the held-out prompts (a reward, not accuracy: `evolforge eval` measures pass@1) ->
+  plots/*.png (grpo_training, held_out_reward; the `ppo-plots` artifact) -> the dataset card data/README.md (config `prompts`: train, test)
   -> summary.json, stage.json and the artifacts (`ppo-local-steps`, `ppo-training-health`, `ppo-summary`) -> the
   health policy and the job's outcome.
 
@@ -38,9 +39,9 @@ def prompt_data_task(evolved: str, out_dir: str, settings_json: str, tasks: str 
     return job.prompt_data(evolved, PPOLayout(out_dir), settings_from_json(settings_json).ppo, tasks)
 
 
-@task(name="ppo-sft-policy")
-def sft_policy_task(out_dir: str, settings_json: str) -> str:
-    return job.sft_policy(settings_from_json(settings_json).ppo, PPOLayout(out_dir))
+@task(name="ppo-initial-policy")
+def initial_policy_task(params: PPOParams, out_dir: str, settings_json: str) -> dict:
+    return job.initial_policy(params, settings_from_json(settings_json).ppo, PPOLayout(out_dir))
 
 
 @task(name="ppo-local-grpo")
@@ -63,8 +64,8 @@ def ppo_flow(params: PPOParams) -> dict:
         counts = prompt_data_task(str(evolved), str(lay.root), run.settings_json, params.tasks)
         log.info("prompt data: %d train, %d test -> %s; ground truth by source: %s", counts["train"], counts["test"],
                  lay.data_dir, counts["ground_truth_sources"])
-        sft_dir = sft_policy_task(str(lay.root), run.settings_json) if job.needs_sft_policy(cfg) else None
-        plan = job.plan(cfg, settings.reward, lay, irm, prm, sft_dir, secret_env_names(settings))
+        policy = initial_policy_task(params, str(lay.root), run.settings_json) if job.needs_local_policy(cfg) else None
+        plan = job.plan(cfg, settings.reward, lay, irm, prm, policy, secret_env_names(settings))
 
         submitted = None
         if plan.address:
@@ -81,7 +82,7 @@ def ppo_flow(params: PPOParams) -> dict:
             with progress_artifacts("ppo-progress", "GRPO"):  # the GRPO steps, then the held-out comparison, live
                 local = {**local_grpo_task(plan.spec), "ran_on": "flow"}
 
-        summary = report.summarize(params, evolved, health, counts, plan, submitted, local, sft_dir, lay)
+        summary = report.summarize(params, evolved, health, counts, plan, submitted, local, policy, lay)
         summary = finish_stage(
             run, summary, cost=False, counts=report.counts(summary), tables=report.tables(local),
             plots=("GRPO smoke run plots", lambda: report.plots(local, lay)) if local else None,

@@ -8,10 +8,11 @@
       verl/overrides.txt            one Hydra override per line (the command's arguments)
       verl/submit.sh                the exact `ray job submit ... -- python3 -m verl.trainer.main_ppo ...` command
       verl/submission.json          address, submission id and output of a submitted job
-      local/sft_policy/             the initial policy as a transformers folder (converted from the GGUF)
+      local/base_policy/            the base policy as a transformers folder (converted from the GGUF; used when no
+                                    SFT policy is given: `--sft`)
       local/policy/                 the policy after the local GRPO steps
       local/metrics.jsonl           one line per logged GRPO step: reward, kl, loss, step seconds, ...
-      local/comparison.json         SFT vs trained mean reward on the held-out prompts
+      local/comparison.json         initial (SFT or base) vs trained mean reward on the held-out prompts
       local/health.json             reward health during the GRPO steps (share of rA < 0.5, reward drift)
       local/run.json                the GRPO smoke run's result (what the flow reports), also when run as a Ray job
       local/grpo_job.json           the smoke run's settings and paths, read by the Ray job that runs it
@@ -39,7 +40,7 @@ import pyarrow as pa
 import yaml
 
 from evolforge.storage.folder import StageFolder
-from evolforge.storage.fs import exists, read_text, write_text_atomic
+from evolforge.storage.fs import ensure_dir, exists, read_text, write_text_atomic
 from evolforge.storage.parts import write_table_atomic
 from evolforge.storage.reward_sets import RewardLayout
 
@@ -74,7 +75,7 @@ class PPOLayout(StageFolder):
     def ensure(self) -> "PPOLayout":
         super().ensure()
         for d in (self.data_dir, self.verl_dir, self.local_dir):
-            d.mkdir(parents=True, exist_ok=True)
+            ensure_dir(d)
         return self
 
     @property
@@ -91,7 +92,7 @@ class PPOLayout(StageFolder):
     submit_script = property(lambda self: self.verl_dir / "submit.sh")
     submission = property(lambda self: self.verl_dir / "submission.json")
     local_dir = property(lambda self: self.root / "local")
-    sft_policy = property(lambda self: self.local_dir / "sft_policy")
+    base_policy = property(lambda self: self.local_dir / "base_policy")
     policy = property(lambda self: self.local_dir / "policy")
     metrics = property(lambda self: self.local_dir / "metrics.jsonl")
     comparison = property(lambda self: self.local_dir / "comparison.json")

@@ -2,7 +2,7 @@
 all-MiniLM-L6-v2 word-piece tokenizer (offline) and a plain chat template. A GRPO step on it takes about a second
 on one CPU thread, where SmolLM2-135M takes tens of seconds; it trains and saves like any transformers model.
 
-Placed at PPO_OUT/local/sft_policy before the PPO flow runs, it is the SFT policy the flow reuses (the flow
+Placed at PPO_OUT/local/base_policy before the PPO flow runs, it is the base policy the flow reuses (the flow
 converts the embedded GGUF only when that folder is missing).
 """
 

@@ -12,7 +12,7 @@
 - training_health: reward health while the smoke run trains (share of rA < 0.5, reward drift; warn / stop).
 - preflight:    checks before PPO (reward models present, reward stage healthy).
 - stage:        the stage's parameters, its fail-fast check and its registry descriptor.
-- job:          what a run sets up: inputs, prompt data, SFT policy, verl configuration, the Ray job.
+- job:          what a run sets up: inputs, prompt data, initial policy (SFT or base), verl configuration, the Ray job.
 - report:       what a run reports: summary, counts, artifacts, plots, the dataset card, the outcome.
 
 This package's __init__ stays import-free: verl loads reward.py by path.

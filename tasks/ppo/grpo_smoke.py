@@ -3,11 +3,11 @@
     job_spec(ppo, reward, ...)      what the run needs: the [ppo] and [reward] settings and paths (no credentials:
                                     neither section holds any), written to PPO_OUT/local/grpo_job.json
     run_smoke(spec)                 GRPO steps with the reward health watch, then (unless the watch stopped
-                                    training) SFT vs trained on held-out prompts; writes local/metrics.jsonl,
+                                    training) initial (SFT or base) vs trained on held-out prompts; writes local/metrics.jsonl,
                                     health.json, comparison.json and run.json (the result the flow reports)
     entrypoint(spec_path)           `python3 -m evolforge.tasks.ppo.grpo_smoke SPEC`: the Ray job's command
 
-As a job it needs evolforge installed on the cluster and PPO_OUT, the SFT policy and the reward models on a
+As a job it needs evolforge installed on the cluster and PPO_OUT, the initial policy and the reward models on a
 filesystem the cluster shares (the paths in the spec). The job exits 1 (the Ray job FAILED) when the health
 checks fail under reward.health_policy 'stop', after writing its figures; any other error fails it with a traceback.
 """
@@ -29,13 +29,15 @@ from evolforge.tasks.ppo.training_health import TrainingHealth
 from evolforge.tasks.reward.health import RewardHealthError, enforce
 
 MODULE = "evolforge.tasks.ppo.grpo_smoke"
-COMPARISON_KEYS = ("n_prompts", "delta", "beats_sft_by_3_points", "identical_completions", "eval_split")
+COMPARISON_KEYS = ("n_prompts", "delta", "identical_completions", "eval_split", "initial_policy")
 
 
-def job_spec(ppo: PPOSettings, reward: RewardSettings, *, sft_dir: str | Path, root: str | Path, irm: str | Path,
+def job_spec(ppo: PPOSettings, reward: RewardSettings, *, policy: dict, root: str | Path, irm: str | Path,
              prm: str | Path, job_id: str) -> dict[str, Any]:
+    """`policy`: {"path", "kind"} of the initial policy (kind "sft": the SFT stage's model; "base": the GGUF)."""
     return {"job_id": job_id, "ppo": ppo.model_dump(mode="json"), "reward": reward.model_dump(mode="json"),
-            "sft_dir": str(sft_dir), "root": str(root), "irm": str(irm), "prm": str(prm)}
+            "policy_dir": str(policy["path"]), "policy_kind": policy["kind"], "root": str(root), "irm": str(irm),
+            "prm": str(prm)}
 
 
 def entrypoint(spec_path: str | Path, python: str = "python3") -> list[str]:
@@ -52,7 +54,7 @@ def run_smoke(spec: dict[str, Any]) -> dict[str, Any]:
     health = TrainingHealth(cfg, reward_cfg, reward.aggregation, reward.answer_weight) if cfg.health_steps else None
     progress = StepProgress("GRPO", cfg.local_steps, "steps")  # live progress (the CLI bar, the flow's artifact)
     run = local.grpo_train(
-        Path(spec["sft_dir"]), lay.train, reward, lay.local_dir, steps=cfg.local_steps,
+        Path(spec["policy_dir"]), lay.train, reward, lay.local_dir, steps=cfg.local_steps,
         prompts_per_step=cfg.local_prompts_per_step, num_generations=cfg.local_num_generations,
         max_completion_length=cfg.local_max_completion_length, learning_rate=cfg.local_learning_rate,
         beta=cfg.kl_coef, clip_ratio=cfg.clip_ratio, temperature=cfg.local_temperature,
@@ -67,11 +69,12 @@ def run_smoke(spec: dict[str, Any]) -> dict[str, Any]:
         if not held_out:  # a single seed lineage cannot be split: compare on training prompts, and say so
             held_out, eval_split = store.read_prompt_rows(lay.train, cfg.local_eval_prompts), "train (no held-out prompts)"
         with counting("GRPO held-out comparison", 2, "policies") as p:
-            full = local.compare_policies(Path(spec["sft_dir"]), Path(run["policy_dir"]), held_out, reward,
-                                          cfg.local_eval_max_new_tokens, on_policy=lambda: p.update(advance=1))
+            full = local.compare_policies(Path(spec["policy_dir"]), Path(run["policy_dir"]), held_out, reward,
+                                          cfg.local_eval_max_new_tokens, on_policy=lambda: p.update(advance=1),
+                                          initial_kind=spec["policy_kind"])
         full["eval_split"] = eval_split
         store.write_json(lay.comparison, full)
-        comparison = {k: full[k] for k in COMPARISON_KEYS} | {"sft_mean_reward": full["sft"]["mean_reward"],
+        comparison = {k: full[k] for k in COMPARISON_KEYS} | {"initial_mean_reward": full["initial"]["mean_reward"],
                                                                "trained_mean_reward": full["trained"]["mean_reward"]}
     result = {**run, "comparison": comparison, "job_id": spec.get("job_id"), "host": socket.gethostname(),
               "pid": os.getpid()}

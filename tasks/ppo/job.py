@@ -6,7 +6,8 @@ and the Ray job. Plain functions; flows/ppo.py calls them in this order.
     reward_health(params, irm, prm)  the pre-flight (tasks/ppo/preflight.py): the models exist and the reward
                                      stage called them healthy; a run that overrides the verdict says so
     prompt_data(evolved, lay, cfg)   the verl prompt parquet: data/train.parquet and data/test.parquet
-    sft_policy(cfg, lay)             the SFT policy as a transformers folder (local/sft_policy, from the GGUF)
+    initial_policy(params, cfg, lay) the policy PPO starts from: the SFT stage's model (--sft), else the base policy
+                                     (the GGUF converted to a transformers folder, local/base_policy)
     verl_config(cfg, lay, ...)       the verl PPO configuration, validated and written, with its `ray job submit`
                                      line in verl/submit.sh
     plan(cfg, reward, lay, ...)      the Ray job: what it runs (ppo.ray_job: the verl PPO trainer, or the GRPO
@@ -36,7 +37,7 @@ from evolforge.tasks.ppo import local as ppo_local
 from evolforge.tasks.ppo import verl as ppo_verl
 from evolforge.tasks.ppo.data import build_prompt_rows
 from evolforge.tasks.ppo.preflight import preflight
-from evolforge.tasks.ppo.stage import PPOParams, reward_models
+from evolforge.tasks.ppo.stage import PPOParams, reward_models, sft_model_dir
 
 
 def resolve(params: PPOParams, cfg: PPOSettings | None = None) -> tuple[PPOSettings, AnyPath, Path, Path]:
@@ -72,14 +73,18 @@ def prompt_data(evolved: str | AnyPath, lay: store.PPOLayout, cfg: PPOSettings, 
     return counts
 
 
-def needs_sft_policy(cfg: PPOSettings) -> bool:
-    """The SFT policy is converted from the GGUF for the smoke run, and for verl when no ppo.policy_path is set."""
+def needs_local_policy(cfg: PPOSettings) -> bool:
+    """A local initial policy is needed for the smoke run, and for verl when no ppo.policy_path is set."""
     return cfg.local_steps > 0 or not cfg.policy_path
 
 
-def sft_policy(cfg: PPOSettings, lay: store.PPOLayout) -> str:
-    """The initial policy (ppo.policy_gguf) as a transformers folder, local/sft_policy (kept when already there)."""
-    return str(ppo_local.prepare_policy(ppo_local.find_policy_gguf(cfg.policy_gguf), lay.sft_policy))
+def initial_policy(params: PPOParams, cfg: PPOSettings, lay: store.PPOLayout) -> dict:
+    """{"path", "kind"}: the SFT stage's model when `params.sft` names one (kind "sft"), else the base policy
+    (ppo.policy_gguf, default SmolLM2-135M-Instruct) converted once into local/base_policy (kind "base")."""
+    if params.sft:
+        return {"path": str(sft_model_dir(params.sft)), "kind": "sft"}
+    return {"path": str(ppo_local.prepare_policy(ppo_local.find_policy_gguf(cfg.policy_gguf), lay.base_policy)),
+            "kind": "base"}
 
 
 def verl_config(cfg: PPOSettings, lay: store.PPOLayout, policy: str, irm: Path, prm: Path,
@@ -139,13 +144,13 @@ class JobPlan:
 
 
 def plan(cfg: PPOSettings, reward: RewardSettings, lay: store.PPOLayout, irm: Path, prm: Path,
-         sft_dir: str | None, secret_names: tuple[str, ...] = SECRET_ENV) -> JobPlan:
+         policy: dict | None, secret_names: tuple[str, ...] = SECRET_ENV) -> JobPlan:
     """Write the verl configuration (and the smoke run's spec when it is the job) and name the Ray job
     (`secret_names`: the variables holding configured secrets, tasks/core/keys.py secret_env_names)."""
     address = ray_jobs.job_address(cfg.ray_address)
     submission_id = f"evolforge-{cfg.ray_job.replace('_', '-')}-{int(time.time())}-{uuid.uuid4().hex[:6]}"
-    verl = verl_config(cfg, lay, cfg.policy_path or str(sft_dir), irm, prm, submission_id)
-    spec = grpo_smoke.job_spec(cfg, reward, sft_dir=sft_dir, root=lay.root, irm=irm, prm=prm,
+    verl = verl_config(cfg, lay, cfg.policy_path or str((policy or {}).get("path")), irm, prm, submission_id)
+    spec = grpo_smoke.job_spec(cfg, reward, policy=policy, root=lay.root, irm=irm, prm=prm,
                                job_id=submission_id) if cfg.local_steps > 0 else None
     smoke = cfg.ray_job == "grpo_smoke"
     if smoke:

@@ -33,7 +33,7 @@ from evolforge.tasks.reward.health import enforce
 
 
 def summarize(params: PPOParams, evolved, health: dict, counts: dict, job_plan: JobPlan, job: dict | None,
-              local: dict | None, sft_dir: str | None, lay: store.PPOLayout) -> dict:
+              local: dict | None, policy: dict | None, lay: store.PPOLayout) -> dict:
     """The run's summary: inputs, pre-flight, prompt data, verl configuration, Ray job, GRPO smoke run, paths."""
     return {
         "evolved": str(evolved), "tasks": params.tasks,
@@ -43,7 +43,8 @@ def summarize(params: PPOParams, evolved, health: dict, counts: dict, job_plan: 
         "local_grpo": {k: v for k, v in local.items() if k != "health"} if local else None,
         "training_health": local.get("health") if local else None,
         "paths": {"train": str(lay.train), "test": str(lay.test), "verl_config": str(lay.verl_config),
-                  "submit": str(lay.submit_script), "sft_policy": sft_dir,
+                  "submit": str(lay.submit_script), "initial_policy": (policy or {}).get("path"),
+                  "initial_policy_kind": (policy or {}).get("kind"),
                   "policy": local["policy_dir"] if local else None, "metrics": str(lay.metrics) if local else None,
                   "training_health": str(lay.local_health) if local and local.get("health") else None},
     }
@@ -91,9 +92,10 @@ def markdown(summary: dict) -> str:
                                   f"{s.get('loss', nan):.6f}", f"{s.get('step_seconds', nan):.1f}"]
                                  for s in local["steps"]])
         if c:
-            lines += ["", f"Mean reward on {c['n_prompts']} {c['eval_split']} prompts: SFT {c['sft_mean_reward']:.4f}, "
-                      f"trained {c['trained_mean_reward']:.4f} (delta {c['delta']:+.4f}; RLEIF's bar is +0.03: "
-                      f"{'met' if c['beats_sft_by_3_points'] else 'not met'})."]
+            lines += ["", f"Held-out mean reward r = rI * rA on {c['n_prompts']} {c['eval_split']} prompts, "
+                      f"{c['initial_policy']} policy {c['initial_mean_reward']:.4f}, trained "
+                      f"{c['trained_mean_reward']:.4f} (change {c['delta']:+.4f}). This is a change in mean reward, "
+                      "not in accuracy: pass@1 is measured by `evolforge eval`."]
         if summary["training_health"]:
             lines += ["", "## Reward health during training", ""] + health_markdown(summary["training_health"])
     return "\n".join(lines)
@@ -118,7 +120,7 @@ def outcome(local: dict | None, job: dict | None, job_plan: JobPlan, reward: Rew
 # ----------------------------------------------------------------------------------------------------- plots
 
 def plots(local: dict, lay: store.PPOLayout) -> dict[str, bytes]:
-    """grpo_training (reward, KL, loss per step, the health watch) and held_out_reward (SFT vs trained, from
+    """grpo_training (reward, KL, loss per step, the health watch) and held_out_reward (initial vs trained, from
     local/comparison.json when the run compared them)."""
     comparison = store.read_json(lay.comparison) if local.get("comparison") and lay.comparison.exists() else None
     return draw(local["steps"], local.get("health"), comparison)
@@ -128,13 +130,13 @@ def draw(steps: list[dict], health: dict | None, comparison: dict | None) -> dic
     """The two plots from the GRPO steps, the health report and the full comparison."""
     c = comparison or {}
     return {"grpo_training": grpo_training(steps, health),
-            "held_out_reward": policy_rewards((c.get("sft") or {}).get("rewards") or [],
+            "held_out_reward": policy_rewards((c.get("initial") or {}).get("rewards") or [],
                                               (c.get("trained") or {}).get("rewards") or [],
-                                              c.get("eval_split") or "test")}
+                                              c.get("eval_split") or "test", c.get("initial_policy") or "initial")}
 
 
 def grpo_training(steps: list[dict], health: dict | None = None) -> bytes:
-    """Per GRPO step: mean reward (band: +-reward_std) with its rI and rA parts, KL to the SFT policy, loss; the
+    """Per GRPO step: mean reward (band: +-reward_std) with its rI and rA parts, KL to the initial policy, loss; the
     steps the reward health watch saw are shaded, its verdict and drift window means are drawn on the reward."""
     title = "GRPO smoke run: reward and health per step"
     steps = sorted((s for s in steps if isinstance(s.get("step"), (int, float))), key=lambda s: s["step"])
@@ -177,7 +179,7 @@ def grpo_training(steps: list[dict], health: dict | None = None) -> bytes:
     ax_r.set_ylabel("reward")
     ax_r.set_title("Reward", pad=30)
     ax_r.legend(fontsize=7, ncols=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
-    for ax, key, name in ((ax_k, "kl", "KL to the SFT policy"), (ax_l, "loss", "Loss")):
+    for ax, key, name in ((ax_k, "kl", "KL to the initial policy"), (ax_l, "loss", "Loss")):
         pts = series(key)
         if pts:
             ax.plot(*zip(*pts), marker="o", color=COLORS[3 if key == "kl" else 4])
@@ -192,10 +194,12 @@ def grpo_training(steps: list[dict], health: dict | None = None) -> bytes:
     return png(fig)
 
 
-def policy_rewards(sft: list[float], trained: list[float], eval_split: str = "test") -> bytes:
-    """Held-out rewards of the SFT and the trained policy's greedy completions (0..1, same prompts), with means."""
-    title = f"Held-out reward: SFT vs trained ({eval_split} prompts)"
-    sets = {"SFT": finite(sft), "trained": finite(trained)}
+def policy_rewards(initial: list[float], trained: list[float], eval_split: str = "test",
+                   initial_name: str = "initial") -> bytes:
+    """Held-out rewards of the initial (SFT or base) and the trained policy's greedy completions (0..1, same prompts),
+    with means."""
+    title = f"Held-out reward: {initial_name} policy vs trained ({eval_split} prompts)"
+    sets = {f"{initial_name} policy": finite(initial), "trained": finite(trained)}
     if not any(sets.values()):
         return empty_plot(title, "no held-out comparison (the run was stopped, or no prompts)")
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -229,8 +233,9 @@ def card(summary: dict, settings: dict, irm: str, prm: str) -> dict:
     ppo = settings.get("ppo", {})
     gen = {k: ppo.get(k) for k in PPO_DATA_KEYS}
     data = summary["data"]
-    policy = ppo.get("policy_path") or "the SFT policy converted from " + (ppo.get("policy_gguf") or
-                                                                          "SmolLM2-135M-Instruct (GGUF)")
+    policy = ppo.get("policy_path") or (summary["paths"].get("initial_policy") if summary["paths"].get(
+        "initial_policy_kind") == "sft" else "the base policy converted from " + (ppo.get("policy_gguf") or
+                                                                                  "SmolLM2-135M-Instruct (GGUF)"))
     facts = {"stage": "ppo", "evolforge_version": __version__, "run_id": summary["run_id"],
              "lineage": {"evolved": summary.get("evolved"), "tasks": summary.get("tasks"),
                          "train": data.get("train"), "test": data.get("test"),

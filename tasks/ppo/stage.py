@@ -5,6 +5,7 @@ configuration, Ray job): tasks/ppo/job.py; what it reports: tasks/ppo/report.py.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -25,6 +26,9 @@ class PPOParams(StageParams):
     evolved: str = Field(description="An evolve run's dataset/evolved.parquet, or the evolve run's output folder.")
     tasks: str | None = Field(None, description="The synthesis stage's output folder, or its tasks table (a parquet file): kept math tasks (majority-verified answers) and code tasks (their tests) become prompts with a verified ground truth.")
     reward_dir: str = Field(description="The reward-model stage's output folder: IRM and PRM folders and health.json.")
+    sft: str | None = Field(None, description="The policy PPO starts from: the SFT stage's output folder (its model/) or "
+                            "any transformers model folder (default: the base policy, the embedded GGUF converted to "
+                            "transformers).")
     out: str = Field("runs/ppo", description="Output folder of this stage.")
     irm_dir: str | None = Field(None, description="IRM folder (default: reward_dir / ppo.irm_subdir).")
     prm_dir: str | None = Field(None, description="PRM folder (default: reward_dir / ppo.prm_subdir).")
@@ -48,6 +52,14 @@ def reward_models(params: PPOParams, cfg: PPOSettings) -> tuple[AnyPath, AnyPath
     return irm, prm
 
 
+def sft_model_dir(path: str) -> Path:
+    """The transformers folder an --sft value names: an SFT stage's output folder's model/, or the folder itself."""
+    from evolforge.storage.sft_sets import SFTFolder
+
+    folder = SFTFolder(path)
+    return folder.model if (Path(folder.model) / "config.json").exists() else Path(path)
+
+
 def check(params: PPOParams, settings: Settings) -> None:
     """The job settings agree (ppo.ray_job and local_steps, ppo.ray_address and $RAY_ADDRESS), the evolved
     instructions, the reward folder and the synthesized tasks (when given) exist, the output folder is a local
@@ -69,6 +81,9 @@ def check(params: PPOParams, settings: Settings) -> None:
     if not input_exists(path):
         raise InputError(f"{path} not found: pass an evolve run's dataset/evolved.parquet or its output folder")
     check_folder(params.reward_dir, "reward folder", None, " (pass the train-reward stage's output folder)")
+    if params.sft and not (sft_model_dir(params.sft) / "config.json").exists():
+        raise InputError(f"--sft {params.sft}: no transformers model there (pass the SFT stage's output folder, whose "
+                         "model/ it trains from, or a model folder with its config.json)")
     folder = str(params.tasks).rstrip("/")
     if params.tasks and not input_exists(params.tasks) and not any(  # the tasks table, or an older tasks.parquet
             input_exists(f"{folder}/{name}") for name in ("data/train-00000-of-00001.parquet", "tasks.parquet")):

@@ -151,7 +151,7 @@ def test_ppo_command_shows_grpo_steps(tmp_path, capsys):
     threads = torch.get_num_threads()
     evolved = write_evolved(tmp_path / "evolve" / "dataset" / "evolved.parquet", n_seeds=6)
     out = tmp_path / "ppo"
-    build_tiny_policy(PPOLayout(out).sft_policy)  # the SFT policy the flow reuses (no GGUF conversion)
+    build_tiny_policy(PPOLayout(out).base_policy)  # the base policy the flow reuses (no GGUF conversion)
     cfg = tmp_path / "config.toml"
     cfg.write_text("[ppo]\nlocal_max_completion_length = 8\nlocal_eval_max_new_tokens = 8\nlocal_torch_threads = 1\n")
     try:

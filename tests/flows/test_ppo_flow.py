@@ -128,19 +128,51 @@ def test_local_grpo_two_steps_end_to_end(tmp_path, evolved):
         assert {"reward", "kl", "loss", "step_seconds"} <= set(s) and 0.0 <= s["reward"] <= 1.0
     assert steps[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the first update
     assert steps[1]["kl"] > 0.0  # ... and it moved after it
-    # the trained policy is saved and differs from the SFT policy
+    # the trained policy is saved and differs from the base policy it started from (no --sft given)
     from safetensors.torch import load_file
 
-    sft, trained = load_file(lay.sft_policy / "model.safetensors"), load_file(lay.policy / "model.safetensors")
-    assert sft.keys() == trained.keys() and any(not sft[k].equal(trained[k]) for k in sft)
+    base, trained = load_file(lay.base_policy / "model.safetensors"), load_file(lay.policy / "model.safetensors")
+    assert base.keys() == trained.keys() and any(not base[k].equal(trained[k]) for k in base)
     comparison = json.loads(lay.comparison.read_text())
     assert comparison["n_prompts"] == min(4, summary["data"]["test"]) and comparison["eval_split"] == "test"
-    for side in ("sft", "trained"):
+    for side in ("initial", "trained"):
         assert 0.0 <= comparison[side]["mean_reward"] <= 1.0 and len(comparison[side]["rewards"]) == comparison["n_prompts"]
-    assert comparison["beats_sft_by_3_points"] == (comparison["delta"] >= 0.03)
+    assert comparison["initial_policy"] == "base" and summary["paths"]["initial_policy_kind"] == "base"
     assert summary["local_grpo"]["algorithm"] == "GRPO" and summary["local_grpo"]["ran_on"] == "flow"
     assert summary["training_health"]["completions"] == 2 * 2 * 2  # steps x prompts x completions per prompt
     assert summary["local_grpo"]["comparison"]["delta"] == pytest.approx(
-        comparison["trained"]["mean_reward"] - comparison["sft"]["mean_reward"])
-    # the verl job points at the converted SFT policy
-    assert f"actor_rollout_ref.model.path={lay.sft_policy}" in lay.verl_overrides.read_text().splitlines()
+        comparison["trained"]["mean_reward"] - comparison["initial"]["mean_reward"])
+    # the verl job points at the converted base policy
+    assert f"actor_rollout_ref.model.path={lay.base_policy}" in lay.verl_overrides.read_text().splitlines()
+
+
+def test_ppo_starts_from_the_sft_policy_and_reports_a_reward_change_not_a_met_bar(tmp_path, evolved):
+    """--sft: the GRPO smoke run and the verl job start from the SFT stage's model (a tiny Llama here); the held-out
+    comparison is named initial (sft) vs trained and is reported as a mean-reward change, never as a bar met."""
+    from evolforge.tasks.ppo.report import markdown
+    from evolforge.testing.tiny_policy import build_tiny_policy
+
+    sft_out = tmp_path / "sft"
+    build_tiny_policy(sft_out / "model")  # what the SFT stage leaves in its output folder
+    out = tmp_path / "ppo"
+    summary = ppo_flow(PPOParams(evolved=str(evolved), reward_dir=str(shared_reward_models()), out=str(out),
+                                 sft=str(sft_out), local_steps=1,
+                                 overrides={"ppo": {"local_eval_prompts": 2, "local_eval_max_new_tokens": 4,
+                                                    "local_max_completion_length": 4}}))
+    lay = PPOLayout(out)
+    assert summary["paths"]["initial_policy"] == str(sft_out / "model")
+    assert summary["paths"]["initial_policy_kind"] == "sft" and not lay.base_policy.exists()  # nothing converted
+    assert f"actor_rollout_ref.model.path={sft_out / 'model'}" in lay.verl_overrides.read_text().splitlines()
+    comparison = json.loads(lay.comparison.read_text())
+    assert comparison["initial_policy"] == "sft" and "beats_sft_by_3_points" not in comparison
+    text = markdown(summary)
+    assert "sft policy" in text and "change in mean reward, not in accuracy" in text
+    assert " met" not in text and "bar" not in text
+
+
+def test_sft_flag_must_name_a_model(tmp_path, evolved, capsys):
+    out = tmp_path / "ppo"
+    assert main(["ppo", "--evolved", str(evolved), "--reward-dir", str(shared_reward_models()), "--out", str(out),
+                 "--sft", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--sft" in err and "no transformers model there" in err and not out.exists()

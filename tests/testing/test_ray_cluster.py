@@ -99,7 +99,7 @@ def test_grpo_smoke_run_as_a_ray_job(tmp_path, evolved, ray_cluster):
 
     out = tmp_path / "ppo"
     lay = PPOLayout(out)
-    build_tiny_policy(lay.sft_policy)  # the SFT policy the flow would otherwise convert from the GGUF
+    build_tiny_policy(lay.base_policy)  # the base policy the flow would otherwise convert from the GGUF
     summary = ppo_flow(PPOParams(
         evolved=str(evolved), reward_dir=str(shared_reward_models()), out=str(out), local_steps=2,
         ray_address=ray_cluster.dashboard_url, ray_job="grpo_smoke", ray_wait_seconds=300,
@@ -124,7 +124,7 @@ def test_grpo_smoke_run_as_a_ray_job(tmp_path, evolved, ray_cluster):
     local = summary["local_grpo"]
     assert local["ran_on"] == "ray_job" and local["job_id"] == job["submission_id"] and local["pid"] != os.getpid()
     assert local["algorithm"] == "GRPO" and summary["training_health"]["completions"] == 2 * 2 * 2
-    sft, trained = load_file(lay.sft_policy / "model.safetensors"), load_file(lay.policy / "model.safetensors")
+    sft, trained = load_file(lay.base_policy / "model.safetensors"), load_file(lay.policy / "model.safetensors")
     assert any(not sft[k].equal(trained[k]) for k in sft)
     assert json.loads(lay.summary.read_text())["ray_job"]["status"] == "SUCCEEDED"
 

@@ -193,7 +193,7 @@ def test_flow_reports_then_stops_on_collapsed_rewards(tmp_path, tiny_run, monkey
         monkeypatch.delenv(name, raising=False)
     out = tmp_path / "ppo"
     lay = PPOLayout(out)
-    shutil.copytree(tiny_run[1], lay.sft_policy)  # reused by the flow instead of converting the GGUF
+    shutil.copytree(tiny_run[1], lay.base_policy)  # reused by the flow instead of converting the GGUF
     state = ppo_flow(PPOParams(
         evolved=str(write_evolved(tmp_path / "evolved.parquet")), reward_dir=str(_collapsed_reward_models(tmp_path / "rm")),
         out=str(out), local_steps=3,

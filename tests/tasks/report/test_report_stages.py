@@ -54,7 +54,7 @@ def test_ppo_plots_grpo_steps_and_held_out_rewards(tmp_path):
     threads = torch.get_num_threads()
     evolved = write_evolved(tmp_path / "evolve" / "dataset" / "evolved.parquet", n_seeds=6)
     out = tmp_path / "ppo"
-    build_tiny_policy(PPOLayout(out).sft_policy)
+    build_tiny_policy(PPOLayout(out).base_policy)
     try:
         summary = ppo_flow(PPOParams(evolved=str(evolved), reward_dir=str(shared_reward_models()), out=str(out),
                                      local_steps=3, overrides={"ppo": {
