@@ -48,6 +48,9 @@ SYNTH_EQ_TESTS = ("from solution import add_numbers\n\n"
                   "def test_add():\n    assert add_numbers(2, 3) == 5\n    assert add_numbers(-1, 1) == 0\n"
                   "    assert add_numbers(0, 0) == 0\n    assert add_numbers(10, 5) == 15\n")
 SYNTH_TESTS = SYNTH_EQ_TESTS + "    assert isinstance(add_numbers(2, 3), int)\n"  # an always-equal object fails this
+# tests that hand the solution something the sandbox's runner/solution channel cannot carry (a lock)
+SYNTH_UNCHECKABLE_TESTS = SYNTH_TESTS + ("\ndef test_lock():\n    import threading\n\n    import pytest\n\n"
+                                         "    with pytest.raises(TypeError):\n        add_numbers(threading.Lock(), 0)\n")
 
 
 def synthesis_reply(prompt: str) -> str | None:
@@ -55,11 +58,14 @@ def synthesis_reply(prompt: str) -> str | None:
 
     A seed instruction containing BUGGY gets a wrong reference first (exercises the repair loop), one containing
     TRIVIAL gets tests that assert nothing, one containing EQONLY tests that only compare results with == (an
-    object equal to everything passes them), one containing UNSOLVABLE gets solver answers that fail.
+    object equal to everything would pass them in one process), one containing UNCHECKABLE tests that pass the
+    solution a lock (not checkable through the sandbox's channel), one containing UNSOLVABLE gets solver answers
+    that fail. A repair always returns the good solution and SYNTH_TESTS.
     """
     if synthesis_prompts.MARKER_PROPOSE_CODE in prompt:
         tests = ("def test_nothing():\n    assert True\n" if "TRIVIAL" in prompt
-                 else SYNTH_EQ_TESTS if "EQONLY" in prompt else SYNTH_TESTS)
+                 else SYNTH_EQ_TESTS if "EQONLY" in prompt
+                 else SYNTH_UNCHECKABLE_TESTS if "UNCHECKABLE" in prompt else SYNTH_TESTS)
         return json.dumps({"statement": "Write add_numbers(a, b) returning the sum of two integers, e.g. "
                            "add_numbers(2, 3) == 5. Seed: " + hashlib.sha1(prompt.encode()).hexdigest()[:8]
                            + (" UNSOLVABLE" if "UNSOLVABLE" in prompt else ""),
@@ -236,7 +242,7 @@ def _is_probe(body: dict) -> bool:
 
 class ScriptedServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, hang_seconds: float = 5.0,
-                 latency: float = 0.0, log_path: str | None = None, default: str = "ok", nodelay: bool = False):
+                 latency: float = 0.0, log_path: str | None = None, default: str = "ok", nodelay: bool = True):
         self.actions: deque[str] = deque()
         self.default = default
         self.judge_verdict = "Not Equal"
@@ -244,7 +250,9 @@ class ScriptedServer:
         self.evolve_overrides: dict[str, str] = {}  # evolve prompts containing KEY are answered with VALUE
         self.hang_seconds = hang_seconds
         self.latency = latency
-        self.nodelay = nodelay  # TCP_NODELAY on replies: no ~40 ms Nagle / delayed-ACK stall per call (timing benches)
+        # TCP_NODELAY on replies (as uvicorn and llama-server do): without it every reply (headers, then body in a
+        # second small write) stalls ~40 ms on Nagle + the client's delayed ACK: 44 ms per call instead of 0.3-1 ms
+        self.nodelay = nodelay
         self.requests: list[dict] = []
         # The gateway's pre-flight probes (one per model at the start of a flow) are answered with
         # `preflight_action` and kept apart in `probes`: scripted faults and `posts()` are about the work.

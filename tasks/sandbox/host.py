@@ -5,6 +5,7 @@
 - inner_env: the cleared environment the code under test sees;
 - take_uid / release_uid: the dedicated unprivileged uids handed to runs when started as root (one per run at a time);
 - ResultChannel: the harness's nonce pipe and result pipe (judged by tasks/sandbox/verdict.py);
+- result_of: the SandboxResult of a finished run;
 - watch_sandbox_init, kill_group, NS_EXIT_WAIT_S: killing a sandbox and waiting for its PID namespace to be gone;
 - drain_result: what is left in the result pipe once a run is over, within the output cap;
 - classify_exit: the `killed_reason` of a run from its exit status and output.
@@ -26,7 +27,8 @@ from evolforge.tasks.sandbox.limits import WORKDIR
 
 SOLUTION_FILE = "solution.py"
 TEST_FILE = "test_solution.py"
-HARNESS_FILE = "_evolforge_harness.py"  # tasks/sandbox/harness.py, written beside them
+HARNESS_FILE = "_evolforge_harness.py"  # tasks/sandbox/harness.py, written beside them (rlimits-only)
+BRIDGE_FILE = "_evolforge_bridge.py"  # tasks/sandbox/bridge.py, beside the harness and beside the solution
 PROGRAM_FILE = "main.py"  # run_python_program's script
 NS_EXIT_WAIT_S = 10.0  # bound on waiting for the kernel to tear the sandbox's PID namespace down
 _UID_SPAN = 65_536
@@ -47,6 +49,17 @@ class SandboxResult:
     tests_passed: int | None = None  # from the result channel's record (None for scripts or without a valid record)
     tests_failed: int | None = None  # failed + errors, from the same record
     verdict_error: str | None = None  # why the result channel does not let the run pass (None when it does)
+    not_checkable: str | None = None  # the tests use something the runner/solution channel cannot carry: why
+
+
+def result_of(passed: bool, code: int | None, reason: str | None, stdout: str, stderr: str, duration: float,
+              runner: str, verdict) -> SandboxResult:
+    """The SandboxResult of a finished run (`verdict`: tasks/sandbox/verdict.py's Verdict, None for raw runs)."""
+    return SandboxResult(
+        passed=passed, exit_code=code, timed_out=reason == "wall_timeout", killed_reason=reason, stdout=stdout,
+        stderr=stderr, duration_s=round(duration, 4), runner=runner,
+        tests_passed=verdict.tests_passed if verdict else None, tests_failed=verdict.tests_failed if verdict else None,
+        verdict_error=verdict.error if verdict else None, not_checkable=verdict.not_checkable if verdict else None)
 
 
 def inner_env() -> dict[str, str]:
@@ -91,8 +104,9 @@ class ResultChannel:
             self.close()
             raise
 
-    def harness_args(self, runner: str) -> list[str]:
-        return [HARNESS_FILE, str(self.fds["nonce_r"]), str(self.fds["result_w"]), runner, TEST_FILE]
+    def harness_args(self, runner: str, bridge_in: int, bridge_out: int) -> list[str]:
+        return [HARNESS_FILE, str(self.fds["nonce_r"]), str(self.fds["result_w"]), str(bridge_in), str(bridge_out),
+                runner, TEST_FILE]
 
     def child_fds(self) -> tuple[int, ...]:
         return self.fds["nonce_r"], self.fds["result_w"]

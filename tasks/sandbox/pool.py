@@ -46,11 +46,12 @@ from evolforge.tasks.sandbox.host import (
     inner_env,
     kill_group,
     release_uid,
+    result_of,
     take_uid,
     watch_sandbox_init,
 )
 from evolforge.tasks.sandbox.limits import SandboxUnavailable, bwrap_argv, drop_argv
-from evolforge.tasks.sandbox.verdict import judge
+from evolforge.tasks.sandbox.verdict import judge, solution_state_ok
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER_DIR = "/evolforge"  # where worker.py and harness.py appear inside the worker's sandbox
@@ -80,7 +81,7 @@ class Worker:
         self.ns_pidfd: int | None = None
         privileged = os.geteuid() == 0
         caps = ("CAP_KILL", "CAP_SYS_ADMIN") if privileged else ("CAP_SYS_ADMIN",)
-        binds = {f"{WORKER_DIR}/{name}": os.path.join(_HERE, name) for name in ("worker.py", "harness.py")}
+        binds = {f"{WORKER_DIR}/{name}": os.path.join(_HERE, name) for name in ("worker.py", "harness.py", "bridge.py")}
         opts, python = bwrap_argv(settings, {}, inner_env(), privileged, caps, binds)
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         info_r, info_w = os.pipe()
@@ -159,8 +160,9 @@ class Worker:
             done = json.loads(line)
         except ValueError:
             done = None
-        if rest or not isinstance(done, dict) or set(done) != {"id", "status", "clean"} or done["id"] != check_id \
-                or type(done["status"]) is not int or type(done["clean"]) is not bool:
+        if rest or not isinstance(done, dict) or set(done) != {"id", "status", "clean", "solution"} \
+                or done["id"] != check_id or type(done["status"]) is not int or type(done["clean"]) is not bool \
+                or not solution_state_ok(done["solution"]):
             raise WorkerError(f"unexpected message on the sandbox worker's control socket: {self.buf[:200]!r}")
         self.buf = b""
         return done
@@ -281,9 +283,13 @@ _ids = iter(range(1, 1 << 62))
 
 def run_in_worker(settings: SandboxSettings, files: dict[str, str], args: list[str], runner: str,
                   declared: int = 0, stdin: str | None = None) -> SandboxResult:
-    """One check in a warm worker: runner "pytest"/"script" (args: the test file, then pytest options) through
-    the harness and its result channel, or "raw" (args: the script) with `stdin` on its standard input."""
-    uid = take_uid(settings.uid_base) if os.geteuid() == 0 else None
+    """One check in a warm worker (sandbox.reuse_workers; else in a worker started for it alone): runner
+    "pytest"/"script" (args: the test file, then pytest options; files: solution.py and the test file) as a
+    runner and a solution process joined by the bridge, judged from the runner's result channel and the
+    solution's state; or "raw" (args: the script) with `stdin` on its standard input."""
+    root = os.geteuid() == 0
+    uid = take_uid(settings.uid_base) if root else None
+    solution_uid = take_uid(settings.uid_base) if root and runner != "raw" else None
     ours: list[int] = []  # descriptors to close once sent (the worker's child keeps its own copies)
     keep: list[int] = []  # read ends the host reads from
     channel = None
@@ -303,7 +309,8 @@ def run_in_worker(settings: SandboxSettings, files: dict[str, str], args: list[s
             ours.append(fd)
             fds.append(fd)
         header = {"id": next(_ids), "runner": runner, "args": args, "files": list(files), "uid": uid,
-                  "rlimits": _rlimits(settings), "tmpfs_bytes": settings.tmpfs_size_mb * 1024 * 1024}
+                  "solution_uid": solution_uid, "rlimits": _rlimits(settings),
+                  "tmpfs_bytes": settings.tmpfs_size_mb * 1024 * 1024}
         return _check(settings, header, fds, ours, out_r, err_r, channel, runner, declared)
     finally:
         for fd in ours + keep:
@@ -313,22 +320,35 @@ def run_in_worker(settings: SandboxSettings, files: dict[str, str], args: list[s
                 pass
         if channel is not None:
             channel.close()
-        if uid is not None:
-            release_uid(uid)
+        for held in (uid, solution_uid):
+            if held is not None:
+                release_uid(held)
+
+
+def _acquire(settings: SandboxSettings) -> Worker:
+    """A warm worker of the pool, or (reuse_workers off: one sandbox per check) a worker for this check alone."""
+    return _POOL.acquire(settings) if settings.reuse_workers else Worker(settings)
+
+
+def _release(settings: SandboxSettings, worker: Worker, healthy: bool) -> None:
+    if settings.reuse_workers:
+        _POOL.release(settings, worker, healthy)
+    else:
+        worker.kill()
 
 
 def _check(settings: SandboxSettings, header: dict, fds: list[int], ours: list[int], out_r: int, err_r: int,
            channel: ResultChannel | None, runner: str, declared: int) -> SandboxResult:
-    worker = _POOL.acquire(settings)
+    worker = _acquire(settings)
     try:
         worker.send(header, fds)
     except OSError:  # an idle worker that died meanwhile (nothing of this check ran): one fresh worker, once
-        _POOL.release(settings, worker, False)
-        worker = _POOL.acquire(settings)
+        _release(settings, worker, False)
+        worker = _acquire(settings)
         try:
             worker.send(header, fds)
         except OSError as e:
-            _POOL.release(settings, worker, False)
+            _release(settings, worker, False)
             raise WorkerError(f"a fresh sandbox worker refused its first check: {e}") from e
     healthy, done, lost = False, None, None
     bufs = {"out": bytearray(), "err": bytearray(), "res": bytearray()}
@@ -345,7 +365,7 @@ def _check(settings: SandboxSettings, header: dict, fds: list[int], ours: list[i
         healthy = reason is None and lost is None and done is not None and done["clean"]
     finally:
         duration = time.monotonic() - started
-        _POOL.release(settings, worker, healthy)  # an unhealthy worker is killed here, with every process of the check
+        _release(settings, worker, healthy)  # an unhealthy worker is killed here, with every process of the check
     if channel is not None and not reason:
         reason = drain_result(channel.fds["result_r"], bufs["res"], settings.max_output_bytes - total)
     stdout, stderr = bufs["out"].decode("utf-8", "replace"), bufs["err"].decode("utf-8", "replace")
@@ -356,15 +376,15 @@ def _check(settings: SandboxSettings, header: dict, fds: list[int], ours: list[i
         reason = reason or classify_exit(code, duration, settings, stdout + stderr)
     elif not reason:
         reason = "worker_lost"
+    solution = done["solution"] if done is not None else None
+    if code not in (None, 0) and solution and solution["status"] not in (None, 0) and (
+            reason is None or reason.startswith("signal:")):
+        reason = classify_exit(solution["status"], duration, settings, "") or reason  # the solution's kill
     passed = code == 0 and reason is None
-    verdict = judge(bytes(bufs["res"]), channel.nonce, runner, declared) if channel else None
+    verdict = judge(bytes(bufs["res"]), channel.nonce, runner, declared, solution) if channel else None
     if verdict is not None:
         passed = passed and verdict.ok
-    return SandboxResult(
-        passed=passed, exit_code=code, timed_out=reason == "wall_timeout", killed_reason=reason, stdout=stdout,
-        stderr=stderr, duration_s=round(duration, 4), runner=runner,
-        tests_passed=verdict.tests_passed if verdict else None, tests_failed=verdict.tests_failed if verdict else None,
-        verdict_error=verdict.error if verdict else None)
+    return result_of(passed, code, reason, stdout, stderr, duration, runner, verdict)
 
 
 def _pump(worker: Worker, settings: SandboxSettings, started: float, check_id: int, out_r: int, err_r: int,

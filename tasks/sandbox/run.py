@@ -9,50 +9,36 @@
 view) on its standard input: same isolation and limits, no harness and no result channel, so `passed`
 means only that it exited 0 and nothing killed it (the caller compares the output).
 
-Inside, the solution is `solution.py` and the tests `test_solution.py`, side by
-side in the working dir `/sandbox` (the tests `from solution import ...`).
+A test check is TWO processes joined only by two pipes (tasks/sandbox/bridge.py):
+- the solution process imports `solution.py` and answers calls (bridge.serve); it holds nothing else: no
+  test file, no nonce, no result channel, and in bwrap modes its own uid and PID namespace;
+- the runner (tasks/sandbox/harness.py) runs the tests, `test_solution.py`, and never imports solution code:
+  `import solution` / `from solution import *` there give proxies. Only plain data crosses back (None, bool,
+  int, float, complex, str, bytes and lists, tuples, dicts, sets, frozensets of them, rebuilt as builtin
+  types); any other object is a handle whose own `__eq__` is never run in the runner (comparing one makes the
+  run "not checkable"); exceptions come back as the same builtin type with the same message.
+How the tests run is decided from the test file's text: pytest style (a top-level `def test_...`, a
+`class Test...` or an import of pytest) runs pytest with the harness's plugin; otherwise the file runs as an
+assert script with runpy (HumanEval's `check(candidate)` included).
 
-How the tests run (decided from the test file's text): the host writes a harness
-(tasks/sandbox/harness.py) beside them as `_evolforge_harness.py` and runs it.
-- pytest style (a top-level `def test_...`, a `class Test...` or an import of
-  pytest): the harness runs pytest (`-q -p no:cacheprovider --tb=short
-  test_solution.py`, PYTEST_DISABLE_PLUGIN_AUTOLOAD=1) with its own plugin.
-- otherwise an assert-based script: the harness runs `test_solution.py` with runpy.
+The verdict is judged by the host from the runner alone. The host creates two more pipes that only the
+runner gets: one holds a per-run nonce (never in argv, the environment or a file), on the other the runner
+writes one final JSON record carrying it: for pytest {collected, passed, failed, errors, skipped, exitstatus}
+counted from each test phase's real exception, for a script whether it ran to its end, and for both the
+channel's state (`lost`: the solution process ended, hung up or broke the protocol; `not_checkable`: the
+tests used something the channel cannot carry). The host (tasks/sandbox/verdict.py) passes a run only if the
+runner exited 0, nothing killed it, exactly one well-formed record with the right nonce arrived and no other
+line did, the channel was neither lost nor not checkable, for pytest every collected test passed and at
+least as many were collected as the file declares (`declared_tests`, from its AST), and the solution process
+was still alive at the end, alone (no child process) and with one thread. An early exit of either process,
+a crash, a missing, duplicated, malformed or forged record all fail; `verdict_error` says which and
+`not_checkable` why the tests could not be judged (synthesis rejects such tasks).
 
-The verdict comes from a result channel, not from the output or the exit status
-alone. Before the start the host creates two pipes and passes them through
-bwrap, prlimit and setpriv: one holds a per-run nonce (secrets.token_hex),
-which the harness reads and closes before the solution is imported (never in
-argv, the environment or a file, all readable by the code under test); on the
-other the harness writes one final JSON record carrying that nonce: for pytest
-{collected, passed, failed, errors, skipped, exitstatus, tampered} counted by
-its plugin from each test phase's real exception (a makereport hookwrapper),
-written at pytest_sessionfinish; for a script, that it returned normally
-(SystemExit of any code writes nothing). The host (tasks/sandbox/verdict.py)
-passes a run only if the exit status is 0, nothing killed it, exactly one
-well-formed final record with the right nonce arrived and no other line did (a
-line without the nonce is forged: failure), and for pytest: exitstatus 0,
-collected > 0, passed == collected, no failure or error, no tampering reported,
-and at least as many tests collected as the test file declares (`declared_tests`,
-from its AST: hidden or deselected tests fail the run). `tests_passed` and
-`tests_failed` come from that record. An early exit, a crash, a missing,
-duplicated, malformed or forged record all fail; `verdict_error` says which.
-
-What the channel does not stop: the code under test runs in the same interpreter
-as pytest and the harness. The harness adds defenses that hold against the
-obvious tools: it makes itself non-dumpable (its /proc/<pid>/mem is closed to the
-sandbox's uid, itself included; in bwrap mode only, as rlimits-only may run as
-root), and an audit hook (irremovable) refuses gc.get_objects/get_referrers/
-get_referents, all of ctypes, sys.settrace/setprofile and opening a process's
-`mem`; it checks that each collected test's code object is code of the test
-file as pytest executed it (a swapped test module fails), and it reports
-pytest's, pluggy's, the builtins' and its own functions and classes that changed
-while the tests ran (monkeypatched pytest internals fail). Code that walks frames
-(sys._getframe, tracebacks) to pytest's live objects or to the harness's plugin
-can still read the nonce or rewrite the counts, and rebinding the test module's
-helper globals or pytest state on live instances is not noticed. It is a strong
-filter against reward hacking, not a proof; a verdict that holds against that
-needs the solution in another process than the tests (calls marshalled across).
+What a process boundary cannot stop, and this module does not claim to: tests that pass whatever the
+solution does (synthesis rejects tests a do-nothing stub passes), a solution that special-cases the test
+inputs it is given, and an escape from the sandbox itself (a kernel bug). In "rlimits-only" mode both
+processes run as the calling user in no namespace: the solution can signal or trace the runner, so that
+mode is not a boundary.
 
 Isolation (mode "bwrap", see tasks/sandbox/limits.py): no network (own network
 namespace), own PID namespace (everything dies with the run), read-only view of
@@ -107,6 +93,7 @@ from typing import Iterable
 
 from evolforge.config.sections.sandbox import SandboxSettings
 from evolforge.tasks.sandbox.host import (
+    BRIDGE_FILE,
     HARNESS_FILE,
     NS_EXIT_WAIT_S,
     PROGRAM_FILE,
@@ -119,6 +106,7 @@ from evolforge.tasks.sandbox.host import (
     inner_env,
     kill_group,
     release_uid,
+    result_of,
     take_uid,
     watch_sandbox_init,
 )
@@ -138,8 +126,10 @@ __all__ = ["SandboxResult", "SandboxUnavailable", "check_sandbox_available", "ru
 
 _UNUSED_PLUGINS = ("cacheprovider", "pastebin", "junitxml", "doctest", "setuponly", "setupplan", "stepwise",
                    "unraisableexception", "threadexception", "faulthandler")  # nothing a check needs; each costs time
-PYTEST_ARGS = ["-m", "pytest", "-q", *(a for p in _UNUSED_PLUGINS for a in ("-p", f"no:{p}")), "--tb=short", TEST_FILE]  # what the harness runs
-_HARNESS_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
+# what the harness runs; output captured at the sys level only (the warm workers configure pytest before the fork)
+PYTEST_ARGS = ["-m", "pytest", "-q", *(a for p in _UNUSED_PLUGINS for a in ("-p", f"no:{p}")), "--tb=short",
+               "--capture=sys", TEST_FILE]
+_HERE = os.path.dirname(os.path.abspath(__file__))
 _PYTEST_STYLE = re.compile(r"^(?:async\s+)?def\s+test\w*\s*\(|^class\s+Test\w*|^\s*(?:import|from)\s+pytest\b", re.M)
 _GRACE_S = 0.25  # after the main process exits, how long to keep draining pipes held by leftovers
 _probed: dict[tuple, None] = {}
@@ -174,26 +164,29 @@ def check_sandbox_available(settings: SandboxSettings) -> None:
         _probed[key] = None
     if settings.mode == "bwrap" and key not in _probed:  # one real start per configuration
         probe = settings.model_copy(update={"wall_timeout_seconds": 30.0})
-        r = _run(probe, {}, ["-c", "print('ok')"], "raw")
+        r = _run(probe, {}, ["-c", "print('ok')"])
         if r.exit_code != 0 or r.stdout.strip() != "ok":
             raise SandboxUnavailable(f"bubblewrap sandbox failed to start (exit {r.exit_code}): {r.stderr.strip()[-800:]}")
         _probed[key] = None
 
 
 def run_python_tests(solution_code: str, test_code: str, settings: SandboxSettings) -> SandboxResult:
-    """Run `test_code` against `solution_code` in the sandbox; never raises for anything the code does."""
+    """Run `test_code` against `solution_code` in the sandbox, the tests and the solution in two processes joined
+    only by the bridge (tasks/sandbox/bridge.py); never raises for anything the code does."""
     check_sandbox_available(settings)
     runner = "pytest" if uses_pytest(test_code) else "script"
     options = PYTEST_ARGS[2:-1] if runner == "pytest" else []
-    files = {SOLUTION_FILE: solution_code, TEST_FILE: test_code, HARNESS_FILE: _harness_source()}
     declared = declared_tests(test_code) if runner == "pytest" else 0
-    return _run(settings, files, options, runner, declared)
+    files = {SOLUTION_FILE: solution_code, TEST_FILE: test_code}
+    if settings.mode == "bwrap":  # warm workers, or (reuse_workers off) a worker started for this check alone
+        return run_in_worker(settings, files, [TEST_FILE, *options], runner, declared)
+    return _run_split(settings, solution_code, test_code, runner, options, declared)
 
 
 def run_python_program(code: str, stdin: str | None, settings: SandboxSettings) -> SandboxResult:
     """Run `code` as a script with `stdin` (None: empty) on its standard input; never raises for what the code does."""
     check_sandbox_available(settings)
-    return _run(settings, {PROGRAM_FILE: code}, [PROGRAM_FILE], "raw", stdin=stdin)
+    return _run(settings, {PROGRAM_FILE: code}, [PROGRAM_FILE], stdin=stdin)
 
 
 def run_many(jobs: Iterable[tuple[str, str]], settings: SandboxSettings) -> list[SandboxResult]:
@@ -204,37 +197,27 @@ def run_many(jobs: Iterable[tuple[str, str]], settings: SandboxSettings) -> list
         return list(pool.map(lambda job: run_python_tests(job[0], job[1], settings), jobs))
 
 
-@functools.lru_cache(maxsize=1)
-def _harness_source() -> str:
-    with open(_HARNESS_SOURCE, encoding="utf-8") as f:
+@functools.lru_cache(maxsize=4)
+def _source(name: str) -> str:
+    with open(os.path.join(_HERE, name), encoding="utf-8") as f:
         return f.read()
 
 
-def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runner: str,
-         declared: int = 0, stdin: str | None = None) -> SandboxResult:
-    """runner "pytest" / "script": through the harness and its result channel; "raw": `python *args` (the probe,
-    run_python_program). `stdin` goes into a host file outside the sandbox's view, opened as its standard input.
-    With sandbox.reuse_workers (bwrap mode) every run but the probe goes to a warm worker (tasks/sandbox/pool.py)."""
-    if settings.mode == "bwrap" and settings.reuse_workers and (runner != "raw" or args == [PROGRAM_FILE]):
-        files = {name: code for name, code in files.items() if name != HARNESS_FILE}  # the worker has it loaded
-        return run_in_worker(settings, files, args if runner == "raw" else [TEST_FILE, *args], runner, declared, stdin)
+def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], stdin: str | None = None) -> SandboxResult:
+    """A "raw" run, `python *args` (the probe, run_python_program): no result channel, judged by its exit status.
+    `stdin` goes into a host file outside the sandbox's view, opened as its standard input. With
+    sandbox.reuse_workers (bwrap mode) every run but the probe goes to a warm worker (tasks/sandbox/pool.py)."""
+    if settings.mode == "bwrap" and settings.reuse_workers and args == [PROGRAM_FILE]:
+        return run_in_worker(settings, files, args, "raw", 0, stdin)
     hostdir = tempfile.mkdtemp(prefix="evolforge-sbx-")
-    uid, channel = None, None
+    uid = None
     try:
-        paths = {}
-        for name, code in files.items():
-            paths[name] = os.path.join(hostdir, name)
-            with open(paths[name], "w", encoding="utf-8") as f:
-                f.write(code)
-            os.chmod(paths[name], 0o644)
+        paths = _write_files(hostdir, files)
         stdin_path = None
         if stdin is not None:
             stdin_path = os.path.join(hostdir, ".stdin")  # not in `paths`: never bound into the sandbox
             with open(stdin_path, "w", encoding="utf-8") as f:
                 f.write(stdin)
-        if runner != "raw":
-            channel = ResultChannel()
-            args = channel.harness_args(runner) + args
         env = inner_env()
         marker, info = "", None
         if settings.mode == "bwrap":
@@ -249,26 +232,32 @@ def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], runn
             marker = secrets.token_hex(8)
             env.update(HOME=hostdir, TMPDIR=hostdir, EVOLFORGE_SANDBOX_RUN=marker)
             argv, cwd, popen_env = limits_argv(settings) + [settings.python] + args, hostdir, env
-        return _execute(settings, argv, cwd, popen_env, marker, runner, info, channel, declared, stdin_path)
+        return _execute(settings, argv, cwd, popen_env, marker, info, stdin_path)
     finally:
-        if channel is not None:
-            channel.close()
         if uid is not None:
             release_uid(uid)
         shutil.rmtree(hostdir, ignore_errors=True)
 
 
-def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, marker: str, runner: str,
-             info: tuple[int, int] | None, channel: ResultChannel | None, declared: int,
-             stdin_path: str | None = None) -> SandboxResult:
+def _write_files(folder: str, files: dict[str, str]) -> dict[str, str]:
+    paths = {}
+    for name, code in files.items():
+        paths[name] = os.path.join(folder, name)
+        with open(paths[name], "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(code)
+        os.chmod(paths[name], 0o644)
+    return paths
+
+
+def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, marker: str,
+             info: tuple[int, int] | None, stdin_path: str | None = None) -> SandboxResult:
     started = time.monotonic()
-    state: dict = {"info_fd": info[0] if info else None, "info": b"", "ns_pidfd": None,
-                   "result_fd": channel.fds["result_r"] if channel else None}
-    pass_fds = (info[1:] if info else ()) + (channel.child_fds() if channel else ())
+    state: dict = {"info_fd": info[0] if info else None, "info": b"", "ns_pidfd": None, "result_fd": None}
     stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True, pass_fds=pass_fds)
+                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+                                pass_fds=info[1:] if info else ())
     except BaseException:
         if info:
             os.close(info[0])
@@ -278,8 +267,6 @@ def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, ma
             stdin.close()  # the sandbox holds its own copy of the descriptor
         if info:
             os.close(info[1])  # the write end now lives in bwrap only
-        if channel:
-            channel.close("nonce_r", "result_w")  # and the harness's ends in the sandbox only
     bufs = {"out": bytearray(), "err": bytearray(), "res": bytearray()}
     reason, total = None, 0
     try:
@@ -303,19 +290,133 @@ def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, ma
         duration = time.monotonic() - started
         if marker:
             _kill_marked(marker)
-        if channel and not reason:  # every writer is gone: take what is left in the pipe, within the cap
-            reason = drain_result(state["result_fd"], bufs["res"], settings.max_output_bytes - total)
     stdout, stderr = bufs["out"].decode("utf-8", "replace"), bufs["err"].decode("utf-8", "replace")
     reason = reason or classify_exit(proc.returncode, duration, settings, stdout + stderr)
-    passed = proc.returncode == 0 and reason is None
-    verdict = judge(bytes(bufs["res"]), channel.nonce, runner, declared) if channel else None
-    if verdict is not None:
-        passed = passed and verdict.ok
-    return SandboxResult(passed=passed, exit_code=proc.returncode, timed_out=reason == "wall_timeout",
-                         killed_reason=reason, stdout=stdout, stderr=stderr, duration_s=round(duration, 4),
-                         runner=runner, tests_passed=verdict.tests_passed if verdict else None,
-                         tests_failed=verdict.tests_failed if verdict else None,
-                         verdict_error=verdict.error if verdict else None)
+    return result_of(proc.returncode == 0 and reason is None, proc.returncode, reason, stdout, stderr, duration,
+                     "raw", None)
+
+
+def _run_split(settings: SandboxSettings, solution_code: str, test_code: str, runner: str, options: list[str],
+               declared: int) -> SandboxResult:
+    """rlimits-only: the runner and the solution as two host processes (separate temp dirs, a new session each,
+    the same rlimits), joined only by the bridge's pipes. Not a security boundary (same uid, no namespaces)."""
+    hostdir = tempfile.mkdtemp(prefix="evolforge-sbx-")
+    channel, ours, procs = None, [], []
+    try:
+        rdir, sdir = os.path.join(hostdir, "tests"), os.path.join(hostdir, "solution")
+        os.mkdir(rdir)
+        os.mkdir(sdir)
+        _write_files(rdir, {TEST_FILE: test_code, HARNESS_FILE: _source("harness.py"), BRIDGE_FILE: _source("bridge.py")})
+        _write_files(sdir, {SOLUTION_FILE: solution_code, BRIDGE_FILE: _source("bridge.py")})
+        channel = ResultChannel()
+        to_solution, to_runner, out, err = os.pipe(), os.pipe(), os.pipe(), os.pipe()
+        ours = [*to_solution, *to_runner, *out, *err]
+        marker = secrets.token_hex(8)
+        env = inner_env() | {"EVOLFORGE_SANDBOX_RUN": marker}
+        limits, python = limits_argv(settings), settings.python
+        started = time.monotonic()
+        common = dict(stdin=subprocess.DEVNULL, stdout=out[1], stderr=err[1], start_new_session=True, close_fds=True)
+        procs.append(subprocess.Popen(  # the runner first: the solution's start overlaps the runner's
+            limits + [python, *channel.harness_args(runner, to_runner[0], to_solution[1]), *options], cwd=rdir,
+            env=env | {"HOME": rdir, "TMPDIR": rdir}, pass_fds=(*channel.child_fds(), to_runner[0], to_solution[1]),
+            **common))
+        procs.append(subprocess.Popen(
+            limits + [python, BRIDGE_FILE, "serve", str(to_solution[0]), str(to_runner[1]), SOLUTION_FILE], cwd=sdir,
+            env=env | {"HOME": sdir, "TMPDIR": sdir}, pass_fds=(to_solution[0], to_runner[1]), **common))
+        for fd in ours[:4] + [out[1], err[1]]:
+            os.close(fd)
+        ours = [out[0], err[0]]
+        channel.close("nonce_r", "result_w")
+        bufs = {"out": bytearray(), "err": bytearray(), "res": bytearray()}
+        reason, total, solution = _pump_split(procs, settings, started, {"out": out[0], "err": err[0],
+                                                                         "res": channel.fds["result_r"]}, bufs)
+        for proc in procs:  # the runner has ended (or is killed now: a timeout or the cap), and the solution with it
+            kill_group(proc.pid)
+            proc.wait()
+        duration = time.monotonic() - started
+        _kill_marked(marker)
+        if not reason:
+            reason = drain_result(channel.fds["result_r"], bufs["res"], settings.max_output_bytes - total)
+        stdout, stderr = bufs["out"].decode("utf-8", "replace"), bufs["err"].decode("utf-8", "replace")
+        code = procs[0].returncode
+        reason = reason or classify_exit(code, duration, settings, stdout + stderr)
+        if code != 0 and solution and solution["status"] not in (None, 0) and (reason is None or reason.startswith("signal:")):
+            reason = classify_exit(solution["status"], duration, settings, "") or reason
+        verdict = judge(bytes(bufs["res"]), channel.nonce, runner, declared, solution)
+        return result_of(code == 0 and reason is None and verdict.ok, code, reason, stdout, stderr, duration, runner,
+                         verdict)
+    finally:
+        for proc in procs:
+            kill_group(proc.pid)
+            proc.wait()
+        for fd in ours:
+            os.close(fd)
+        if channel is not None:
+            channel.close()
+        shutil.rmtree(hostdir, ignore_errors=True)
+
+
+def _pump_split(procs: list, settings: SandboxSettings, started: float, fds: dict[str, int],
+                bufs: dict[str, bytearray]) -> tuple[str | None, int, dict | None]:
+    """Read the output and the result channel until the runner ends (then look at the solution process and kill
+    it), a timeout or the output cap."""
+    total, cap, reason, exited_at, solution = 0, settings.max_output_bytes, None, None, None
+    deadline = started + settings.wall_timeout_seconds
+    pidfd = os.pidfd_open(procs[0].pid)
+    with selectors.DefaultSelector() as sel:
+        for name, fd in fds.items():
+            sel.register(fd, selectors.EVENT_READ, name)
+        sel.register(pidfd, selectors.EVENT_READ, "exit")
+        try:
+            while True:
+                now = time.monotonic()
+                if exited_at is not None and (len(sel.get_map()) == 0 or now - exited_at > _GRACE_S):
+                    break
+                if now >= deadline:
+                    reason = "wall_timeout"
+                    break
+                for key, _ in sel.select(timeout=min(deadline - now, _GRACE_S)):
+                    if key.data == "exit":
+                        exited_at = time.monotonic()
+                        sel.unregister(pidfd)
+                        solution = _solution_state(procs[1])
+                        kill_group(procs[1].pid)  # its pipes close: the draining ends at once
+                        continue
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        continue
+                    keep = max(0, cap - total)
+                    bufs[key.data] += chunk[:keep]
+                    total += len(chunk)
+                    if total > cap:
+                        reason = "output_cap"
+                if reason:
+                    break
+        finally:
+            os.close(pidfd)
+    return reason, total, solution
+
+
+def _solution_state(proc: subprocess.Popen) -> dict:
+    """rlimits-only: the solution process when the runner ended (alive, threads, child processes), as the worker
+    reports it in bwrap mode."""
+    code = proc.poll()
+    if code is not None:
+        return {"alive": False, "status": code if code >= 0 else 128 - code, "threads": 0, "children": 0}
+    state = {"alive": True, "status": None, "threads": 1, "children": 0}
+    try:
+        with open(f"/proc/{proc.pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        state["threads"] = int(fields.get("Threads", "1").strip())
+        kids = set()
+        for tid in os.listdir(f"/proc/{proc.pid}/task"):
+            with open(f"/proc/{proc.pid}/task/{tid}/children") as f:
+                kids.update(f.read().split())
+        state["children"] = len(kids)
+    except (OSError, ValueError):
+        pass
+    return state
 
 
 def _pump(proc: subprocess.Popen, settings: SandboxSettings, started: float, state: dict,

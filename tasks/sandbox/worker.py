@@ -1,35 +1,45 @@
-"""The long-lived sandbox worker: forks one pristine child per check (runs INSIDE a bwrap sandbox).
+"""The long-lived sandbox worker: forks a pristine runner and solution process per check (runs INSIDE bwrap).
 
-Not imported by evolforge: tasks/sandbox/pool.py binds this file and tasks/sandbox/harness.py read-only
-at /evolforge/ in a bwrap sandbox and starts
+Not imported by evolforge: tasks/sandbox/pool.py binds this file, tasks/sandbox/harness.py and
+tasks/sandbox/bridge.py read-only at /evolforge/ in a bwrap sandbox and starts
 
     python /evolforge/worker.py CONTROL_FD
 
 Stdlib (and the pytest it preloads) only. At start the worker makes itself non-dumpable (no process of
 the sandbox can read its memory or its /proc/<pid>/fd), becomes the child subreaper (every orphan of a
-check is re-parented to it), imports pytest, its built-in plugins and the harness, and says `ready` on
-the control socket (an AF_UNIX socket pair with the host; nothing else in the sandbox holds it).
+check is re-parented to it), imports pytest, its built-in plugins, the bridge and the harness, and says
+`ready` on the control socket (an AF_UNIX socket pair with the host; nothing else in the sandbox holds it).
+For pytest checks it also builds, once per option set, a pytest configured with its session started
+(harness.PytestTemplate): each check's runner then only collects and runs the test file.
 
 The worker never imports, reads or runs anything of a check. Per check the host sends one message on
-the control socket: a small JSON header (runner, options, file names, limits, uid) plus, as SCM_RIGHTS,
+the control socket: a small JSON header (runner, options, file names, limits, uids) plus, as SCM_RIGHTS,
 the descriptors of the check: stdin, stdout, stderr, the harness's nonce pipe and result pipe (not for
-"raw" runs) and one memfd per file (the file contents; the worker never reads them). It forks a child that
+"raw" runs) and one memfd per file (the file contents; the worker never reads them).
 
+A test check is TWO processes, joined only by two pipes the worker creates (bridge.py):
+- the runner (the tests: harness.main, pytest or a script) gets the test file, the nonce and result pipes;
+- the solution (bridge.serve: imports solution.py, answers calls) gets solution.py and its ends of the two
+  pipes only, in a new PID namespace of its own (it is its init: it sees no other process, and every
+  process it forks dies with it), with its own uid when root.
+Each of them, in a child forked from the worker:
 1. starts a new session (its own process group);
 2. unshares a mount and an IPC namespace and mounts fresh size-capped tmpfs on /sandbox, /tmp and
-   /dev/shm (nothing an earlier check wrote is visible, nothing it writes outlives it), copies the
-   files into /sandbox and binds each one read-only onto itself (as the one-sandbox-per-check mode does);
-3. moves the descriptors to 0-4 and closes every other (the control socket included);
+   /dev/shm (nothing an earlier check wrote is visible, nothing it writes outlives it; the runner and the
+   solution do not see each other's), copies its files into /sandbox and binds each one read-only onto itself;
+3. moves its descriptors to 0.. and closes every other (the control socket included);
 4. sets the check's rlimits (CPU, address space, processes, file size, open files, no core);
-5. as root: drops to the check's own uid/gid (the host hands out a uid no other running check has),
+5. as root: drops to its own uid/gid (the host hands out uids no other running check has),
    clears the capability bounding set; always: drops every capability and sets no_new_privs;
-6. runs the harness's main (pytest or script) or, for "raw", `main.py` as __main__, then exits with
-   the status `python FILE` would have had.
+6. runs its part, then exits with the status `python FILE` would have had.
+A "raw" run (run_python_program) is one such child running `main.py` as __main__.
 
-When the child is gone the worker SIGKILLs every other process of the sandbox (`kill(-1)`, atomic against
-forks; pid 1, bwrap's init, and the worker itself are exempt), reaps them and reports
-`{"id", "status", "clean"}`; clean is false when anything but pid 1 and itself is still alive, and the host
-then retires the worker. The host kills the whole sandbox on a wall timeout or an output cap.
+When the runner is gone the worker looks at the solution process (alive, how many threads, any child
+process: a solution that ended, or left threads or processes running, fails the check), SIGKILLs every
+other process of the sandbox (`kill(-1)`, atomic against forks; pid 1, bwrap's init, and the worker
+itself are exempt), reaps them and reports `{"id", "status", "clean", "solution"}`; clean is false when
+anything but pid 1 and itself is still alive, and the host then retires the worker. The host kills the
+whole sandbox on a wall timeout or an output cap.
 """
 
 import array
@@ -50,7 +60,9 @@ WORKDIR = "/sandbox"
 FRESH_TMPFS = ("/sandbox", "/tmp", "/dev/shm")
 MAX_FDS = 16
 CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+CLONE_NEWPID = 0x20000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+SOLUTION_FILE = "solution.py"
 PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 4, 24, 38, 36
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -105,10 +117,12 @@ def _preload() -> object:
             importlib.import_module(name)
         except ImportError:
             pass
-    spec = importlib.util.spec_from_file_location("_evolforge_harness", os.path.join(_HERE, "harness.py"))
-    harness = importlib.util.module_from_spec(spec)
-    sys.modules["_evolforge_harness"] = harness
-    spec.loader.exec_module(harness)
+    for name in ("bridge", "harness"):  # the harness imports the bridge as _evolforge_bridge
+        spec = importlib.util.spec_from_file_location(f"_evolforge_{name}", os.path.join(_HERE, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[f"_evolforge_{name}"] = module
+        spec.loader.exec_module(module)
+    harness = sys.modules["_evolforge_harness"]
     gc.collect()
     gc.freeze()  # children neither scan nor copy (on write) what the worker loaded
     return harness
@@ -215,71 +229,193 @@ def _finish(run) -> None:
     os._exit(status)
 
 
-def _prepared_config(job: dict, configs: dict):
-    """pytest's Config with its plugin manager and default plugins for the job's options (the host's fixed pytest
-    arguments, never anything of a check), built once in the worker so each child skips that step. None: the
-    child runs pytest.main."""
+def _template(job: dict, templates: dict, harness):
+    """The pytest template (configured, session started) for the job's options (the host's fixed pytest
+    arguments, never anything of a check), built once in the worker. None: the runner runs pytest.main."""
     if job["runner"] != "pytest":
         return None
     key = tuple(job["args"][1:] + job["args"][:1])  # the options, then the test file: pytest.main's argument list
-    if key not in configs:
+    if key not in templates:
         try:
-            from _pytest.config import get_config
-
-            configs[key] = get_config(list(key))
-        except Exception:  # noqa: BLE001 - another pytest: the children use pytest.main
-            configs[key] = None
+            templates[key] = harness.PytestTemplate(list(key[:-1]), key[-1])
+        except Exception as e:  # noqa: BLE001 - another pytest: the runners use pytest.main
+            os.write(2, f"evolforge sandbox worker: no pytest template ({e!r})\n".encode())
+            templates[key] = None
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
         gc.collect()
         gc.freeze()
-    return configs[key]
+    return templates[key]
 
 
-def _child(job: dict, fds: list[int], harness, prepared=None) -> None:
-    """In the forked child: isolate, drop privileges and run the check. Never returns."""
-    try:
-        os.setsid()
-        _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare")
-        _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
-        size = int(job["tmpfs_bytes"])
-        for path in FRESH_TMPFS:
-            if os.path.isdir(path):
-                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
-        n_std = 5 if job["runner"] != "raw" else 3
-        names = job["files"]
-        if len(fds) != n_std + len(names):
-            raise RuntimeError("descriptor count does not match the job")
-        for name, fd in zip(names, fds[n_std:]):
-            if "/" in name or name.startswith("."):
-                raise RuntimeError(f"bad file name {name!r}")
-            _copy_file(fd, os.path.join(WORKDIR, name))
-        _arrange_fds(fds[:n_std])
-        os.chdir(WORKDIR)
-        sys.path[0] = WORKDIR
-        sys.path_importer_cache.clear()
-        import resource
-
-        for key, value in job["rlimits"].items():
-            resource.setrlimit(getattr(resource, key), (value[0], value[1]))
-        uid = job.get("uid")
-        as_root = os.geteuid() == 0
-        _drop_all_capabilities(as_root)
-        if uid is not None:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-        _clear_capability_sets()
-        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-        signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    except BaseException as e:  # noqa: BLE001 - a setup failure is the worker's, never the check's
+def _isolate(job: dict, files: dict, proc: bool = False) -> None:
+    """In a check's child: own session, mount and IPC namespaces, fresh tmpfs, `files` (name -> memfd) copied
+    into /sandbox read-only. `proc`: also a /proc of the child's own PID namespace."""
+    os.setsid()
+    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    size = int(job["tmpfs_bytes"])
+    for path in FRESH_TMPFS:
+        if os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
+    if proc:
         try:
-            os.write(2, f"evolforge sandbox worker: check setup failed: {e!r}\n".encode())
-        finally:
-            os._exit(125)
-    if job["runner"] == "raw":
-        _finish(lambda: _run_main(job["args"][0]))
-    harness_args = ["3", "4", job["runner"], *job["args"]]
-    sys.argv = ["_evolforge_harness.py", *harness_args]  # what the one-sandbox-per-check mode's harness sees
-    _finish(lambda: harness.main(harness_args, prepared))
+            _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        except OSError:
+            pass  # the PID namespace still keeps its signals in; /proc then shows the other pids' numbers only
+    for name, fd in files.items():
+        if "/" in name or name.startswith("."):
+            raise RuntimeError(f"bad file name {name!r}")
+        _copy_file(fd, os.path.join(WORKDIR, name))
+    os.chdir(WORKDIR)
+    sys.path[0] = WORKDIR
+    sys.path_importer_cache.clear()
+
+
+def _drop(job: dict, uid) -> None:
+    """The check's rlimits, then its uid (as root), no capabilities, no_new_privs, no blocked signals."""
+    import resource
+
+    for key, value in job["rlimits"].items():
+        resource.setrlimit(getattr(resource, key), (value[0], value[1]))
+    as_root = os.geteuid() == 0
+    _drop_all_capabilities(as_root)
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    _clear_capability_sets()
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
+def _setup_failed(e: BaseException) -> None:
+    try:
+        os.write(2, f"evolforge sandbox worker: check setup failed: {e!r}\n".encode())
+    finally:
+        os._exit(125)
+
+
+def _raw_child(job: dict, fds: list[int]) -> None:
+    """A run_python_program run: main.py as __main__. Never returns."""
+    try:
+        names = job["files"]
+        if len(fds) != 3 + len(names):
+            raise RuntimeError("descriptor count does not match the job")
+        _isolate(job, dict(zip(names, fds[3:])))
+        _arrange_fds(fds[:3])
+        _drop(job, job.get("uid"))
+    except BaseException as e:  # noqa: BLE001 - a setup failure is the worker's, never the check's
+        _setup_failed(e)
+    _finish(lambda: _run_main(job["args"][0]))
+
+
+def _runner_child(job: dict, fds: list[int], files: dict, channel: tuple, harness, template) -> None:
+    """The tests: fds 0-4 std/nonce/result, 5-6 the bridge (from the solution, to it). Never returns."""
+    try:
+        _isolate(job, files)
+        _arrange_fds(fds[:5] + list(channel))
+        _drop(job, job.get("uid"))
+    except BaseException as e:  # noqa: BLE001
+        _setup_failed(e)
+    harness_args = ["3", "4", "5", "6", job["runner"], *job["args"]]
+    sys.argv = ["_evolforge_harness.py", *harness_args]  # what the per-run modes' harness sees
+    _finish(lambda: harness.main(harness_args, template))
+
+
+def _solution_child(job: dict, fds: list[int], solution_fd: int, channel: tuple, pid_w: int) -> None:
+    """Forks the solution process as the init of a new PID namespace, reports its pid on pid_w, exits."""
+    try:
+        new_pid_ns = _libc.unshare(CLONE_NEWPID) == 0  # else it still has its own uid, tmpfs and session
+        pid = os.fork()
+    except BaseException as e:  # noqa: BLE001
+        _setup_failed(e)
+    if pid:
+        os.write(pid_w, str(pid).encode())
+        os._exit(0)
+    try:
+        _isolate(job, {SOLUTION_FILE: solution_fd}, proc=new_pid_ns)
+        _arrange_fds(fds[:3] + list(channel))
+        sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "AssertionRewritingHook"]
+        _drop(job, job.get("solution_uid"))
+    except BaseException as e:  # noqa: BLE001
+        _setup_failed(e)
+    bridge = sys.modules["_evolforge_bridge"]
+    path = os.path.join(WORKDIR, SOLUTION_FILE)
+    sys.argv = [path]
+    _finish(lambda: bridge.serve(3, 4, path))
+
+
+def _solution_state(pid: int, status) -> dict:
+    """What the solution process looks like now that the runner is gone (alive, threads, child processes)."""
+    if status is None:
+        try:
+            done, raw = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done, raw = pid, 255 << 8
+        if done:
+            status = _status(raw)
+    state = {"alive": status is None, "status": status, "threads": 0, "children": 0}
+    if status is not None:
+        return state
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        if fields.get("State", "").strip().startswith(("Z", "X")):
+            state["alive"] = False
+        state["threads"] = int(fields.get("Threads", "1").strip())
+        kids = set()
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids.update(f.read().split())
+        state["children"] = len(kids)
+    except (OSError, ValueError):
+        state["alive"] = False
+    return state
+
+
+def _run_check(job: dict, fds: list[int], harness, template) -> tuple[int, dict]:
+    """Fork the runner and the solution of a test check; wait for the runner; the solution's state then."""
+    names = job["files"]
+    if len(fds) != 5 + len(names) or SOLUTION_FILE not in names:
+        for fd in fds:
+            os.close(fd)
+        return 125, {"alive": False, "status": None, "threads": 0, "children": 0}
+    files = dict(zip(names, fds[5:]))
+    solution_fd = files.pop(SOLUTION_FILE)
+    to_solution, to_runner, pid_pipe = os.pipe(), os.pipe(), os.pipe()
+    try:
+        runner = os.fork()
+        if runner == 0:
+            _runner_child(job, fds, files, (to_runner[0], to_solution[1]), harness, template)
+        middle = os.fork()
+        if middle == 0:
+            _solution_child(job, fds, solution_fd, (to_solution[0], to_runner[1]), pid_pipe[1])
+    finally:
+        for fd in [*fds, *to_solution, *to_runner, pid_pipe[1]]:
+            os.close(fd)
+    solution, runner_raw, solution_status = None, None, None
+    try:
+        os.waitpid(middle, 0)
+        text = os.read(pid_pipe[0], 32)
+        solution = int(text) if text.isdigit() else None
+    finally:
+        os.close(pid_pipe[0])
+    while runner_raw is None:
+        try:
+            pid, raw = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        if pid == runner:
+            runner_raw = raw
+        elif pid == solution:
+            solution_status = _status(raw)
+    if solution is None:
+        state = {"alive": False, "status": None, "threads": 0, "children": 0}
+    else:
+        state = _solution_state(solution, solution_status)
+    return (_status(runner_raw) if runner_raw is not None else 255), state
 
 
 def _sweep(me: int) -> bool:
@@ -314,22 +450,25 @@ def main(argv: list) -> int:
     harness = _preload()
     me = os.getpid()
     _send(sock, {"ready": True, "pid": me})
-    buf, configs = bytearray(), {}
+    buf, templates = bytearray(), {}
     while True:
         job, fds = _recv_job(sock, buf)
         if job is None:
             return 0
-        prepared = _prepared_config(job, configs)
-        pid = os.fork()
-        if pid == 0:
-            sock.close()
-            _child(job, fds, harness, prepared)
-            os._exit(125)
-        for fd in fds:
-            os.close(fd)
-        _, raw = os.waitpid(pid, 0)
+        if job["runner"] == "raw":
+            pid = os.fork()
+            if pid == 0:
+                sock.close()
+                _raw_child(job, fds)
+            for fd in fds:
+                os.close(fd)
+            _, raw = os.waitpid(pid, 0)
+            status, solution = _status(raw), None
+        else:
+            template = _template(job, templates, harness)
+            status, solution = _run_check(job, fds, harness, template)
         clean = _sweep(me)
-        _send(sock, {"id": job["id"], "status": _status(raw), "clean": clean})
+        _send(sock, {"id": job["id"], "status": status, "clean": clean, "solution": solution})
 
 
 if __name__ == "__main__":

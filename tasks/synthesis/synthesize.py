@@ -104,7 +104,8 @@ def _sandbox(settings: Settings, solution: str, tests: str, task: SynthTask, pha
     why = "\n".join(filter(None, [res.killed_reason, res.verdict_error]))
     failure = None if res.passed else why + "\n" + (res.stdout + res.stderr)[-1500:]
     task.attempts.append({"phase": phase, "passed": res.passed, "sandbox_s": round(res.duration_s, 3),
-                          "killed_reason": res.killed_reason, "verdict": res.verdict_error, "failure": failure})
+                          "killed_reason": res.killed_reason, "verdict": res.verdict_error,
+                          "not_checkable": res.not_checkable, "failure": failure})
     return res
 
 
@@ -176,7 +177,10 @@ def _code(seed, task: SynthTask, call, settings: Settings, seen, seen_lock, t0: 
         if res.passed:
             break
         if attempt == cfg.max_repairs:
-            task.reject_reason = f"reference fails its tests after {cfg.max_repairs} repairs: {res.killed_reason or 'failed'}"
+            # a task whose tests the sandbox cannot judge (they pass the solution something its channel cannot
+            # carry) is never kept: its verdict would be no reward signal
+            task.reject_reason = (f"not checkable after {cfg.max_repairs} repairs: {res.not_checkable}" if res.not_checkable
+                                  else f"reference fails its tests after {cfg.max_repairs} repairs: {res.killed_reason or 'failed'}")
             return
         fix, _ = call("repair", P.REPAIR_CODE.format(statement=task.statement, solution=task.solution,
                                                      tests=task.tests, failure=task.attempts[-1]["failure"]),

@@ -90,7 +90,7 @@ def test_assert_script_mode():
 @needs_bwrap
 def test_early_exit_does_not_pass_pytest():
     r = run_python_tests("import os\nos._exit(0)\n", TESTS, _settings())
-    assert r.exit_code == 0 and not r.passed and r.tests_passed is None
+    assert not r.passed and r.tests_passed in (None, 0) and "solution process" in r.verdict_error
 
 
 @needs_bwrap

@@ -1,9 +1,10 @@
 """The sandbox's verdict cannot be forged by the code under test (tasks/sandbox/run.py, verdict.py, harness.py).
 
 Each hostile solution below tries to make a wrong or incomplete solution pass; each of them passed the
-verdict that parsed pytest's summary line from stdout. The verdict now comes from a result channel (a pipe
-only the harness writes, each record carrying a per-run nonce the code under test never sees), checked
-against the number of tests declared in the test file.
+verdict that parsed pytest's summary line from stdout, and several the single-process harness after it. The
+verdict now comes from the runner's result channel (a pipe only the runner holds, each record carrying a
+per-run nonce), and the solution runs in another process (tasks/sandbox/bridge.py). The issue-23 forgeries
+and the runner/solution channel itself are in test_sandbox_split.py.
 """
 
 from __future__ import annotations
@@ -54,34 +55,34 @@ def _run(solution: str, tests: str = TESTS, mode: str = "bwrap", **kw):
 
 
 # ---------------------------------------------------------------- hostile solutions (each passed before)
+# The solution runs in its own process: what it writes, closes, patches or exits touches neither the runner
+# nor its result channel. Each of these now fails as a wrong solution, or because the channel to it broke.
 
 
 @BOTH_MODES
 def test_fake_summary_and_exit_at_import_fails(mode):
     r = _run(WRONG + WRITE_FAKE_EVERYWHERE + "os._exit(0)\n", mode=mode)
-    assert r.exit_code == 0 and not r.passed and r.tests_passed is None
-    assert r.verdict_error and "result" in r.verdict_error
+    assert not r.passed and r.tests_passed in (None, 0) and r.verdict_error
 
 
 @BOTH_MODES
 def test_exit_inside_a_test_fails(mode):
     sol = "def add(a, b):\n" + "".join("    " + line + "\n" for line in WRITE_FAKE_EVERYWHERE.splitlines()) + "    os._exit(0)\n"
     r = _run(sol, mode=mode)
-    assert r.exit_code == 0 and not r.passed and r.tests_passed is None and r.verdict_error
+    assert not r.passed and r.tests_passed == 0 and r.verdict_error
 
 
 @BOTH_MODES
 def test_forged_records_on_every_fd_fail(mode):
     r = _run(WRONG + FORGE_EVERY_FD + WRITE_FAKE_EVERYWHERE + "os._exit(0)\n", mode=mode)
-    assert r.exit_code == 0 and not r.passed and r.tests_passed is None
-    assert "nonce" in r.verdict_error
+    assert not r.passed and r.tests_passed in (None, 0) and r.verdict_error
 
 
 @BOTH_MODES
 def test_a_forged_line_fails_even_a_correct_solution(mode):
-    """The harness still writes its own record, with the right nonce; the extra forged line alone fails the run."""
+    """The lines it writes on its own descriptors reach the runner only as garbage on the channel: the run fails."""
     r = _run(GOOD + FORGE_EVERY_FD, mode=mode)
-    assert r.exit_code == 0 and not r.passed and "nonce" in r.verdict_error
+    assert not r.passed and r.verdict_error
 
 
 @BOTH_MODES
@@ -89,13 +90,13 @@ def test_a_forged_line_fails_even_a_correct_solution(mode):
                                        "import os\nos._exit(0)\n"])
 def test_script_runner_early_exit_fails(mode, exit_code):
     r = _run(WRONG + exit_code, SCRIPT, mode=mode)
-    assert r.runner == "script" and r.exit_code == 0 and not r.passed and r.verdict_error
+    assert r.runner == "script" and not r.passed and "solution" in r.verdict_error, r.verdict_error
 
 
 @BOTH_MODES
 def test_system_exit_in_the_script_itself_fails(mode):
     r = _run(GOOD, SCRIPT + "import sys\nsys.exit(0)\n", mode=mode)
-    assert r.exit_code == 0 and not r.passed
+    assert r.exit_code == 0 and not r.passed and "SystemExit" in r.verdict_error
 
 
 @BOTH_MODES
@@ -108,8 +109,9 @@ def test_closing_every_fd_at_import_fails(mode, tests):
 
 
 @BOTH_MODES
-def test_zero_collected_tests_fail(mode):
-    """The solution swaps the test module for an empty one and prints a summary after pytest's own."""
+def test_the_test_module_is_out_of_the_solutions_reach(mode):
+    """The solution swapped the test module (and printed a summary after pytest's) in the single-process harness;
+    here there is no test module in its process: the swap fails at import and the run fails."""
     sol = WRONG + (
         "import atexit, os, sys, types\n"
         "_fake = types.ModuleType('test_solution')\n_fake.__file__ = sys.modules['test_solution'].__file__\n"
@@ -117,33 +119,15 @@ def test_zero_collected_tests_fail(mode):
         f"atexit.register(lambda: (sys.stdout.write('{FAKE}'), sys.stdout.flush(), os._exit(0)))\n"
     )
     r = _run(sol, mode=mode)
-    assert r.exit_code == 0 and not r.passed and r.tests_passed in (None, 0)
-
-
-@BOTH_MODES
-def test_swapping_the_test_module_for_passing_tests_fails(mode):
-    """Same test names, same count: the collected tests are not the code of the test file."""
-    sol = WRONG + (
-        "import sys, types\n_fake = types.ModuleType('test_solution')\n"
-        "_fake.__file__ = sys.modules['test_solution'].__file__\n"
-        "exec(compile('def test_small():\\n    pass\\n\\ndef test_zero():\\n    pass\\n', _fake.__file__, 'exec'), _fake.__dict__)\n"
-        "sys.modules['test_solution'] = _fake\n"
-    )
-    r = _run(sol, mode=mode)
-    assert not r.passed and "test file" in r.verdict_error
+    assert not r.passed and "KeyError" in r.stdout + r.stderr and r.tests_passed in (None, 0)
 
 
 @BOTH_MODES
 def test_hiding_tests_fails(mode):
-    """One of two declared tests is removed before collection: fewer collected than declared."""
-    sol = WRONG + (
-        "import sys, types\n_fake = types.ModuleType('test_solution')\n"
-        "_fake.__file__ = sys.modules['test_solution'].__file__\n"
-        "exec(compile('def test_zero():\\n    pass\\n', _fake.__file__, 'exec'), _fake.__dict__)\n"
-        "sys.modules['test_solution'] = _fake\n"
-    )
-    r = _run(sol, mode=mode)
-    assert not r.passed and r.verdict_error
+    """A test file that declares more tests than it collects fails (here: the module-level code deletes one)."""
+    tests = TESTS + "\ndel test_zero\n"
+    r = _run(GOOD, tests, mode=mode)
+    assert not r.passed and "declares 2" in r.verdict_error
 
 
 PATCH_CALL_AND_REPORT = WRONG + """
@@ -161,61 +145,57 @@ _runner.call_and_report = _flip
 
 
 @BOTH_MODES
-def test_flipping_failed_reports_to_passed_fails(mode):
+def test_patching_pytest_in_the_solution_changes_nothing(mode):
+    """Failed reports flipped to passed, CallInfo made blind: in the solution's process, not the runner's."""
     r = _run(PATCH_CALL_AND_REPORT, mode=mode)
-    assert "2 passed" in r.stdout  # pytest itself was fooled
-    assert not r.passed and r.tests_failed == 1  # the makereport hookwrapper saw the real exception
-    assert "_pytest.runner.call_and_report" in r.verdict_error  # and the patch itself was noticed
-
-
-@needs_bwrap
-def test_patching_pytest_internals_is_noticed():
-    """CallInfo.from_call patched to drop every exception: the hookwrapper is blind, the integrity check is not."""
-    sol = WRONG + (
+    assert "1 failed, 1 passed" in r.stdout  # pytest (the runner's) was not fooled
+    assert not r.passed and (r.tests_passed, r.tests_failed) == (1, 1)
+    blind = WRONG + (
         "import _pytest.runner as _runner\n_orig = _runner.CallInfo.from_call.__func__\n"
         "def _quiet(cls, func, when, reraise=None):\n    info = _orig(cls, func, when, reraise)\n"
         "    info.excinfo = None\n    return info\n"
         "_runner.CallInfo.from_call = classmethod(_quiet)\n"
     )
-    r = _run(sol)
-    assert not r.passed and "CallInfo" in r.verdict_error
-
-
-@needs_bwrap
-def test_builtins_patched_by_the_solution_are_noticed():
-    r = _run(GOOD + "import builtins\nbuiltins.len = lambda x: 2\n")
-    assert not r.passed and "builtins.len" in r.verdict_error
-
-
-# ---------------------------------------------------------------- the audit hook (bwrap and rlimits-only)
-
-def _blocked_test(body: str) -> str:
-    return f"import pytest\n\ndef test_blocked():\n    with pytest.raises((RuntimeError, PermissionError)):\n{body}\n"
+    r = _run(blind, mode=mode)
+    assert not r.passed and (r.tests_passed, r.tests_failed) == (1, 1)
 
 
 @BOTH_MODES
-@pytest.mark.parametrize("body", [
-    "        import gc\n        [o for o in gc.get_objects() if isinstance(o, str) and len(o) == 32]",
-    "        import gc, sys\n        gc.get_referrers(sys.modules[__name__])",
-    "        import gc, sys\n        gc.get_referents(sys.modules[__name__].__dict__)",
-    "        import ctypes\n        ctypes.CDLL(None).getpid()",
-    "        import sys\n        sys.settrace(lambda *a: None)",
-    "        import sys\n        sys.setprofile(lambda *a: None)",
-    "        open('/proc/self/mem', 'rb')",
-    "        import os, tempfile\n        link = os.path.join(tempfile.mkdtemp(), 'm')\n"
-    "        os.symlink('/proc/self/mem', link)\n        open(link, 'rb')",
-    "        import os\n        os.open('mem', os.O_RDONLY, dir_fd=os.open('/proc/self', os.O_RDONLY))",
-    "        import os\n        os.open('task/%d/mem' % os.getpid(), os.O_RDONLY, dir_fd=os.open('/proc/self', os.O_RDONLY))",
-], ids=["gc.get_objects", "gc.get_referrers", "gc.get_referents", "ctypes", "settrace", "setprofile", "proc-mem",
-        "proc-mem-symlink", "proc-mem-dirfd", "task-mem-dirfd"])
-def test_interpreter_scans_are_refused(mode, body):
-    r = _run("", _blocked_test(body), mode=mode)
-    assert r.passed, r.stdout[-1500:]
+def test_builtins_patched_by_the_solution_stay_in_its_process(mode):
+    patch = "import builtins\nbuiltins.len = lambda x: 2\nbuiltins.AssertionError = type('Quiet', (Exception,), {})\n"
+    assert not _run(WRONG + patch, mode=mode).passed
+    uses_len = "from solution import add\n\ndef test_len():\n    assert len([add(1, 2)]) == 1 and add(1, 2) == 3\n"
+    r = _run(GOOD + patch, uses_len, mode=mode)  # the runner's len and AssertionError are its own
+    assert r.passed, (r.verdict_error, r.stdout[-1500:])
+
+
+# ---------------------------------------------------------------- what the solution's own process holds
+
+
+@BOTH_MODES
+def test_the_solutions_process_holds_no_nonce(mode):
+    """Everything the single-process harness had to refuse (gc scans, ctypes, /proc/*/mem) is the solution's to
+    use now: its own interpreter holds nothing of the verdict. It scans itself for nonce-shaped strings and the
+    memory of every process it can see, and forges a record with each on every descriptor: the run fails."""
+    scan = WRONG + (
+        "import gc, json, os, re\n_found = set()\n"
+        "for _o in gc.get_objects():\n"
+        "    for _v in (_o.values() if isinstance(_o, dict) else [_o]):\n"
+        "        if isinstance(_v, str) and re.fullmatch('[0-9a-f]{32}', _v):\n            _found.add(_v)\n"
+        "for _pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    try:\n        with open(f'/proc/{_pid}/mem', 'rb') as _m:\n            _m.read(1)\n"
+        "    except (OSError, ValueError):\n        pass\n"
+        f"for _n in sorted(_found):\n    _rec = (json.dumps(dict({json.loads(FORGED)!r}, nonce=_n)) + '\\n').encode()\n"
+        f"    for _fd in {_EVERY_FD}:\n        try:\n            os.write(_fd, _rec)\n        except OSError:\n"
+        "            pass\n"
+    )
+    r = _run(scan, mode=mode)
+    assert not r.passed and r.verdict_error
 
 
 @needs_bwrap
-def test_memory_of_the_harness_is_not_readable_by_a_child_process():
-    """The harness is not dumpable: a fresh child (no audit hook) cannot read its memory in /proc/<ppid>/mem."""
+def test_memory_of_the_runner_is_not_readable_by_a_child_process():
+    """The runner is not dumpable: a fresh child (its own test's) cannot read its memory in /proc/<ppid>/mem."""
     tests = (
         "import os, subprocess, sys\n\ndef test_child_reads_parent():\n"
         "    code = 'import os; open(\"/proc/%d/mem\" % os.getppid(), \"rb\")'\n"
@@ -274,28 +254,36 @@ def test_skipped_and_errored_tests_do_not_pass():
 
 
 @BOTH_MODES
-def test_flooding_the_result_channel_hits_the_output_cap(mode):
-    """The channel's descriptor is no secret (it is in argv); what is written to it counts against the cap."""
-    sol = GOOD + "import os, sys\nfor _ in range(8):\n    os.write(int(sys.argv[2]), b'x' * 65536)\n"
+def test_flooding_every_descriptor_hits_the_output_cap(mode):
+    """The solution has no descriptor of the result channel; what it writes anywhere counts against the cap."""
+    sol = GOOD + f"import os\nfor _fd in {_EVERY_FD}:\n    for _ in range(8):\n        try:\n" \
+                 "            os.write(_fd, b'x' * 65536)\n        except OSError:\n            break\n"
     r = _run(sol, mode=mode, wall_timeout_seconds=10)
-    assert not r.passed and r.killed_reason == "output_cap" and len(r.stdout) + len(r.stderr) < 200_000
+    assert not r.passed and r.killed_reason == "output_cap" and len(r.stdout) + len(r.stderr) <= 200_000
 
 
 # ---------------------------------------------------------------- the host's reading of the channel (pure)
 
 NONCE = "ab" * 16
+ALIVE = {"alive": True, "status": None, "threads": 1, "children": 0}
 
 
 def _rec(**kw) -> bytes:
     rec = {"nonce": NONCE, "kind": "final", "runner": "pytest", "collected": 2, "passed": 2, "failed": 0, "errors": 0,
-           "skipped": 0, "exitstatus": 0, "tampered": []} | kw
+           "skipped": 0, "exitstatus": 0, "lost": None, "not_checkable": None} | kw
+    return (json.dumps(rec) + "\n").encode()
+
+
+def _script_rec(**kw) -> bytes:
+    rec = {"nonce": NONCE, "kind": "final", "runner": "script", "completed": True, "ended_by": None, "lost": None,
+           "not_checkable": None} | kw
     return (json.dumps(rec) + "\n").encode()
 
 
 def test_judge_accepts_exactly_one_good_record():
-    v = judge(_rec(), NONCE, "pytest", declared=2)
-    assert v.ok and v.error is None and (v.tests_passed, v.tests_failed) == (2, 0)
-    assert judge(_rec(collected=3, passed=3), NONCE, "pytest", declared=2).ok  # parametrized: more items than defs
+    v = judge(_rec(), NONCE, "pytest", declared=2, solution=ALIVE)
+    assert v.ok and v.error is None and (v.tests_passed, v.tests_failed) == (2, 0) and v.not_checkable is None
+    assert judge(_rec(collected=3, passed=3), NONCE, "pytest", 2, ALIVE).ok  # parametrized: more items than defs
 
 
 @pytest.mark.parametrize("raw,needle", [
@@ -312,7 +300,10 @@ def test_judge_accepts_exactly_one_good_record():
     (_rec(collected=0, passed=0), "no tests"),
     (_rec(collected=1, passed=1), "declares 2"),
     (_rec(exitstatus=1), "exit status"),
-    (_rec(tampered=["_pytest.runner.call_and_report"]), "call_and_report"),
+    (_rec(lost="the solution process is gone"), "solution process is gone"),
+    (_rec(not_checkable="the test compares a handle"), "not checkable: the test compares a handle"),
+    (_rec(lost=1), "malformed"),
+    (_rec(tampered=[]), "malformed"),
     (_rec(passed=True), "malformed"),
     (_rec(passed="2"), "malformed"),
     (_rec(kind="progress"), "final"),
@@ -320,16 +311,37 @@ def test_judge_accepts_exactly_one_good_record():
     (_rec(untrusted_module=False), "malformed"),
 ])
 def test_judge_rejects(raw, needle):
-    v = judge(raw, NONCE, "pytest", declared=2)
+    v = judge(raw, NONCE, "pytest", declared=2, solution=ALIVE)
+    assert not v.ok and needle in v.error, v.error
+
+
+def test_judge_reports_not_checkable_apart():
+    v = judge(_rec(passed=1, failed=1, not_checkable="the test passes a generator"), NONCE, "pytest", 2, ALIVE)
+    assert not v.ok and v.not_checkable == "the test passes a generator" and v.tests_failed == 1
+
+
+@pytest.mark.parametrize("state,needle", [
+    (None, "never seen"),
+    (dict(ALIVE, alive=False, status=0), "ended before the tests were done (exit status 0)"),
+    (dict(ALIVE, alive=False, status=137), "signal 9"),
+    (dict(ALIVE, threads=2), "1 thread(s) running"),
+    (dict(ALIVE, children=3), "3 child process(es)"),
+])
+def test_judge_requires_a_solution_process_alive_alone_and_idle(state, needle):
+    v = judge(_rec(), NONCE, "pytest", 2, state)
     assert not v.ok and needle in v.error, v.error
 
 
 def test_judge_script_records():
-    ok = (json.dumps({"nonce": NONCE, "kind": "final", "runner": "script", "completed": True}) + "\n").encode()
-    assert judge(ok, NONCE, "script", declared=0).ok
-    assert not judge(b"", NONCE, "script", declared=0).ok
-    assert not judge(ok + ok, NONCE, "script", declared=0).ok
-    assert not judge(ok.replace(b"true", b"false"), NONCE, "script", declared=0).ok
+    ok = _script_rec()
+    assert judge(ok, NONCE, "script", 0, ALIVE).ok
+    assert not judge(b"", NONCE, "script", 0, ALIVE).ok
+    assert not judge(ok + ok, NONCE, "script", 0, ALIVE).ok
+    assert "did not run to its end (SystemExit)" in judge(_script_rec(completed=False, ended_by="SystemExit"), NONCE,
+                                                          "script", 0, ALIVE).error
+    assert not judge(_script_rec(completed=1), NONCE, "script", 0, ALIVE).ok
+    assert not judge(_script_rec(lost="gone"), NONCE, "script", 0, ALIVE).ok
+    assert not judge(ok, NONCE, "script", 0, dict(ALIVE, threads=3)).ok
 
 
 def test_declared_tests_counts_what_pytest_collects():

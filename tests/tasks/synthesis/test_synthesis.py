@@ -112,12 +112,24 @@ def test_always_equal_stub_fails_ordinary_assertions():
     assert not isinstance(x, int) and len(x) == 0 and x is not True
 
 
-def test_tests_an_always_equal_object_passes_are_rejected_as_trivial(server):
+def test_an_always_equal_object_cannot_pass_tests_that_only_compare_with_eq(server):
+    """The solution runs in its own process: an object it returns is a handle in the tests' process, and comparing
+    a handle with == makes the run "not checkable", so the always-equal stub fails even tests that only use ==
+    (in one process it passed them, and such tests were rejected as trivial)."""
     task = _task(server, "EQONLY: write an adder.", pricing=PRICED)
-    assert task.status == "rejected" and "equals anything" in task.reject_reason
-    assert [(a["phase"], a["passed"]) for a in task.attempts] == [("stub", False), ("stub-always-equal", True)]
-    kept = _task(server, "Write an adder.", pricing=PRICED)  # the same tests plus an isinstance check
-    assert kept.status == "kept", kept.reject_reason
+    assert task.status == "kept", task.reject_reason
+    stub = [a for a in task.attempts if a["phase"] == "stub-always-equal"]
+    assert len(stub) == 1 and not stub[0]["passed"] and "_AlwaysEqual" in (stub[0]["not_checkable"] or ""), stub
+
+
+def test_tests_the_sandbox_cannot_check_are_repaired_or_rejected(server):
+    task = _task(server, "UNCHECKABLE: write an adder.", pricing=PRICED, synthesis={"max_repairs": 0})
+    assert task.status == "rejected" and task.reject_reason.startswith("not checkable after 0 repairs: "), task.reject_reason
+    assert "lock" in task.reject_reason.lower(), task.reject_reason
+    reference = [a for a in task.attempts if a["phase"] == "reference"]
+    assert len(reference) == 1 and not reference[0]["passed"] and reference[0]["not_checkable"]
+    repaired = _task(server, "UNCHECKABLE: write an adder.", pricing=PRICED)  # the repair returns checkable tests
+    assert repaired.status == "kept" and repaired.repairs == 1, repaired.reject_reason
 
 
 def test_an_unpriced_model_puts_the_task_over_its_cost_budget(server, caplog):
