@@ -95,7 +95,8 @@ def cmd_proxy(args) -> int:
     import contextlib
 
     from evolforge.tasks.core.embedded_model import embedded_server
-    from evolforge.tasks.proxy.app import ProxyConfigError
+    from evolforge.tasks.core.keys import InsecureKeyTransport
+    from evolforge.tasks.proxy.app import ProxyConfigError, redact_url
     from evolforge.tasks.proxy.server import check, serve
 
     proxy_overrides = {k: v for k, v in (("upstream", args.upstream), ("host", args.host), ("port", args.port))
@@ -110,15 +111,15 @@ def cmd_proxy(args) -> int:
             if args.check:
                 res = check(settings, url, args.out, args.model or settings.models.default)
                 if res["ok"]:
-                    print(f"OK  {res['latency_s']:.3f}s through the proxy to {url}")
+                    print(f"OK  {res['latency_s']:.3f}s through the proxy to {redact_url(url)}")
                     return 0
                 print(f"FAIL HTTP {res.get('status', '-')}: {res['error']}\n     fix: {res['fix']}", file=sys.stderr)
                 return 1
             cfg = settings.proxy
-            print(f"recording proxy on http://{cfg.host}:{cfg.port}/v1 -> {url}; records in {args.out}\n"
+            print(f"recording proxy on http://{cfg.host}:{cfg.port}/v1 -> {redact_url(url)}; records in {args.out}\n"
                   f"  agents: set the base URL to http://{cfg.host}:{cfg.port}/s/SESSION/v1", flush=True)
             serve(settings, url, args.out, models)
-    except ProxyConfigError as e:
+    except (ProxyConfigError, InsecureKeyTransport) as e:
         print(f"evolforge: {e}", file=sys.stderr)
         return 2
     return 0

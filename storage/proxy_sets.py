@@ -11,7 +11,12 @@ A record (see tasks/proxy/recording.py for how it is built):
      "error", "model", "ts", "latency_s", "ttft_s", "request": {messages | prompt, tools, parameters},
      "response": {"content", "tool_calls", "finish_reason", "usage", "logprobs", "token_ids",
                   "prompt_token_ids", "raw"}}
-Request headers are never recorded; keys never reach these files.
+Every call under /v1 has one record and one ledger row, refused ones too: `status` is what the client got, `error`
+says why it failed (null for a success); calls refused at the door (foreign Host, a browser's Origin, no token) are
+under the session "(refused)", bad session names under "invalid". Request headers are never recorded; keys never
+reach these files, nor credentials of the upstream URL (proxy.json holds it with its userinfo masked). Every line is
+JSON whatever a call carried: text the UTF-8 writer refuses (a lone surrogate) is written as an ASCII escape, as
+JSON allows, and reads back as it came.
 """
 
 from __future__ import annotations
@@ -48,10 +53,10 @@ class RecordLog:
         self.events = AppendLog(layout.events_dir / name, flush_seconds)
 
     def record(self, rec: dict) -> None:
-        self.records.write(json_line(rec))
+        self.records.write(_line(rec))
 
     def event(self, ev: dict) -> None:
-        self.events.write(json_line(ev))
+        self.events.write(_line(ev))
 
     def flush(self) -> None:
         self.records.flush()
@@ -60,6 +65,13 @@ class RecordLog:
     def close(self) -> None:
         self.records.close()
         self.events.close()
+
+
+def _line(obj: dict) -> bytes:
+    try:
+        return json_line(obj)
+    except UnicodeEncodeError:  # a lone surrogate: ASCII JSON escapes it
+        return json.dumps(obj, ensure_ascii=True, default=str).encode() + b"\n"
 
 
 def _read(folder: AnyPath) -> Iterator[dict]:

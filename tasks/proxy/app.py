@@ -6,32 +6,51 @@ Routes (the session may ride in the path, so an agent that only takes a base URL
                                 models and anything else under /v1 pass through (recorded too)
     POST /s/{session}/reward    {"reward": float, ...}: a reward for the session (graders, the agent itself)
     POST /s/{session}/finish    the session is finished (export takes it at once)
-    GET  /healthz
+    GET  /healthz               {"ok": true}; with the access token (or when none is configured) also the
+                                upstream, its credentials masked, and the calls served
 Headers: `X-Evolforge-Parent-Session` (a sub-agent's session names its parent: sessions form a tree, and a
 session never changes parent), `X-Evolforge-Role` or `X-OpenForge-Role` (which agent or tool made the call),
 `X-Evolforge-Proxy-Token` (the access token, when one is configured).
 
-Streams pass through chunk by chunk as the upstream sends them (no buffering); the record is written after
-the last chunk has gone out, and for other calls after the response has been sent (Starlette background
-tasks), so recording never delays the agent. A call the proxy refuses (malformed JSON, a body over
-`max_body_bytes`, a bad session name, a wrong token) or cannot complete (upstream down, or junk where JSON
-was due) gets a JSON error body (4xx / 502) and is recorded as a failed call; the proxy keeps serving.
+Every call under /v1 ends as exactly one record and one ledger row, whatever the client or the upstream sent:
+- The door (tasks/core/request_guard.py), before anything else: `Host` must name this machine (a web page or a
+  DNS-rebinding name is refused, 403), browser-originated requests (`Origin`, `Sec-Fetch-Site: cross-site`) are
+  refused unless `proxy.allowed_origins` lets the page in, then the access token (401). Refused here, the call is
+  recorded under the session `(refused)`, which no client can name.
+- Then the session name (matched in full; 400, recorded under `invalid`), its place in the tree (409), the body
+  (over `max_body_bytes`: 413; a body that is not declared JSON: 415; malformed JSON, nested past the parser's
+  depth, or not an object on a recorded route: 400).
+- Calls the proxy refused never reached the upstream: their ledger row costs 0.0 (`price_source` "not forwarded").
+- A non-streamed answer on a recorded route must be of the OpenAI form (tasks/proxy/recording.py): otherwise the
+  client gets a 502 `upstream_invalid_response` and the record is failed (ledger outcome `malformed_response`).
+  The upstream's own errors (any status but 200) pass through as sent.
+- Streams pass through chunk by chunk as the upstream sends them (no buffering; byte for byte). Events that are
+  not of the chunk form mark the record failed; a stream the upstream breaks ends with an SSE error event
+  (`{"error": {...}}`, which the openai SDK raises), never a silent cut.
+- Anything unexpected in the proxy itself is logged with its traceback, answered 500 (or ends the stream), and
+  still recorded.
+The record is written after the last byte has gone out, so recording never delays the agent.
 
-The upstream key comes from EVOLFORGE_API_KEY / OPENAI_API_KEY, else (with `pass_client_key`) the client's
-own Authorization header is forwarded. No header is recorded; error messages never carry a key.
+The upstream key comes from EVOLFORGE_API_KEY / OPENAI_API_KEY, else credentials in the upstream URL's userinfo
+(sent as Basic auth), else (with `pass_client_key`) the client's own key headers are forwarded. No key goes over
+plain http to a host that is not loopback unless `gateway.allow_key_over_http` says so (the gateway's own check,
+tasks/core/keys.py): the proxy refuses to start with an environment key or URL credentials for such an upstream,
+and does not forward a client's key to it. No header is recorded; error messages never carry a key; the upstream
+URL is shown and written with its userinfo masked (`redact_url`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
-import json
+import logging
 import re
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import aiohttp
 import yarl
@@ -43,28 +62,95 @@ from starlette.routing import Route
 from evolforge.config.settings import Settings
 from evolforge.storage.ledger import LedgerWriter
 from evolforge.storage.proxy_sets import ProxyLayout, RecordLog
-from evolforge.tasks.core.gateway import is_loopback, read_api_key
+from evolforge.tasks.core.gateway import InsecureKeyTransport, check_key_transport, is_loopback, read_api_key
 from evolforge.tasks.core.keys import token_accepted
 from evolforge.tasks.core.pricing import PriceBook
-from evolforge.tasks.proxy.recording import StreamAssembler, dumps, loads, request_part, response_part
+from evolforge.tasks.core.request_guard import cors_settings, door_refusal, json_body_refusal
+from evolforge.tasks.proxy.recording import (
+    StreamAssembler,
+    dumps,
+    loads,
+    model_name,
+    request_part,
+    response_part,
+    response_problem,
+    usage_of,
+)
 
-SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+log = logging.getLogger("evolforge.proxy")
+
+SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # matched in full (`valid_session`)
+REFUSED_SESSION = "(refused)"  # calls refused at the door: a name no client can give (SESSION_RE refuses it)
+INVALID_SESSION = "invalid"
 RECORDED_ROUTES = {"chat/completions": "chat.completions", "completions": "completions"}
 HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer",
                "upgrade", "proxy-authorization", "proxy-connection", "accept-encoding"}
 OWN_HEADERS = ("x-evolforge-", "x-openforge-")
+CLIENT_KEY_HEADERS = ("x-api-key", "api-key")  # keys some clients send beside Authorization (Anthropic, Azure)
 PASS_BACK = {"content-type", "retry-after", "x-request-id", "openai-processing-ms", "x-ratelimit-limit-requests",
              "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"}
+MAX_ROLE_CHARS = 128
+MAX_ERROR_CHARS = 2000
 
 
 class ProxyConfigError(ValueError):
     """The proxy cannot start as configured (e.g. a public bind address without an access token)."""
 
 
+def valid_session(name) -> bool:
+    return isinstance(name, str) and SESSION_RE.fullmatch(name) is not None
+
+
+def redact_url(url: str) -> str:
+    """The URL with its userinfo (user:password@) replaced by ***@: how an upstream is shown and written."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where calls go. `url`: the base URL without userinfo (no trailing slash); `shown`: the URL as shown and
+    written (userinfo masked); `authorization`: Basic credentials from the URL's userinfo; `key_may_travel`: a key
+    may be sent to it (https, a loopback host, or gateway.allow_key_over_http)."""
+
+    url: str
+    shown: str
+    authorization: str | None
+    key_may_travel: bool
+
+
+def upstream_of(settings: Settings, url: str, env_key: str | None) -> Upstream:
+    """Check the upstream before anything is served or written: InsecureKeyTransport when the environment key or
+    the URL's credentials would go over plain http to a host that is not loopback (gateway.allow_key_over_http
+    allows it), ProxyConfigError when both an environment key and URL credentials would be the Authorization."""
+    url = url.rstrip("/")
+    parts = urlsplit(url)
+    shown = redact_url(url)
+    authorization = None
+    if "@" in parts.netloc:
+        user, password = unquote(parts.username or ""), unquote(parts.password or "")
+        authorization = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        url = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    if authorization and env_key:
+        raise ProxyConfigError(
+            f"the upstream {shown} carries credentials in its URL and EVOLFORGE_API_KEY / OPENAI_API_KEY is set: both "
+            "would be the Authorization header. Drop the credentials from the URL or unset the key.")
+    allow = settings.gateway.allow_key_over_http
+    check_key_transport(shown, env_key or (authorization and "url-credentials"), allow)  # the gateway's one check
+    try:
+        check_key_transport(shown, "a client's key", allow)
+        may_travel = True
+    except InsecureKeyTransport:
+        may_travel = False
+    return Upstream(url=url, shown=shown, authorization=authorization, key_may_travel=may_travel)
+
+
 @dataclass
 class ProxyState:
     settings: Settings
-    upstream: str
+    upstream: Upstream
     layout: ProxyLayout
     token: str | None
     embedded_models: set[str] = field(default_factory=set)
@@ -80,6 +166,12 @@ class ProxyState:
         self.env_key = read_api_key()
         self.client: aiohttp.ClientSession | None = None  # made on the server's event loop (lifespan)
         self.calls = 0
+
+    def door(self, headers: dict[str, str], scope: dict) -> tuple[int, str, str] | None:
+        """Host and browser checks (tasks/core/request_guard.py): (status, message, kind) to refuse, or None."""
+        cfg = self.settings.proxy
+        local = (cfg.host, (scope.get("server") or ("",))[0])
+        return door_refusal(headers, local, cfg.allowed_hosts, cfg.allowed_origins, "proxy")
 
     async def open(self) -> None:
         cfg = self.settings.proxy
@@ -107,50 +199,93 @@ def _error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse(_error_payload(status, message, kind), status_code=status)
 
 
-class Call:
-    """One proxied call's bookkeeping, finished into a record after the response has gone out."""
+def _error_payload(status: int, message: str, kind: str) -> dict:
+    return {"error": {"message": message, "type": kind, "code": status}}
 
-    def __init__(self, state: ProxyState, request: Incoming, session: str, route: str):
+
+def _text(value: str | None, limit: int = MAX_ERROR_CHARS) -> str | None:
+    """A string any JSON writer takes: at most `limit` characters, lone surrogates replaced."""
+    if value is None:
+        return None
+    return value[:limit].encode("utf-8", "replace").decode("utf-8")
+
+
+class Call:
+    """One proxied call's bookkeeping, finished into exactly one record and one ledger row (`finish`)."""
+
+    def __init__(self, state: ProxyState, request: Incoming, route: str):
         self.state = state
         self.t0 = time.perf_counter()
         self.ts = time.time()
-        self.session = session
+        self.session = REFUSED_SESSION  # until the call is past the door
         self.route = route
         self.method = request.method
         self.path = request.path
-        self.parent = request.headers.get("x-evolforge-parent-session")
-        self.role = request.headers.get("x-evolforge-role") or request.headers.get("x-openforge-role")
+        self.parent: str | None = None
+        role = request.headers.get("x-evolforge-role") or request.headers.get("x-openforge-role")
+        self.role = role[:MAX_ROLE_CHARS] if role else None
         self.body: dict | None = None
         self.stream = False
+        self.forwarded = False  # sent to the upstream (a refused call costs nothing)
         self.status = 0
         self.error: str | None = None
+        self.outcome: str | None = None  # set where a failure has a name of its own (malformed_response)
         self.response: dict | None = None
+        self.usage: dict | None = None
         self.ttft_s: float | None = None
         self.latency_s: float | None = None
+        self.finished = False
+        self._ledger_written = False
 
     def finish(self) -> None:
         """Write the record and its ledger row, once the response has gone out: on the event loop, no thread
-        hop per call (two appends of one line each: O_APPEND writes locally, a buffer on object stores)."""
+        hop per call (two appends of one line each: O_APPEND writes locally, a buffer on object stores). Never
+        raises, and writes once: a record that cannot be built is written in a minimal form."""
+        if self.finished:
+            return
+        self.finished = True
+        try:
+            self._write(*self._build())
+        except Exception:  # noqa: BLE001 - a call must never go unrecorded
+            log.exception("recording proxy: the record of a call to %s could not be built; a minimal one is written",
+                          _text(self.path, 200))
+            self.error = f"record could not be built: {self.error or ''}"[:MAX_ERROR_CHARS]
+            self.body, self.response, self.usage = None, None, None
+            self._write(*self._build())
+
+    def _build(self) -> tuple[dict, dict]:
         st = self.state
-        latency = self.latency_s if self.latency_s is not None else time.perf_counter() - self.t0
+        latency = round(self.latency_s if self.latency_s is not None else time.perf_counter() - self.t0, 6)
         resp = self.response or {}
         body = self.body if isinstance(self.body, dict) else {}
-        model = resp.get("model") or body.get("model")
+        model = model_name(resp.get("model")) or model_name(body.get("model"))
+        usage = self.usage or usage_of(resp.get("usage"))[0] or {}
+        pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if not self.forwarded:
+            cost, source = 0.0, "not forwarded"
+        elif model:
+            cost, source = st.prices.cost(model, pt, ct)
+        else:
+            cost, source = None, "unknown model"
+        failed = self.status != 200 or self.error
+        outcome = "ok" if not failed else self.outcome or (f"http_{self.status}" if self.status != 200 else "error")
         rec = {
             "record_id": uuid.uuid4().hex, "session": self.session, "parent_session": self.parent,
             "role": self.role, "route": self.route, "method": self.method, "path": self.path,
             "stream": self.stream, "status": self.status, "error": self.error, "model": model,
-            "ts": self.ts, "latency_s": round(latency, 6), "ttft_s": self.ttft_s,
+            "ts": self.ts, "latency_s": latency, "ttft_s": self.ttft_s,
             "request": request_part(body) if body else None, "response": self.response,
         }
-        usage = resp.get("usage") or {}
-        pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        cost, source = st.prices.cost(model, pt, ct) if model else (None, "unknown model")
-        st.ledger.record(stage="proxy", task_id=self.session, model=model, attempt=1,
-                         outcome="ok" if self.status == 200 and not self.error else (
-                             f"http_{self.status}" if self.status else "upstream_error"),
-                         http_status=self.status or None, prompt_tokens=pt, completion_tokens=ct,
-                         cost_usd=cost, price_source=source, latency_s=round(latency, 6), error=self.error)
+        row = dict(stage="proxy", task_id=self.session, model=_text(model), attempt=1, outcome=outcome,
+                   http_status=self.status or None, prompt_tokens=pt, completion_tokens=ct, cost_usd=cost,
+                   price_source=source, latency_s=latency, error=_text(self.error))
+        return rec, row
+
+    def _write(self, rec: dict, row: dict) -> None:
+        st = self.state
+        if not self._ledger_written:
+            st.ledger.record(**row)
+            self._ledger_written = True
         st.log.record(rec)  # last: a record on disk means its ledger row is there too
         with st.lock:
             st.calls += 1
@@ -159,18 +294,26 @@ class Call:
 class Incoming:
     """What the hot path needs of an ASGI request: method, path, query and lower-cased headers."""
 
-    __slots__ = ("method", "path", "query", "headers", "path_params")
+    __slots__ = ("method", "path", "query", "headers", "path_params", "scope")
 
     def __init__(self, scope: dict, session: str | None):
+        self.scope = scope
         self.method = scope["method"]
         self.path = scope["path"]
         self.query = scope.get("query_string") or b""
-        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        self.headers = _headers(scope)
         self.path_params = {"session": session} if session is not None else {}
 
 
-def _session_of(request) -> str | None:
-    return request.path_params.get("session") or request.headers.get("x-evolforge-session") or "default"
+def _headers(scope: dict) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def _session_of(request) -> str:
+    """The session the call names: its path's (even empty), else the header's, else "default"."""
+    if "session" in request.path_params:
+        return request.path_params["session"]
+    return request.headers.get("x-evolforge-session") or "default"
 
 
 def _authorized(state: ProxyState, request) -> bool:
@@ -179,12 +322,17 @@ def _authorized(state: ProxyState, request) -> bool:
 
 
 def _forward_headers(state: ProxyState, request) -> dict[str, str]:
+    up = state.upstream
     out = {k: v for k, v in request.headers.items()
-           if k not in HOP_HEADERS and not k.startswith(OWN_HEADERS) and k != "authorization"}
+           if k not in HOP_HEADERS and not k.startswith(OWN_HEADERS) and k != "authorization"
+           and (up.key_may_travel or k not in CLIENT_KEY_HEADERS)}
     out["accept-encoding"] = "identity"  # bytes pass through as sent, and records parse them
     if state.env_key:
         out["authorization"] = f"Bearer {state.env_key}"
-    elif state.settings.proxy.pass_client_key and "authorization" in request.headers and not state.token:
+    elif up.authorization:
+        out["authorization"] = up.authorization
+    elif (state.settings.proxy.pass_client_key and "authorization" in request.headers and not state.token
+          and up.key_may_travel):
         out["authorization"] = request.headers["authorization"]
     return out
 
@@ -194,7 +342,7 @@ def _claim_session(state: ProxyState, session: str, parent: str | None) -> str |
     known = state.parents.get(session, ...)
     if known is not ... and parent is None:  # the common case: a known session, no parent named
         return None
-    if parent is not None and not SESSION_RE.match(parent):
+    if parent is not None and not valid_session(parent):
         return "bad parent session name (letters, digits, . _ : - ; at most 128)"
     if parent == session:
         return f"session {session!r} cannot be its own parent"
@@ -239,31 +387,72 @@ async def _send_json(send, status: int, payload: dict, headers: list | None = No
     await send({"type": "http.response.body", "body": body})
 
 
-def _error_payload(status: int, message: str, kind: str) -> dict:
-    return {"error": {"message": message, "type": kind, "code": status}}
+class Reply:
+    """The client's side of a call: whether the answer has started and ended (an unexpected error then knows
+    whether a 500 can still be sent or the stream must be ended)."""
+
+    __slots__ = ("send", "started", "ended")
+
+    def __init__(self, send):
+        self.send, self.started, self.ended = send, False, False
+
+    async def start(self, status: int, headers: list) -> None:
+        self.started = True
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, data: bytes, more: bool = False) -> None:
+        self.ended = not more
+        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def json(self, status: int, payload: dict) -> None:
+        data = dumps(payload)
+        await self.start(status, [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())])
+        await self.body(data)
 
 
 async def proxy_call(state: ProxyState, scope: dict, receive, send, session: str | None, path: str) -> None:
-    """One call under /v1 or /s/{session}/v1: forwarded, answered, then recorded (raw ASGI, the hot path)."""
+    """One call under /v1 or /s/{session}/v1: forwarded, answered, then recorded (raw ASGI, the hot path). Ends as
+    exactly one record and one ledger row whatever happens on the way."""
     request = Incoming(scope, session)
     path = path.strip("/")
-    session = _session_of(request)
-    call = Call(state, request, session if SESSION_RE.match(session or "") else "invalid", RECORDED_ROUTES.get(path, path))
+    call = Call(state, request, RECORDED_ROUTES.get(path, path))
+    reply = Reply(send)
+    try:
+        await _serve(state, request, call, path, receive, reply)
+    except Exception as e:  # noqa: BLE001 - a bug here must not lose the call or leave the client hanging
+        log.exception("recording proxy: unexpected error on %s %s", call.method, _text(call.path, 200))
+        call.error = f"proxy error: {type(e).__name__}"
+        with contextlib.suppress(Exception):
+            if not reply.started:
+                call.status = 500
+                await reply.json(500, _error_payload(500, "the recording proxy failed on this call "
+                                                     f"({type(e).__name__}); it was recorded", "proxy_error"))
+            elif not reply.ended:
+                await reply.body(b"")
+    finally:
+        call.finish()  # after the response has gone out: recording never delays the agent
 
+
+async def _serve(state: ProxyState, request: Incoming, call: Call, path: str, receive, reply: Reply) -> None:
     async def refuse(status: int, message: str, kind: str) -> None:
-        """A JSON error to the client, recorded as a failed call once it is sent."""
+        """A JSON error to the client; the call is recorded as failed (by proxy_call, once this returns)."""
         call.status, call.error = status, message
-        await _send_json(send, status, _error_payload(status, message, kind))
-        call.finish()
+        await reply.json(status, _error_payload(status, message, kind))
 
+    refusal = state.door(request.headers, request.scope)
+    if refusal:
+        return await refuse(*refusal)
     if not _authorized(state, request):
-        await _send_json(send, 401, _error_payload(401, "missing or wrong proxy access token (X-Evolforge-Proxy-Token)",
-                                                   "unauthorized"))
-        return
-    if not SESSION_RE.match(session or ""):
+        return await refuse(401, "missing or wrong proxy access token (X-Evolforge-Proxy-Token)", "unauthorized")
+    session = _session_of(request)
+    if not valid_session(session):
+        call.session = INVALID_SESSION
         return await refuse(400, "bad session name: letters, digits, . _ : - ; at most 128, starting with a letter "
                             "or digit", "invalid_session")
-    problem = _claim_session(state, session, call.parent)
+    call.session = session
+    parent = request.headers.get("x-evolforge-parent-session")
+    call.parent = parent if valid_session(parent) else None
+    problem = _claim_session(state, session, parent)
     if problem:
         return await refuse(409, problem, "session_conflict")
     limit = state.settings.proxy.max_body_bytes
@@ -271,85 +460,107 @@ async def proxy_call(state: ProxyState, scope: dict, receive, send, session: str
     if size > limit:
         return await refuse(413, f"request body of {size} bytes is over proxy.max_body_bytes ({limit})",
                             "body_too_large")
+    refusal = json_body_refusal(request.headers.get("content-type"), bool(raw))
+    if refusal:
+        return await refuse(*refusal)
     recorded = path in RECORDED_ROUTES and request.method == "POST"
     if raw and recorded:
         try:
             call.body = loads(raw)
         except ValueError as e:
-            return await refuse(400, f"request body is not valid JSON: {e}", "invalid_json")
+            return await refuse(400, f"request body is not valid JSON: {str(e)[:200]}", "invalid_json")
         if not isinstance(call.body, dict):
             return await refuse(400, "request body must be a JSON object", "invalid_json")
-        call.stream = bool(call.body.get("stream"))
+        call.stream = call.body.get("stream") is True
     if any(part in (".", "..") for part in path.split("/")):
         return await refuse(400, "dot segments are not allowed in the path", "invalid_path")
-    url = f"{state.upstream}/{quote(path, safe=PATH_SAFE)}"
+    up = state.upstream
+    url = f"{up.url}/{quote(path, safe=PATH_SAFE)}"
     if request.query:
         url += "?" + request.query.decode("latin-1")
     try:
-        resp = await state.client.request(request.method, yarl.URL(url, encoded=True), data=raw or None,
+        target = yarl.URL(url, encoded=True)
+    except ValueError:
+        return await refuse(400, "the path cannot be forwarded as a URL", "invalid_path")
+    call.forwarded = True
+    try:
+        resp = await state.client.request(request.method, target, data=raw or None,
                                           headers=_forward_headers(state, request))
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-        return await refuse(502, f"upstream {state.upstream} unreachable: {type(e).__name__}", "upstream_unreachable")
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+        return await refuse(502, f"upstream {up.shown} unreachable: {type(e).__name__}", "upstream_unreachable")
     call.status = resp.status
-    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.items()
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1", "replace")) for k, v in resp.headers.items()
                if k.lower() in PASS_BACK]
-    if call.stream and resp.status == 200:
-        await _relay(resp, call, receive, send, headers)
-        call.finish()
-        return
+    ctype = resp.headers.get("content-type", "").lower()
+    if resp.status == 200 and (ctype.startswith("text/event-stream") or (call.stream and "json" not in ctype)):
+        call.stream = True
+        return await _relay(resp, call, receive, reply, headers, recorded)
     try:
         data = await resp.read()
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        return await refuse(502, f"upstream {up.shown} failed mid-response: {type(e).__name__}", "upstream_error")
+    finally:
         resp.release()
-        return await refuse(502, f"upstream {state.upstream} failed mid-response: {type(e).__name__}", "upstream_error")
-    resp.release()
     call.latency_s = time.perf_counter() - call.t0
     if recorded:
         try:
             parsed = loads(data)
+            problem = response_problem(parsed)
         except ValueError:
-            parsed = None
-        if resp.status == 200 and not isinstance(parsed, dict):
-            return await refuse(502, f"upstream {state.upstream} returned a body that is not JSON "
-                                f"({len(data)} bytes)", "upstream_invalid_response")
+            parsed, problem = None, f"not JSON ({len(data)} bytes)"
+        if resp.status == 200 and problem:
+            call.outcome = "malformed_response"
+            if isinstance(parsed, dict):  # what the upstream says it charged still reaches the ledger
+                call.usage = usage_of(parsed.get("usage"))[0]
+            return await refuse(502, f"upstream {up.shown} returned a body that is not an OpenAI completion: "
+                                f"{problem}", "upstream_invalid_response")
         if resp.status == 200:
             call.response = response_part(parsed)
         else:
             call.error = _upstream_message(parsed, resp.status)
     elif resp.status != 200:
         call.error = f"upstream answered HTTP {resp.status}"
-    await send({"type": "http.response.start", "status": resp.status,
-                "headers": [*headers, (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
-    call.finish()  # after the response has gone out: recording never delays the agent
+    await reply.start(resp.status, [*headers, (b"content-length", str(len(data)).encode())])
+    await reply.body(data)
 
 
-async def _relay(resp: aiohttp.ClientResponse, call: Call, receive, send, headers: list) -> None:
+async def _relay(resp: aiohttp.ClientResponse, call: Call, receive, reply: Reply, headers: list,
+                 recorded: bool) -> None:
     """Send the upstream's bytes as they come (no buffering); assemble the record on the side. A client that
-    goes away stops the relay (and the upstream call) at once."""
+    goes away stops the relay (and the upstream call) at once; an upstream that breaks the stream gets the
+    client an SSE error event, not a silent cut."""
     asm = StreamAssembler(call.t0)
     gone = asyncio.ensure_future(_disconnected(receive))
     try:
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await reply.start(200, headers)
         async for chunk in resp.content.iter_any():
             asm.feed(chunk)
             if gone.done():
                 call.error = "client disconnected mid-stream"
                 break
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await reply.body(chunk, more=True)
         else:
-            await send({"type": "http.response.body", "body": b""})
+            await reply.body(b"")
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         call.error = f"upstream stream broke: {type(e).__name__}"
-        await send({"type": "http.response.body", "body": b""})
+        event = b"data: " + dumps(_error_payload(502, call.error, "upstream_error")) + b"\n\n"
+        await reply.body((b"\n\n" if asm.pending else b"") + event)
     finally:
         gone.cancel()
         resp.release()
         call.latency_s = time.perf_counter() - call.t0
         call.ttft_s = asm.ttft_s
-        call.response = asm.response_part()
-        if not asm.done and not call.error:
-            call.error = "stream ended without [DONE]"
+    if not recorded:
+        return
+    call.response = asm.response_part()
+    call.usage = asm.usage
+    if call.error:
+        return
+    if asm.problem:
+        call.outcome = "malformed_response"
+        call.error = f"upstream stream: {asm.malformed} event(s) not of the chunk form (first: {asm.problem})"
+    elif not asm.done:
+        call.error = "stream ended without [DONE]"
 
 
 async def _disconnected(receive) -> None:
@@ -358,9 +569,23 @@ async def _disconnected(receive) -> None:
 
 
 def _upstream_message(parsed, status: int) -> str:
-    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-        return f"upstream HTTP {status}: {str(parsed['error'].get('message'))[:300]}"
+    err = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(err, dict):
+        return f"upstream HTTP {status}: {str(err.get('message'))[:300]}"
+    if isinstance(err, str):
+        return f"upstream HTTP {status}: {err[:300]}"
     return f"upstream HTTP {status}"
+
+
+async def _capped_body(request: Request, limit: int) -> tuple[bytes | None, int]:
+    """The body, or None once it passes `limit` bytes (the rest is drained, not kept)."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= limit:
+            parts.append(chunk)
+    return (b"".join(parts) if size <= limit else None), size
 
 
 async def session_event(request: Request) -> Response:
@@ -368,15 +593,25 @@ async def session_event(request: Request) -> Response:
     if not _authorized(state, request):
         return _error(401, "missing or wrong proxy access token (X-Evolforge-Proxy-Token)", "unauthorized")
     session, kind = request.path_params["session"], request.path_params["kind"]
-    if not SESSION_RE.match(session):
+    if not valid_session(session):
         return _error(400, "bad session name", "invalid_session")
     if kind not in ("reward", "finish"):
         return _error(404, f"unknown session action {kind!r} (reward, finish)", "not_found")
-    raw = await request.body()
+    ctype = request.headers.get("content-type")
+    refusal = json_body_refusal(ctype, False)
+    if refusal:
+        return _error(*refusal)
+    limit = state.settings.proxy.max_event_bytes
+    raw, size = await _capped_body(request, limit)
+    if raw is None:
+        return _error(413, f"{kind} body of {size} bytes is over proxy.max_event_bytes ({limit})", "body_too_large")
+    refusal = json_body_refusal(ctype, bool(raw.strip()))
+    if refusal:
+        return _error(*refusal)
     try:
-        body = json.loads(raw) if raw.strip() else {}
+        body = loads(raw) if raw.strip() else {}
     except ValueError as e:
-        return _error(400, f"body is not valid JSON: {e}", "invalid_json")
+        return _error(400, f"body is not valid JSON: {str(e)[:200]}", "invalid_json")
     if not isinstance(body, dict):
         return _error(400, "body must be a JSON object", "invalid_json")
     event = {"session": session, "event": kind, "ts": time.time()}
@@ -386,21 +621,27 @@ async def session_event(request: Request) -> Response:
             return _error(400, '"reward" must be a number', "invalid_reward")
         event.update(reward=float(reward), details=body.get("details"), source=body.get("source"))
     state.log.event(event)
-    return JSONResponse({"ok": True, **{k: v for k, v in event.items() if k != "details"}})
+    return Response(dumps({"ok": True, **{k: v for k, v in event.items() if k != "details"}}),
+                    media_type="application/json")
 
 
 async def health(request: Request) -> Response:
+    """Alive, without secrets: the upstream (credentials masked) and the calls served only to a client that may
+    use the proxy (the token, when one is configured)."""
     state: ProxyState = request.app.state.proxy
-    return JSONResponse({"ok": True, "upstream": state.upstream, "calls": state.calls})
+    if state.token and not _authorized(state, request):
+        return JSONResponse({"ok": True})
+    return JSONResponse({"ok": True, "upstream": state.upstream.shown, "calls": state.calls})
 
 
 PATH_SAFE = "/:@!$&'()*+,;=-._~"
-HOT_PATH = re.compile(r"^/(?:s/([^/]*)/)?v1/(.*)$", re.S)
+HOT_PATH = re.compile(r"/(?:s/([^/]*)/)?v1/(.*)", re.S)  # matched in full
 
 
 def build_app(state: ProxyState):
-    """The ASGI app: calls under /v1 and /s/{session}/v1 go straight to the raw hot path; session events,
-    health and lifespan go through Starlette."""
+    """The ASGI app: calls under /v1 and /s/{session}/v1 go straight to the raw hot path (which checks and records
+    them); session events and health pass the same door, then go through Starlette, as does the lifespan. With
+    `proxy.allowed_origins` set, Starlette's CORS middleware answers the allowed pages' preflights."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -418,10 +659,21 @@ def build_app(state: ProxyState):
 
     async def app(scope, receive, send):
         if scope["type"] == "http":
-            m = HOT_PATH.match(scope["path"])
+            m = HOT_PATH.fullmatch(scope["path"])
             if m:
                 return await proxy_call(state, scope, receive, send, m.group(1), m.group(2))
+            refusal = state.door(_headers(scope), scope)
+            if refusal:
+                return await _send_json(send, refusal[0], _error_payload(*refusal))
         return await rest(scope, receive, send)
 
     app.state = rest.state
-    return app
+    allowed = state.settings.proxy.allowed_origins
+    if not allowed:
+        return app
+    from starlette.middleware.cors import CORSMiddleware
+
+    outer = CORSMiddleware(app, **cors_settings(allowed))
+    outer.state = rest.state
+    return outer
+

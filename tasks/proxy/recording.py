@@ -1,14 +1,20 @@
 """What the proxy keeps of a call: the request's content and the response reassembled, never a header.
 
 Pure functions over parsed bodies and raw SSE bytes; the app (tasks/proxy/app.py) calls them after the
-response has gone to the client.
+response has gone to the client. Bodies come from the agent and the upstream, so nothing here trusts a shape:
 
 - `request_part(body)`: messages (chat) or prompt (completions), tools, and every other parameter.
 - `response_part(body)`: content, tool calls, finish reason, usage, logprobs and, when the upstream returns
-  them (vLLM's `return_token_ids`, SGLang, llama.cpp's `tokens`), token ids of the completion and the prompt.
+  them (vLLM's `return_token_ids`, SGLang, llama.cpp's `tokens`), token ids of the completion and the prompt;
+  with the first problem of shape found, or None. The core of the OpenAI form (an object with a `choices` list of
+  objects, a `message` object or a `text` string, string content, a list of tool-call objects, `usage` an object
+  of non-negative integer counts) must hold: a reply that breaks it is a failed call. An odd optional field
+  (model, id, finish reason, reasoning, logprobs, token ids) is dropped from the record, not fatal.
 - `StreamAssembler`: fed the raw bytes of a streamed (SSE) response chunk by chunk, it rebuilds the same
   response part: content and tool-call deltas concatenated per index, the finish reason, the final usage
-  chunk, logprobs and token ids; it also notes when the first chunk came (time to first token).
+  chunk, logprobs and token ids; it notes when the first chunk came (time to first token), and counts the
+  events that are not JSON or not of the chunk form (`problem`: the first of them).
+- `model_name(value)`: a model name as the record and the ledger keep it (a string of at most 256 characters).
 """
 
 from __future__ import annotations
@@ -17,9 +23,76 @@ import time
 from typing import Any
 
 from evolforge.storage.logs import json_bytes as dumps  # noqa: F401  (the proxy's JSON, as the logs write it)
-from evolforge.storage.logs import json_loads as loads
+from evolforge.storage.logs import json_loads as _json_loads
 
 CONTENT_KEYS = ("messages", "prompt", "tools", "tool_choice", "functions")
+MAX_MODEL_CHARS = 256
+MAX_TOOL_INDEX = 1024  # a tool-call index past this is not a real one (and would key an unbounded dict)
+MAX_EVENT_BYTES = 8_000_000  # an SSE event that never ends is dropped once it passes this
+_NOTHING = object()
+
+
+def loads(raw: bytes | str) -> Any:
+    """JSON as the logs read it; ValueError for anything that is not JSON, nesting past the parser's depth too."""
+    try:
+        return _json_loads(raw)
+    except RecursionError as e:
+        raise ValueError("JSON nested too deep") from e
+
+
+def model_name(value: Any) -> str | None:
+    return value if isinstance(value, str) and 0 < len(value) <= MAX_MODEL_CHARS else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _count(value: Any) -> bool:
+    return value is None or (type(value) is int and 0 <= value < 2 ** 53)
+
+
+def usage_of(value: Any) -> tuple[dict | None, str | None]:
+    """(usage, problem): an object whose token counts are non-negative integers, or None."""
+    if value is None:
+        return None, None
+    if not isinstance(value, dict):
+        return None, f"usage is a {type(value).__name__}, not an object"
+    bad = [k for k in ("prompt_tokens", "completion_tokens", "total_tokens") if not _count(value.get(k))]
+    if bad:
+        return None, f"usage.{bad[0]} is not a non-negative integer"
+    return value, None
+
+
+def _ids(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(type(i) is int for i in value):
+        return value
+    return None
+
+
+def _token_ids(choice: dict) -> list[int] | None:
+    for key in ("token_ids", "tokens"):
+        ids = _ids(choice.get(key))
+        if ids is not None:
+            return ids
+    return None
+
+
+def _content_ok(value: Any) -> bool:
+    return value is None or isinstance(value, str) or (isinstance(value, list) and all(isinstance(p, dict) for p in value))
+
+
+def _tool_calls_problem(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):
+        return "tool_calls is not a list of objects"
+    for c in value:
+        fn = c.get("function")
+        if fn is not None and (not isinstance(fn, dict) or not all(_str(fn.get(k)) is not None or fn.get(k) is None
+                                                                   for k in ("name", "arguments"))):
+            return "a tool call's function is not an object of strings"
+    return None
 
 
 def request_part(body: dict) -> dict:
@@ -28,34 +101,63 @@ def request_part(body: dict) -> dict:
     return out
 
 
-def _token_ids(choice: dict) -> list[int] | None:
-    for key in ("token_ids", "tokens"):
-        ids = choice.get(key)
-        if isinstance(ids, list) and all(isinstance(i, int) for i in ids):
-            return ids
-    return None
+def response_problem(body: Any) -> str | None:
+    """The first way a non-streamed completion breaks the OpenAI form, or None."""
+    if not isinstance(body, dict):
+        return f"the body is a JSON {type(body).__name__}, not an object"
+    choices = body.get("choices", _NOTHING)
+    if not isinstance(choices, list):
+        return "no choices list" if choices is _NOTHING else f"choices is a {type(choices).__name__}, not a list"
+    for ch in choices:
+        if not isinstance(ch, dict):
+            return "a choice is not an object"
+        if "message" in ch:
+            msg = ch["message"]
+            if not isinstance(msg, dict):
+                return f"message is a {type(msg).__name__}, not an object"
+            if not _content_ok(msg.get("content")):
+                return "message.content is not a string"
+            problem = _tool_calls_problem(msg.get("tool_calls"))
+            if problem:
+                return problem
+        elif not (ch.get("text") is None or isinstance(ch.get("text"), str)):
+            return "text is not a string"
+    return usage_of(body.get("usage"))[1]
 
 
 def response_part(body: dict) -> dict:
-    """The recorded part of a non-streamed chat or text completion (first choice; `n` > 1 keeps all in raw)."""
+    """The recorded part of a non-streamed chat or text completion (first choice; `n` > 1 keeps all), every field
+    of the type its name promises (call `response_problem` first: this assumes the core form holds)."""
     choices = body.get("choices") or [{}]
-    ch = choices[0] if isinstance(choices[0], dict) else {}
+    ch = choices[0]
     msg = ch.get("message") or {}
+    ptids = body.get("prompt_token_ids", ch.get("prompt_token_ids"))
+    logprobs = ch.get("logprobs")
     out = {
         "content": msg.get("content") if "message" in ch else ch.get("text"),
-        "reasoning_content": msg.get("reasoning_content"),
+        "reasoning_content": _str(msg.get("reasoning_content")),
         "tool_calls": msg.get("tool_calls"),
-        "finish_reason": ch.get("finish_reason"),
-        "usage": body.get("usage"),
-        "logprobs": ch.get("logprobs"),
+        "finish_reason": _str(ch.get("finish_reason")),
+        "usage": usage_of(body.get("usage"))[0],
+        "logprobs": logprobs if isinstance(logprobs, dict) else None,
         "token_ids": _token_ids(ch),
-        "prompt_token_ids": body.get("prompt_token_ids") or ch.get("prompt_token_ids"),
-        "model": body.get("model"),
-        "id": body.get("id"),
+        "prompt_token_ids": _ids(ptids),
+        "model": model_name(body.get("model")),
+        "id": _str(body.get("id")),
     }
     if len(choices) > 1:
         out["choices"] = choices
     return out
+
+
+def _tool_index(tc: dict, known: int) -> int | str:
+    """The tool call's index, or a message saying why it is not one."""
+    if "index" not in tc:
+        return known
+    i = tc["index"]
+    if type(i) is not int or not 0 <= i <= MAX_TOOL_INDEX:
+        return f"a tool-call index is {i!r:.40}, not an integer in 0..{MAX_TOOL_INDEX}"
+    return i
 
 
 class StreamAssembler:
@@ -76,8 +178,14 @@ class StreamAssembler:
         self.model: str | None = None
         self.id: str | None = None
         self.events = 0
-        self.malformed = 0
+        self.malformed = 0  # events that are not JSON, or not of the chunk form
+        self.problem: str | None = None  # the first of them
         self.done = False
+
+    @property
+    def pending(self) -> bool:
+        """Bytes of an event not ended yet (a cut stream ends in the middle of one)."""
+        return bool(self._buf.strip())
 
     def feed(self, chunk: bytes) -> None:
         if self.first_chunk_at is None and chunk:
@@ -89,6 +197,13 @@ class StreamAssembler:
                 break
             event, self._buf = self._buf[:cut[0]], self._buf[cut[1]:]
             self._event(event)
+        if len(self._buf) > MAX_EVENT_BYTES:
+            self._buf = b""
+            self._bad(f"an event of over {MAX_EVENT_BYTES} bytes")
+
+    def _bad(self, why: str) -> None:
+        self.malformed += 1
+        self.problem = self.problem or why
 
     def _event(self, raw: bytes) -> None:
         data = b"\n".join(line[5:].lstrip() for line in raw.splitlines() if line.startswith(b"data:"))
@@ -100,49 +215,85 @@ class StreamAssembler:
         try:
             obj = loads(data)
         except ValueError:
-            self.malformed += 1
-            return
+            return self._bad("an event is not JSON")
+        if not isinstance(obj, dict):
+            return self._bad(f"an event is a JSON {type(obj).__name__}, not an object")
         self.events += 1
-        self.model = self.model or obj.get("model")
-        self.id = self.id or obj.get("id")
-        if obj.get("usage"):
-            self.usage = obj["usage"]
-        if obj.get("prompt_token_ids"):
-            self.prompt_token_ids = obj["prompt_token_ids"]
-        for ch in obj.get("choices") or []:
-            if not isinstance(ch, dict) or ch.get("index", 0) != 0:
-                continue
-            delta = ch.get("delta") or {}
-            text = delta.get("content") if "delta" in ch else ch.get("text")
-            if text:
-                self.content.append(text)
-            if delta.get("reasoning_content"):
-                self.reasoning.append(delta["reasoning_content"])
-            for tc in delta.get("tool_calls") or []:
-                self._tool_delta(tc)
-            if ch.get("finish_reason"):
-                self.finish_reason = ch["finish_reason"]
-            lp = ch.get("logprobs")
-            if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-                self.logprobs.extend(lp["content"])
-            ids = _token_ids(ch)
-            if ids:
-                self.token_ids.extend(ids)
-            if ch.get("prompt_token_ids"):
-                self.prompt_token_ids = ch["prompt_token_ids"]
+        self.model = self.model or model_name(obj.get("model"))
+        self.id = self.id or _str(obj.get("id"))
+        if obj.get("usage") is not None:
+            usage, problem = usage_of(obj["usage"])
+            if problem:
+                return self._bad(problem)
+            self.usage = usage
+        self.prompt_token_ids = _ids(obj.get("prompt_token_ids")) or self.prompt_token_ids
+        choices = obj.get("choices")
+        if choices is None:
+            return
+        if not isinstance(choices, list):
+            return self._bad(f"choices is a {type(choices).__name__}, not a list")
+        for ch in choices:
+            if not isinstance(ch, dict):
+                return self._bad("a choice is not an object")
+            index = ch.get("index", 0)
+            if type(index) is not int:
+                return self._bad(f"a choice index is {index!r:.40}, not an integer")
+            if index == 0:
+                self._choice(ch)
 
-    def _tool_delta(self, tc: dict) -> None:
-        slot = self.tool_calls.setdefault(int(tc.get("index", len(self.tool_calls))),
-                                          {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+    def _choice(self, ch: dict) -> None:
+        delta = ch.get("delta") if "delta" in ch else {}
+        if delta is None:
+            delta = {}
+        if not isinstance(delta, dict):
+            return self._bad(f"a delta is a {type(delta).__name__}, not an object")
+        text = delta.get("content") if "delta" in ch else ch.get("text")
+        if text is not None and not isinstance(text, str):
+            return self._bad("a delta's content is not a string")
+        tool_calls = delta.get("tool_calls")
+        if tool_calls is not None and not (isinstance(tool_calls, list) and all(isinstance(t, dict) for t in tool_calls)):
+            return self._bad("a delta's tool_calls is not a list of objects")
+        for tc in tool_calls or ():
+            problem = self._tool_delta(tc)
+            if problem:
+                return self._bad(problem)
+        if text:
+            self.content.append(text)
+        reasoning = _str(delta.get("reasoning_content"))
+        if reasoning:
+            self.reasoning.append(reasoning)
+        self.finish_reason = _str(ch.get("finish_reason")) or self.finish_reason
+        lp = ch.get("logprobs")
+        if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+            self.logprobs.extend(lp["content"])
+        ids = _token_ids(ch)
+        if ids:
+            self.token_ids.extend(ids)
+        self.prompt_token_ids = _ids(ch.get("prompt_token_ids")) or self.prompt_token_ids
+
+    def _tool_delta(self, tc: dict) -> str | None:
+        index = _tool_index(tc, len(self.tool_calls))
+        if isinstance(index, str):
+            return index
+        fn = tc.get("function") if tc.get("function") is not None else {}
+        if not isinstance(fn, dict):
+            return "a tool call's function is not an object"
+        parts = {k: fn.get(k) for k in ("name", "arguments")}
+        if any(v is not None and not isinstance(v, str) for v in parts.values()):
+            return "a tool call's name or arguments is not a string"
+        if any(tc.get(k) is not None and not isinstance(tc.get(k), str) for k in ("id", "type")):
+            return "a tool call's id or type is not a string"
+        slot = self.tool_calls.setdefault(index, {"id": None, "type": "function",
+                                                  "function": {"name": "", "arguments": ""}})
         if tc.get("id"):
             slot["id"] = tc["id"]
         if tc.get("type"):
             slot["type"] = tc["type"]
-        fn = tc.get("function") or {}
-        if fn.get("name"):
-            slot["function"]["name"] += fn["name"]
-        if fn.get("arguments"):
-            slot["function"]["arguments"] += fn["arguments"]
+        if parts["name"]:
+            slot["function"]["name"] += parts["name"]
+        if parts["arguments"]:
+            slot["function"]["arguments"] += parts["arguments"]
+        return None
 
     def response_part(self) -> dict:
         return {

@@ -20,19 +20,22 @@ from typing import Iterator
 from evolforge.config.settings import Settings
 from evolforge.storage.fs import ensure_dir, write_json_atomic
 from evolforge.storage.proxy_sets import ProxyLayout
-from evolforge.tasks.proxy.app import ProxyState, build_app, check_bind
+from evolforge.tasks.core.keys import read_api_key
+from evolforge.tasks.proxy.app import ProxyState, build_app, check_bind, redact_url, upstream_of
 
 
 def _state(settings: Settings, upstream: str, out: str, embedded_models: set[str] | None = None) -> ProxyState:
+    """Check the bind address and the upstream (key transport, URL credentials) before anything is written."""
     cfg = settings.proxy
     token = os.environ.get(cfg.token_env) or None
     check_bind(cfg.host, token)
+    up = upstream_of(settings, upstream, read_api_key())
     layout = ProxyLayout(out)
     for d in (layout.root, layout.records_dir, layout.events_dir, layout.ledger_dir):
         ensure_dir(d)
-    write_json_atomic(layout.info, {"upstream": upstream, "host": cfg.host, "port": cfg.port,
+    write_json_atomic(layout.info, {"upstream": up.shown, "host": cfg.host, "port": cfg.port,
                                     "token_required": bool(token), "started": time.time()})
-    return ProxyState(settings=settings, upstream=upstream.rstrip("/"), layout=layout, token=token,
+    return ProxyState(settings=settings, upstream=up, layout=layout, token=token,
                       embedded_models=embedded_models or set())
 
 
@@ -105,8 +108,9 @@ def check(settings: Settings, upstream: str, out: str, model: str) -> dict:
         except httpx.HTTPError as e:
             return {"ok": False, "error": f"{type(e).__name__}: {e}", "fix": "the proxy did not answer"}
         latency = round(time.perf_counter() - t0, 3)
+    shown = redact_url(upstream)
     if r.status_code == 200:
-        return {"ok": True, "latency_s": latency, "upstream": upstream}
+        return {"ok": True, "latency_s": latency, "upstream": shown}
     try:
         message = r.json()["error"]["message"]
     except (ValueError, KeyError, TypeError):
@@ -116,4 +120,4 @@ def check(settings: Settings, upstream: str, out: str, model: str) -> dict:
            502: "start the upstream or fix --upstream (an OpenAI-compatible base URL ending in /v1)"}
     return {"ok": False, "status": r.status_code, "error": message,
             "fix": fix.get(r.status_code, "see the upstream's message"), "latency_s": latency,
-            "detail": json.dumps({"upstream": upstream})}
+            "detail": json.dumps({"upstream": shown})}

@@ -170,7 +170,7 @@ def test_a_client_leaving_mid_stream_is_recorded_and_the_proxy_keeps_serving(tmp
         body = json.dumps({"model": "m", "stream": True,
                            "messages": [{"role": "user", "content": "a long answer please " * 5}]}).encode()
         with socket.create_connection((host, int(port))) as s:
-            s.sendall(b"POST /s/leaver/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+            s.sendall(b"POST /s/leaver/v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json"
                       b"\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
             assert s.recv(4096).startswith(b"HTTP/1.1 200")  # the first chunk came through, then we leave
         (rec,) = _records(ProxyLayout(tmp_path / "rec"), 1, timeout=10)
@@ -203,7 +203,7 @@ def test_rewards_and_finish_events(proxy):
     with httpx.Client(base_url=url, timeout=10) as c:
         assert c.post("/s/agent-9/reward", json={"reward": 0.75, "details": {"tests": "3/4"}}).status_code == 200
         assert c.post("/s/agent-9/reward", json={"reward": "high"}).status_code == 400
-        assert c.post("/s/agent-9/reward", content=b"{").status_code == 400
+        assert c.post("/s/agent-9/reward", content=b"{", headers={"content-type": "application/json"}).status_code == 400
         assert c.post("/s/agent-9/finish").status_code == 200
     events = list(iter_events(layout))
     assert [(e["event"], e.get("reward")) for e in events] == [("reward", 0.75), ("finish", None)]
