@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from evolforge.config.sections._base import Section
+from evolforge.config.sections._base import HostNames, Section, WebOrigins
 
 
 class ProxySettings(Section):
@@ -20,12 +20,12 @@ class ProxySettings(Section):
                            "the environment). Required when host is not loopback; optional on loopback.")
     pass_client_key: bool = Field(True, description="Without EVOLFORGE_API_KEY / OPENAI_API_KEY set, forward the "
                                   "client's own Authorization header to the upstream (never recorded).")
-    allowed_hosts: list[str] = Field(default_factory=list, description="Host names clients may reach the proxy by, "
+    allowed_hosts: HostNames = Field(default_factory=list, description="Host names clients may reach the proxy by, "
                                      "besides loopback names and addresses and the address it is bound to (a request "
                                      "with another Host is refused: that is how a web page reaches a loopback server "
                                      "through DNS rebinding). Needed for a name on a non-loopback bind, e.g. "
                                      "[\"gpu-box\"]; [\"*\"] accepts any.")
-    allowed_origins: list[str] = Field(default_factory=list, description="Web origins (scheme://host[:port]) whose "
+    allowed_origins: WebOrigins = Field(default_factory=list, description="Web origins (scheme://host[:port]) whose "
                                        "pages may call the proxy from a browser. Browser-originated requests (an Origin "
                                        "header, or Sec-Fetch-Site cross-site / same-site) are refused unless their "
                                        "origin is listed; listed ones get CORS answers. Empty (default): no web page "
@@ -40,15 +40,3 @@ class ProxySettings(Section):
     flush_seconds: float = Field(1.0, ge=0, description="Records on an object store are flushed within this window "
                                  "(local folders: every record at once).")
 
-    @field_validator("allowed_hosts")
-    @classmethod
-    def _host_names(cls, v: list[str]) -> list[str]:
-        return [h.strip().lower().strip("[]") for h in v if h.strip()]
-
-    @field_validator("allowed_origins")
-    @classmethod
-    def _origins(cls, v: list[str]) -> list[str]:
-        bad = [o for o in v if o != "*" and ("://" not in o or o.rstrip("/").count("/") != 2)]
-        if bad:
-            raise ValueError(f"an origin is scheme://host[:port] with no path (or \"*\"), got {bad}")
-        return [o.rstrip("/").lower() for o in v]

@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from evolforge.config.sections._base import Section
+from evolforge.config.sections._base import HostNames, Section, WebOrigins
 
 
 class SandboxServiceSettings(Section):
@@ -40,6 +40,16 @@ class SandboxServiceSettings(Section):
     queue_timeout_seconds: float = Field(20.0, gt=0, description="How long a call may wait for a free run slot "
                                          "before it is answered 504 (verl's client retries a 504 with back-off).")
     max_body_bytes: int = Field(2_000_000, ge=1024, description="Largest request body accepted (413 above).")
+    allowed_hosts: HostNames = Field(default_factory=list, description="Host names clients may reach the service by, "
+                                     "besides loopback names and addresses and the address it is bound to (a request "
+                                     "with another Host is refused: that is how a web page reaches a loopback server "
+                                     "through DNS rebinding). Needed for a name on a non-loopback bind, e.g. "
+                                     "[\"sandbox-box\"]; [\"*\"] accepts any.")
+    allowed_origins: WebOrigins = Field(default_factory=list, description="Web origins (scheme://host[:port]) whose "
+                                        "pages may call the service from a browser. Browser-originated requests (an "
+                                        "Origin header, or Sec-Fetch-Site cross-site / same-site) are refused unless "
+                                        "their origin is listed; listed ones get CORS answers. Empty (default): no web "
+                                        "page may run code on it; [\"*\"]: any page may.")
 
 
 class SandboxSettings(Section):

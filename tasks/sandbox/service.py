@@ -18,6 +18,13 @@ language of SandboxFusion is answered as SandboxFusion answers a sandbox-side fa
 gets FastAPI's 422 `{"detail": [...]}` as SandboxFusion's server would send; 401 / 404 / 413 / 504 carry
 `{"detail": "..."}`.
 
+Who may call (tasks/core/request_guard.py, before anything else): `Host` must name this machine (loopback, the
+address the connection came in on, the bind address, or `allowed_hosts`), a browser-originated request (`Origin`,
+`Sec-Fetch-Site: cross-site`) is refused unless `allowed_origins` lists its page (403 for both), and a `/run_code`
+body must be declared JSON (415): a web page, or a DNS-rebinding name, cannot make a loopback service run code.
+verl's client (JSON, no Origin) passes. With `allowed_origins` set, Starlette's CORS middleware answers those
+pages' preflights.
+
 Status mapping: wall or CPU limit -> run_result.status "TimeLimitExceeded" (return_code null), status "Failed";
 exit 0 -> "Finished" / "Success"; any other exit or kill (memory, processes, output cap, signal) ->
 "Finished" with its return code / "Failed", the kill reason in `message`.
@@ -49,6 +56,7 @@ from starlette.routing import Route
 from evolforge.config.sections.sandbox import SandboxSettings
 from evolforge.tasks.core.gateway import is_loopback
 from evolforge.tasks.core.keys import token_accepted
+from evolforge.tasks.core.request_guard import cors_settings, door_refusal, json_body_refusal
 from evolforge.tasks.sandbox.run import SandboxResult, check_sandbox_available, run_python_program
 
 # SandboxFusion's `Language` (sandbox/runners/types.py), in its order
@@ -143,6 +151,15 @@ def _validation_error(errors: list[dict]) -> JSONResponse:
     return JSONResponse({"detail": out}, status_code=422)
 
 
+def _door(state: ServiceState, request: Request) -> JSONResponse | None:
+    """A 403 for a request from a web page or to a name that is not this machine (request_guard), else None."""
+    cfg = state.sandbox.service
+    local = (cfg.host, (request.scope.get("server") or ("",))[0])
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    refusal = door_refusal(headers, local, cfg.allowed_hosts, cfg.allowed_origins, "sandbox.service")
+    return _detail(refusal[0], refusal[1]) if refusal else None
+
+
 def _authorized(state: ServiceState, request: Request) -> bool:
     return token_accepted(state.token, request.path_params.get("token"), request.headers.get("authorization", ""))
 
@@ -179,11 +196,21 @@ def parse_request(raw: bytes) -> RunCodeRequest | JSONResponse:
 async def run_code(request: Request) -> JSONResponse:
     state: ServiceState = request.app.state.sandbox
     cfg = state.sandbox.service
+    refused = _door(state, request)
+    if refused:
+        return refused
     if not _authorized(state, request):
         return _detail(401, "missing or wrong sandbox access token (path /t/TOKEN/run_code or Authorization: Bearer)")
+    ctype = request.headers.get("content-type")
+    refusal = json_body_refusal(ctype, False)
+    if refusal:
+        return _detail(refusal[0], refusal[1])
     raw = await _read_body(request, cfg.max_body_bytes)
     if raw is None:
         return _detail(413, f"request body over sandbox.service.max_body_bytes ({cfg.max_body_bytes} bytes)")
+    refusal = json_body_refusal(ctype, bool(raw))
+    if refusal:
+        return _detail(refusal[0], refusal[1])
     req = parse_request(raw)
     if isinstance(req, JSONResponse):
         return req
@@ -209,6 +236,9 @@ async def run_code(request: Request) -> JSONResponse:
 
 
 async def ping(request: Request) -> JSONResponse:
+    refused = _door(request.app.state.sandbox, request)
+    if refused:
+        return refused
     if not _authorized(request.app.state.sandbox, request):
         return _detail(401, "missing or wrong sandbox access token")
     return JSONResponse("pong")
@@ -230,7 +260,14 @@ def build_app(state: ServiceState) -> Starlette:
 
     routes = [Route("/run_code", run_code, methods=["POST"]), Route("/t/{token}/run_code", run_code, methods=["POST"]),
               Route("/v1/ping", ping, methods=["GET"]), Route("/t/{token}/v1/ping", ping, methods=["GET"])]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error, Exception: _internal_error})
+    middleware = []
+    if state.sandbox.service.allowed_origins:  # only the configured pages get CORS answers (preflights included)
+        from starlette.middleware import Middleware
+        from starlette.middleware.cors import CORSMiddleware
+
+        middleware.append(Middleware(CORSMiddleware, **cors_settings(state.sandbox.service.allowed_origins)))
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
+                    exception_handlers={HTTPException: _http_error, Exception: _internal_error})
     app.state.sandbox = state
     return app
 

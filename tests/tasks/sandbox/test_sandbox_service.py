@@ -322,3 +322,44 @@ def test_cli_refuses_a_public_bind_without_a_token():
     out = subprocess.run([sys.executable, "-m", "evolforge.cli", "sandbox-serve", "--host", "0.0.0.0", "--port", "0"],
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 2 and "access token" in out.stderr
+
+
+def test_a_web_page_cannot_drive_the_loopback_service(client, monkeypatch):
+    """A cross-origin text/plain POST with a foreign Host (a web page, DNS rebinding) runs nothing; verl's client,
+    which sends JSON to 127.0.0.1 with no Origin, still does."""
+    monkeypatch.delenv("EVOLFORGE_SANDBOX_TOKEN", raising=False)
+    marker = "ran-from-a-web-page"
+    body = json.dumps({"code": f"print('{marker}')", "language": "python"})
+    with running_service(SandboxSettings(**CAPS)) as url:
+        port = url.split(":")[2].split("/")[0]
+        page = {"Host": f"rebind.attacker.example:{port}", "Origin": "http://rebind.attacker.example",
+                "Content-Type": "text/plain", "Sec-Fetch-Site": "cross-site"}
+        cases = [(page, 403), ({"Host": f"rebind.attacker.example:{port}"}, 403),
+                 ({"Origin": "http://rebind.attacker.example"}, 403), ({"Sec-Fetch-Site": "cross-site"}, 403),
+                 ({"Content-Type": "text/plain"}, 415), ({"Content-Type": "application/x-www-form-urlencoded"}, 415)]
+        for headers, status in cases:
+            r = requests.post(url, data=body, headers={"Content-Type": "application/json", **headers}, timeout=30)
+            assert r.status_code == status and marker not in r.text, headers
+            assert isinstance(r.json()["detail"], str)
+        r = requests.get(url.replace("/run_code", "/v1/ping"), headers={"Host": "rebind.attacker.example"}, timeout=10)
+        assert r.status_code == 403
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
+            r = requests.post(url, data=body, headers={"Content-Type": "application/json", "Host": host}, timeout=30)
+            assert r.json()["run_result"]["stdout"] == f"{marker}\n", host
+        assert client.check_correctness(url, {"inputs": ["abc"], "outputs": ["cba"]}, REVERSE)[0] == [True]
+
+
+def test_allowed_origins_and_hosts_let_a_configured_page_in():
+    service = SandboxServiceSettings(allowed_origins=["http://localhost:3000"], allowed_hosts=["sandbox.lan"])
+    with running_service(SandboxSettings(**CAPS, service=service)) as url:
+        page = {"Origin": "http://localhost:3000", "Sec-Fetch-Site": "cross-site"}
+        pre = requests.options(url, headers={**page, "Access-Control-Request-Method": "POST",
+                                             "Access-Control-Request-Headers": "content-type"}, timeout=10)
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://localhost:3000"
+        r = requests.post(url, json={"code": "print(1)", "language": "python"}, headers=page, timeout=30)
+        assert r.json()["status"] == "Success" and r.headers["access-control-allow-origin"] == "http://localhost:3000"
+        r = requests.post(url, json={"code": "print(1)", "language": "python"}, headers={"Host": "sandbox.lan"}, timeout=30)
+        assert r.json()["status"] == "Success"
+        bad = requests.post(url, json={"code": "print(1)", "language": "python"},
+                            headers={"Origin": "http://evil.example"}, timeout=30)
+        assert bad.status_code == 403
