@@ -62,7 +62,10 @@ def serve(settings: Settings, upstream: str, out: str, embedded_models: set[str]
 
     state = _state(settings, upstream, out, embedded_models)
     _quiet_gc()
-    uvicorn.Server(_config(build_app(state), settings.proxy.host, settings.proxy.port)).run()
+    try:
+        uvicorn.Server(_config(build_app(state), settings.proxy.host, settings.proxy.port)).run()
+    except KeyboardInterrupt:  # uvicorn has stopped gracefully (records flushed), then re-raised Ctrl-C: no traceback
+        pass
 
 
 def free_port() -> int:

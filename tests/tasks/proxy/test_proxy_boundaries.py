@@ -365,3 +365,25 @@ def test_a_session_name_with_a_trailing_newline_is_refused(hproxy, hostile):
     recs = _records(layout, 2)
     assert len(recs) == 2 and {r["session"] for r in recs} == {"invalid"}
     assert list(iter_events(layout)) == []
+
+
+def test_ctrl_c_stops_the_proxy_cleanly_with_every_record_written(hostile, tmp_path, monkeypatch):
+    """Found by the fuzz benchmark: uvicorn re-raises Ctrl-C after its graceful stop, which printed a traceback."""
+    import signal
+
+    from evolforge.testing.net import free_port, wait_up
+
+    _no_keys(monkeypatch)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "evolforge.cli", "proxy", "--upstream", hostile.base_url, "--port",
+                             str(port), "--out", str(tmp_path / "rec")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_up(f"http://127.0.0.1:{port}/healthz")
+        for _ in range(3):
+            assert httpx.post(f"http://127.0.0.1:{port}/s/c/v1/chat/completions", json=CHAT).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert len(list(iter_records(ProxyLayout(tmp_path / "rec")))) == 3 and read_ledger(tmp_path / "rec").height == 3
