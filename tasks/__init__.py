@@ -11,6 +11,7 @@
 - reward/     RLEIF reward models: IRM pairs, PRM step labels, health checks, training, scoring.
 - sft/        supervised fine-tuning of the policy (TRL SFTTrainer) on the forged step-form data.
 - ppo/        PPO data, the r = rI * rA reward, verl config and job, the local GRPO run.
+- eval/       evaluation of a policy: pass@k on held-out verified tasks, HumanEval (sandboxed) and a math set.
 - proxy/      the recording proxy between an agent and its model endpoint.
 - trajectories/  recorded agent sessions -> SFT conversations, transitions, token-level samples.
 - modules/    module-DAG reasoning (DeCoRL): the graph, schema-checked module outputs, contribution rewards.
@@ -34,5 +35,6 @@ STAGE_PACKAGES = (
     "trajectories",
     "sft",
     "ppo",
+    "eval",
     "pipeline",
 )
