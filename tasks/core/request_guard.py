@@ -25,6 +25,7 @@ from typing import Iterable
 from evolforge.tasks.core.keys import is_loopback
 
 BROWSER_SITES = ("cross-site", "same-site")
+COMMON_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})  # the names nearly every call uses: no parsing
 
 
 def host_name(host_header: str) -> str:
@@ -38,32 +39,31 @@ def host_name(host_header: str) -> str:
 def host_allowed(host_header: str | None, local: Iterable[str], allowed_hosts: Iterable[str]) -> bool:
     if not host_header:  # HTTP/1.0 without Host: no browser sends that
         return True
-    allowed = {a.lower() for a in allowed_hosts}
-    if "*" in allowed:
-        return True
     name = host_name(host_header)
-    return is_loopback(name) or name in allowed or name in {str(a).strip("[]").lower() for a in local if a}
+    if name in COMMON_LOOPBACK or name in allowed_hosts or "*" in allowed_hosts:
+        return True
+    return name in {str(a).strip("[]").lower() for a in local if a} or is_loopback(name)
 
 
 def origin_allowed(origin: str | None, fetch_site: str | None, allowed_origins: Iterable[str]) -> bool:
-    allowed = set(allowed_origins)
     if origin is not None:
-        return "*" in allowed or origin.strip() in allowed
-    return (fetch_site or "").strip().lower() not in BROWSER_SITES or "*" in allowed
+        return "*" in allowed_origins or origin.strip().lower() in allowed_origins
+    return fetch_site is None or fetch_site.strip().lower() not in BROWSER_SITES or "*" in allowed_origins
 
 
 def door_refusal(headers: dict[str, str], local: Iterable[str], allowed_hosts: Iterable[str],
                  allowed_origins: Iterable[str], setting: str) -> tuple[int, str, str] | None:
     """(status, message, kind) when the request must be refused before anything else, else None. `headers`:
-    lower-cased names; `local`: the addresses this server is reached at; `setting`: where allowed_hosts and
-    allowed_origins live in the config (named in the messages)."""
+    lower-cased names; `local`: the addresses this server is reached at; `allowed_hosts` / `allowed_origins`:
+    lower-cased, as the config sections normalise them; `setting`: where they live in the config (named in the
+    messages)."""
     host = headers.get("host")
     if not host_allowed(host, local, allowed_hosts):
-        return (403, f"Host {host_name(host)!r} is not this server (a web page or DNS rebinding sends its own name); "
+        return (403, f"Host {host_name(host)[:100]!r} is not this server (a web page or DNS rebinding sends its own name); "
                 f"add it to {setting}.allowed_hosts if clients reach this server by that name", "forbidden_host")
     origin = headers.get("origin")
     if not origin_allowed(origin, headers.get("sec-fetch-site"), allowed_origins):
-        who = f"origin {origin.strip()!r}" if origin is not None else "a cross-site page"
+        who = f"origin {origin.strip()[:100]!r}" if origin is not None else "a cross-site page"
         return (403, f"browser requests are refused ({who}): add the page's origin to {setting}.allowed_origins to "
                 "let it in", "forbidden_origin")
     return None
