@@ -223,6 +223,7 @@ def test_refused_calls_cost_nothing_in_the_ledger(hproxy):
     url, layout = hproxy
     httpx.post(f"{url}/s/a/v1/chat/completions", content=b"{bad", headers={"content-type": "application/json"})
     httpx.post(f"{url}/s/a/v1/chat/completions", json=CHAT)
+    _records(layout, 2)  # written after the answer has gone out
     led = read_ledger(layout.root).sort("outcome")
     assert led["outcome"].to_list() == ["http_400", "ok"]
     assert led["cost_usd"][0] == 0.0 and led["price_source"][0] == "not forwarded"
