@@ -33,11 +33,18 @@ $(VENV)/.installed: pyproject.toml Makefile
 run: setup
 	$(BIN)/evolforge run --out $(OUT) --rounds $(ROUNDS)
 
+# The suite runs on pytest-xdist workers: its tests mostly wait (Prefect servers starting, the embedded model,
+# subprocesses), so more workers than the 2 cores of the reference machine pay off. tests/conftest.py gives each
+# worker its own PREFECT_HOME, temporary folder and ports, and keeps the tests that share one resource on one
+# worker (--dist loadgroup). TEST_WORKERS=0: one process, no workers.
+TEST_WORKERS ?= 4
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+
 test: setup
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 test-all: setup
-	EVOLFORGE_SLOW=1 $(BIN)/python -m pytest -q
+	EVOLFORGE_SLOW=1 $(PYTEST)
 
 bench: setup
 	$(BIN)/python bench/bench_orchestration.py

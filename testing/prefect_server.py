@@ -16,6 +16,7 @@ import httpx
 from evolforge.testing.net import free_port  # noqa: F401 - tests import it from here too
 
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+POLL_SECONDS = 0.25  # how often the server's health and a run's state are asked for
 
 
 @contextlib.contextmanager
@@ -42,7 +43,7 @@ def prefect_server(home: Path, startup_timeout: float = 180) -> Iterator[tuple[d
                     raise RuntimeError("Prefect server exited: " + log_path.read_text()[-3000:])
                 if time.time() > deadline:
                     raise RuntimeError(f"Prefect server did not start in {startup_timeout}s")
-                time.sleep(1)
+                time.sleep(POLL_SECONDS)
             yield env, api
         finally:
             with contextlib.suppress(ProcessLookupError):
@@ -62,5 +63,5 @@ def wait_for_run(api: str, run_id: str, timeout: float = 300) -> str:
         st = run_state(api, run_id)
         if st in TERMINAL:
             return st
-        time.sleep(1)
+        time.sleep(POLL_SECONDS)
     raise AssertionError(f"flow run {run_id} still {st} after {timeout}s")

@@ -1,19 +1,43 @@
-"""Test fixtures: an isolated Prefect home per session, the scripted server, settings helpers."""
+"""Test fixtures: an isolated Prefect home and temporary folder per test process, the scripted server, settings
+helpers, and the pytest-xdist groups of the tests that share one resource.
+
+`make test` runs the suite on pytest-xdist workers (`-n N --dist loadgroup`). Every test process (each worker, or
+the one process of a plain `pytest`) has its own temporary folder (TMPDIR: every tempfile, scratch folder and
+subprocess of its tests goes there) with its own PREFECT_HOME inside (the Prefect database of the commands that
+tests run with Prefect's temporary server), its own Prefect test harness (session fixture `prefect_harness`: a
+server on a free port with a database of its own) and its own loopback ports (testing/net.py: a block per worker).
+pytest's own tmp_path folders stay under the system temporary folder, one basetemp per worker (xdist's).
+"""
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import shutil
 import tempfile
 
 import pytest
 
-_HOME = tempfile.mkdtemp(prefix="evolforge-prefect-home-")
-os.environ.setdefault("PREFECT_HOME", _HOME)
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... on an xdist worker; "" otherwise
+# the system temporary folder as the first test process saw it (a worker inherits its controller's TMPDIR)
+_TMP_ROOT = os.environ.setdefault("EVOLFORGE_TESTS_TMP_ROOT", tempfile.gettempdir())
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", _TMP_ROOT)  # pytest's basetemp: where it always was
+_TMP = tempfile.mkdtemp(prefix=f"evolforge-tests-{_WORKER or 'main'}-", dir=_TMP_ROOT)
+os.environ["TMPDIR"] = _TMP
+tempfile.tempdir = None  # tempfile reads TMPDIR again
+# registered before anything else's exit cleanup (Prefect's test harness removes its database folder, inside
+# this one, at exit): atexit runs the last registered first, so this removal comes after theirs
+atexit.register(shutil.rmtree, _TMP, True)
+if _WORKER or "PREFECT_HOME" not in os.environ:
+    # a worker's inherited PREFECT_HOME is its controller's (shared by every worker): each worker gets its own
+    os.environ["PREFECT_HOME"] = os.path.join(_TMP, "prefect-home")
+    os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 # commands run by tests use Prefect's temporary server, never a background one that would outlive the test
-# (tests/test_prefect_server_reuse.py covers the reused server and stops it)
+# (tests/cli/test_prefect_server_reuse.py covers the reused server and stops it)
 os.environ.setdefault("EVOLFORGE__RUNNER__PREFECT_SERVER", "ephemeral")
 for _k in ("EVOLFORGE_API_KEY", "OPENAI_API_KEY"):
     os.environ.pop(_k, None)
@@ -21,14 +45,112 @@ for _k in ("EVOLFORGE_API_KEY", "OPENAI_API_KEY"):
 
 from evolforge.testing.scripted_server import ScriptedServer  # noqa: E402
 
+# Tests that must run on one xdist worker, one after another (`--dist loadgroup` keeps a group on one worker):
+# - every test of a module that shares a module-scoped (or module-defined session) fixture: a moto S3 server, a
+#   Ray cluster, the sandbox service, a real Prefect server (`prefect_server`), trained models... On two workers
+#   the fixture would be built twice, or rebuilt each time the tests of two modules interleave;
+# - the tests that start the embedded llama.cpp model server (marker `embedded`): each one loads the model and
+#   uses every core while it answers, so two at once only slow each other down (and double the memory).
+# - the sandbox tests (modules test_sandbox*.py): test_sandbox.py's check that no background process survives a
+#   run counts every process of the machine in the sandbox uid range, so a check running on another worker at
+#   that moment fails it.
+# A test module can also name a group itself: `pytestmark = pytest.mark.xdist_group("name")`.
+EMBEDDED_GROUP = "embedded-model"
+MODULE_GROUPS = {"test_sandbox": "sandbox"}  # module file name prefix -> group
+# Handed out first, in this order (by module file name; a module of a group brings its whole group): the longest
+# work units (about 100, 65, 60, 50, 40 s on 4 workers of this 2-core machine), then the longest single tests, so
+# that no worker is left starting one of them while the others have finished.
+LONG_FIRST = ("test_object_storage.py", "test_deployment_server.py", "test_sandbox_service.py", "test_verl_real.py",
+              "test_embedded_integration.py", "test_reward_flows.py", "test_flow_evolve.py", "test_prefect_ui.py",
+              "test_report.py", "test_cards_stages.py", "test_dedup_retry.py", "test_dedup_flow.py",
+              "test_resume_kill.py", "test_prefect_server_reuse.py", "test_progress_steps.py", "test_ray_cluster.py")
+_GROUPS_FILE = "EVOLFORGE_XDIST_GROUPS_FILE"  # where workers write {nodeid: group} for the controller's scheduler
+if not _WORKER:
+    os.environ[_GROUPS_FILE] = os.path.join(_TMP, "xdist-groups.json")
 
+
+def _module_scoped(item: pytest.Item) -> bool:
+    """Whether the test uses a fixture shared beyond one test: module/package/class scoped, or session scoped but
+    defined in a test module (not a conftest or plugin fixture such as `prefect_harness`, one per worker)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    for name in item.fixturenames:
+        for fd in info.name2fixturedefs.get(name, ()):
+            scope = fd.scope if isinstance(fd.scope, str) else getattr(fd.scope, "value", "function")
+            if scope in ("module", "package", "class"):
+                return True
+            if scope == "session" and fd.baseid.endswith(".py"):
+                return True
+    return False
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    if mark:
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    if "embedded" in item.keywords:
+        return EMBEDDED_GROUP
+    module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    for prefix, group in MODULE_GROUPS.items():
+        if module.startswith(prefix):
+            return group
+    if _module_scoped(item):
+        return item.nodeid.split("::", 1)[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook on a worker, which reads the xdist_group marker
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    # a stable sort, the same on every worker (xdist checks that they all collected the same list)
+    items.sort(key=lambda it: rank.get(it.nodeid.split("::", 1)[0].rsplit("/", 1)[-1], len(rank)))
+    groups = {}
+    for item in items:
+        group = xdist_group_of(item)
+        if group:
+            groups[item.nodeid] = group
+            if not item.get_closest_marker("xdist_group"):
+                item.add_marker(pytest.mark.xdist_group(group))
+    path = os.environ.get(_GROUPS_FILE)
+    if _WORKER and path:  # every worker writes the same map; the controller reads it once all have collected
+        tmp = f"{path}.{_WORKER}"
+        with open(tmp, "w") as fh:
+            json.dump(groups, fh)
+        os.replace(tmp, path)
     if os.environ.get("EVOLFORGE_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow end-to-end test: set EVOLFORGE_SLOW=1 to run")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` with the groups above. pytest-xdist 3.8 passes a test's group to its scheduler by
+    appending `@group` to the test's node id on the worker, which pytest 9.2 ignores (node ids are structured
+    now: pytest-dev/pytest-xdist#1386), so every test would be scheduled on its own. This scheduler reads the
+    groups the workers wrote instead, and hands out the work units in collection order (LONG_FIRST first)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class GroupsFileScheduling(LoadGroupScheduling):
+        _groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._groups is None:  # first called once every worker has collected (and written the file)
+                try:
+                    with open(os.environ[_GROUPS_FILE]) as fh:
+                        self._groups = json.load(fh)
+                except (KeyError, OSError, ValueError):
+                    self._groups = {}
+            group = self._groups.get(nodeid)
+            return f"group:{group}" if group else super()._split_scope(nodeid)
+
+    config.option.loadscopereorder = False  # keep the collection order: the long modules go out first
+    return GroupsFileScheduling(config, log)
 
 
 @pytest.fixture
