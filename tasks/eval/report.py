@@ -1,7 +1,7 @@
 """What an evaluation reports: summary.json, the counts stage.json keeps, the results table (the `eval-results`
 table artifact), the plot (pass@1 per benchmark and domain with its interval), the dataset card and the markdown.
 
-    summarize(params, policy, table, skipped, settings)   summary.json
+    summarize(params, policy, table, skipped, ...)        summary.json (with the --training tables' overlap)
     counts(summary)                                       the figures stage.json keeps
     rows_dicts(table, ks)                                 the `eval-results` table artifact
     markdown(summary, ks)                                 the `eval-summary` artifact: the table with intervals
@@ -25,8 +25,9 @@ CARD_KEYS = ("benchmarks", "samples", "k", "temperature", "top_p", "max_new_toke
              "math_template", "humaneval_template")
 
 
-def summarize(params: EvalParams, policy: str, table: list[dict], skipped: dict, settings) -> dict:
-    return {"policy": policy, "policy_kind": "local folder" if params.policy else "endpoint model",
+def summarize(params: EvalParams, policy: str, table: list[dict], skipped: dict, settings,
+              overlap: list[dict] | None = None) -> dict:
+    return {"training_overlap": overlap or [], "policy": policy, "policy_kind": "local folder" if params.policy else "endpoint model",
             "inputs": {"tasks": params.tasks, "evolve_out": params.evolve_out},
             "benchmarks_run": sorted({r["benchmark"] for r in table}), "not_run": skipped, "table": table,
             "settings": {k: settings.eval.model_dump(mode="json").get(k) for k in CARD_KEYS}}
@@ -66,6 +67,12 @@ def markdown(summary: dict, ks: list[int]) -> str:
              "pass@k by the unbiased estimator (Chen et al. 2021), Wilson 95% interval over problems in brackets.", ""]
     lines += markdown_table(["benchmark", "domain", "problems", "samples/problem", *(f"pass@{k}" for k in ks)],
                             rows(summary["table"], ks))
+    if summary["training_overlap"]:
+        lines += ["", "Training tables against the problems evaluated (word n-gram overlap; nothing dropped here):", ""]
+        lines += markdown_table(["table", "folder", "rows", "overlapping", "by benchmark"],
+                                [[r["table"], r["folder"], r["checked"], r["overlapping"],
+                                  ", ".join(f"{k} {v}" for k, v in r["by_eval_set"].items()) or "-"]
+                                 for r in summary["training_overlap"]])
     if summary["not_run"]:
         lines += ["", "Not run: " + "; ".join(f"{b} ({why})" for b, why in summary["not_run"].items()) + "."]
     return "\n".join(lines)

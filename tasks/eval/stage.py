@@ -11,6 +11,7 @@ from pydantic import Field
 
 from evolforge.config.settings import Settings
 from evolforge.storage.eval_sets import EvalFolder
+from evolforge.storage.folder import read_marker
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.synthesis_sets import SynthLayout
@@ -38,6 +39,9 @@ class EvalParams(EndpointParams):
     limit: int | None = Field(None, ge=0, description="At most this many problems per benchmark (default: eval.limit).")
     math_file: str | None = Field(None, description="GSM8K-format jsonl for the math benchmark (default: "
                                   "eval.math_file; empty: held-out verified math tasks).")
+    training: list[str] = Field(default_factory=list, description="Training folders (evolve, synthesize, sft or ppo "
+                                "output folders) whose tables are checked for n-gram overlap with the problems "
+                                "evaluated; reported per table.")
 
     def stage_overrides(self) -> dict[str, Any]:
         return overrides_from(self, "eval", ("benchmarks", "samples", "k", "limit", "math_file"))
@@ -66,6 +70,9 @@ def check(params: EvalParams, settings: Settings) -> None:
                              "output folder")
     if settings.eval.math_file and "math" in settings.eval.benchmarks and not input_exists(settings.eval.math_file):
         raise InputError(f"eval.math_file {settings.eval.math_file} not found")
+    for folder in params.training:
+        if (read_marker(folder) or {}).get("kind") not in ("evolve", "synthesize", "sft", "ppo"):
+            raise InputError(f"--training {folder}: not an evolve, synthesize, sft or ppo output folder (its stage.json)")
     check_out_dir(params.out)
     if params.model:
         check_endpoint(settings)

@@ -5,7 +5,8 @@ and the Ray job. Plain functions; flows/ppo.py calls them in this order.
                                      (remote ones downloaded: the trainers and the reward function load them)
     reward_health(params, irm, prm)  the pre-flight (tasks/ppo/preflight.py): the models exist and the reward
                                      stage called them healthy; a run that overrides the verdict says so
-    prompt_data(evolved, lay, cfg)   the verl prompt parquet: data/train.parquet and data/test.parquet
+    prompt_data(evolved, lay, cfg)   the verl prompt parquet: data/train.parquet and data/test.parquet, the training
+                                     rows decontaminated against the evaluation sets (decontamination.json)
     initial_policy(params, cfg, lay) the policy PPO starts from: the SFT stage's model (--sft), else the base policy
                                      (the GGUF converted to a transformers folder, local/base_policy)
     verl_config(cfg, lay, ...)       the verl PPO configuration, validated and written, with its `ray job submit`
@@ -26,18 +27,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evolforge.config.settings import PPOSettings, RewardSettings
+from evolforge.config.settings import EvalSettings, PPOSettings, RewardSettings
 from evolforge.storage import ppo as store
 from evolforge.storage.fs import AnyPath, local_copy, location, write_text_atomic
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.reward_sets import META_FILE
 from evolforge.tasks.core.keys import SECRET_ENV
+from evolforge.tasks.eval.benchmarks import eval_index, own_problems
 from evolforge.tasks.ppo import grpo_smoke, ray_jobs
 from evolforge.tasks.ppo import local as ppo_local
 from evolforge.tasks.ppo import verl as ppo_verl
 from evolforge.tasks.ppo.data import build_prompt_rows
 from evolforge.tasks.ppo.preflight import preflight
 from evolforge.tasks.ppo.stage import PPOParams, reward_models, sft_model_dir
+from evolforge.tasks.text.ngrams import check_table
 
 
 def resolve(params: PPOParams, cfg: PPOSettings | None = None) -> tuple[PPOSettings, AnyPath, Path, Path]:
@@ -60,17 +63,44 @@ def reward_health(params: PPOParams, irm: Path, prm: Path, logger: logging.Logge
     return health
 
 
-def prompt_data(evolved: str | AnyPath, lay: store.PPOLayout, cfg: PPOSettings, tasks: str | None = None) -> dict:
-    """The evolved instructions (+ the kept synthesized tasks) as verl prompt rows, split by seed lineage and
-    written to data/train.parquet and data/test.parquet; returns the counts (tasks/ppo/data.py)."""
+def prompt_data(evolved: str | AnyPath, lay: store.PPOLayout, cfg: PPOSettings, tasks: str | None = None,
+                evals: EvalSettings | None = None) -> dict:
+    """The evolved instructions (+ the kept synthesized tasks) as verl prompt rows, split by seed lineage, the
+    training rows decontaminated against the evaluation sets (`evals`; ppo.decontaminate), written to
+    data/train.parquet and data/test.parquet (and decontamination.json); returns the counts (tasks/ppo/data.py)."""
+    kept = store.read_tasks(tasks) if tasks else None
     train_rows, test_rows, counts = build_prompt_rows(
         store.read_evolved(evolved), cfg.test_fraction, cfg.split_seed, cfg.answer_in_steps,
-        tasks=store.read_tasks(tasks) if tasks else None, unverified_ground_truth=cfg.unverified_ground_truth)
+        tasks=kept, unverified_ground_truth=cfg.unverified_ground_truth)
+    if evals is not None and cfg.decontaminate != "off":
+        train_rows, counts["decontamination"] = decontaminate(train_rows, test_rows, kept or [], cfg, evals)
+        store.write_json(lay.decontamination, counts["decontamination"])
+        counts["train"] = len(train_rows)
     if not train_rows:
         raise ValueError(f"{evolved} yields no training prompts ({counts})")
     store.write_prompt_parquet(train_rows, lay.train)
     store.write_prompt_parquet(test_rows, lay.test)
     return counts
+
+
+def decontaminate(train: list[dict], test: list[dict], tasks: list[dict], cfg: PPOSettings,
+                  evals: EvalSettings) -> tuple[list[dict], dict[str, dict]]:
+    """The training rows checked against the evaluation sets (HumanEval, the math file, the held-out verified tasks
+    of the test lineages) by word n-gram overlap, per table (evolved, synthesis); under ppo.decontaminate 'drop' the
+    overlapping rows are left out (the rest re-indexed)."""
+    held = {r["extra_info"]["lineage"]["seed_id"] for r in test}
+    index = eval_index(evals, extra=own_problems(tasks, held))
+    reports, kept = {}, []
+    for table in ("evolved", "synthesis"):
+        rows = [r for r in train if (r["extra_info"]["lineage"]["operation"] == "synthesis") == (table == "synthesis")]
+        flags, reports[table] = check_table(table, rows, lambda r: f"{r['extra_info']['question']}\n"
+                                            f"{r['extra_info']['answer']}", index,
+                                            id_of=lambda r: str(r["extra_info"]["lineage"]["id"]))
+        reports[table]["dropped"] = reports[table]["overlapping"] if cfg.decontaminate == "drop" else 0
+        kept += [r for r, hit in zip(rows, flags) if not (hit and cfg.decontaminate == "drop")]
+    order = {id(r): i for i, r in enumerate(train)}
+    kept.sort(key=lambda r: order[id(r)])
+    return [{**r, "extra_info": {**r["extra_info"], "index": i}} for i, r in enumerate(kept)], reports
 
 
 def needs_local_policy(cfg: PPOSettings) -> bool:

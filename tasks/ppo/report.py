@@ -76,6 +76,9 @@ def markdown(summary: dict) -> str:
              f"({summary['data']['with_ground_truth']} with a ground truth; by source: "
              + ", ".join(f"{k} {v}" for k, v in summary["ground_truth_sources"].items()) + ").",
              f"Reward stage health: {'healthy' if summary['preflight']['healthy'] else 'UNHEALTHY (overridden)'}.",
+             "Decontamination (n-gram overlap with the evaluation sets): " + ("; ".join(
+                 f"{name} {r['checked']} checked, {r['overlapping']} overlapping, {r['dropped']} dropped"
+                 for name, r in (summary["data"].get("decontamination") or {}).items()) or "not checked") + ".",
              f"verl {summary['verl']['algorithm']}: configuration `{summary['verl']['config']}`, command in "
              f"`{summary['paths']['submit']}`.",
              (f"Ray job ({job['kind']}): {job['submission_id']} at {job['address']}, {job['status']}"

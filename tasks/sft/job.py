@@ -17,7 +17,7 @@ from evolforge.storage.fs import exists
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.ledger import LedgerWriter
 from evolforge.storage.synthesis_sets import read_kept_tasks
-from evolforge.tasks.eval.benchmarks import eval_index, held_out_seeds
+from evolforge.tasks.eval.benchmarks import eval_index, held_out_seeds, own_problems
 from evolforge.tasks.sft import data
 from evolforge.tasks.sft.stage import SFTParams, inputs
 
@@ -34,7 +34,8 @@ def prepare(params: SFTParams, settings: Settings, folder: store.SFTFolder) -> d
     tasks = read_kept_tasks(paths["tasks"]) if paths["tasks"] else []
     conversations = store.read_jsonl(paths["trajectories"]) if paths["trajectories"] else []
     held_out = held_out_seeds(evolved, tasks, settings.ppo)
-    index = eval_index(settings.eval) if settings.sft.decontaminate != "off" else None
+    index = (eval_index(settings.eval, extra=own_problems(tasks, held_out))  # + the held-out verified tasks
+             if settings.sft.decontaminate != "off" else None)
     built = data.build(view, tasks, conversations, held_out, settings.sft, index)
     store.write_skipped(built.skipped, folder.skipped)
     store.write_json(folder.decontamination, built.decontamination)

@@ -56,11 +56,33 @@ def test_endpoint_policy_scores_what_its_answers_deserve(tmp_path, server):
     assert again["table"] == summary["table"] and len(server.posts()) == calls
 
 
+def _sft_folder_with_a_leak(root, problem):
+    from evolforge.storage.sft_sets import SFTFolder, message, write_rows
+
+    folder = SFTFolder(root).ensure()
+    folder.start_marker("sft")
+    rows = [{"id": f"r{i}", "source": "evolved", "seed_id": f"s{i}", "domain": "code",
+             "prompt": [message("user", text)], "completion": [message("assistant", "Step 1: done.")]}
+            for i, text in enumerate(["Write a function that adds two numbers together and returns the sum.",
+                                      "Finish this code:\n" + problem.text])]
+    write_rows(rows, folder.train)
+    return folder.root
+
+
 def test_local_policy_folder_generates_in_process(tmp_path):
+    from evolforge.config.settings import Settings
+    from evolforge.tasks.eval.benchmarks import humaneval_problems, ordered
+
     tiny = build_tiny_policy(tmp_path / "tiny")
+    first = ordered(humaneval_problems(), Settings().eval.seed, 2)[0]  # one of the two problems evaluated
+    sft = _sft_folder_with_a_leak(tmp_path / "sft", first)
     out = tmp_path / "eval"
     summary = eval_flow(EvalParams(policy=str(tiny), out=str(out), benchmarks=["humaneval", "own"], limit=2,
+                                   training=[str(sft)],
                                    overrides={"eval": {"max_new_tokens": 8, "batch_size": 2}}))
+    (overlap,) = summary["training_overlap"]
+    assert overlap["table"] == "sft" and overlap["checked"] == 2 and overlap["overlapping"] == 1
+    assert overlap["examples"] == [{"row": "r1", "eval_set": "humaneval", "eval_item": first.id}]
     assert summary["benchmarks_run"] == ["humaneval"] and "own" in summary["not_run"]
     gens = read_rows(EvalFolder(out).generations("humaneval"))
     assert len(gens) == 2 and all(g["template"] == "humaneval_completion" and len(g["samples"]) == 1 for g in gens)
@@ -71,7 +93,8 @@ def test_command_refuses_bad_inputs_before_anything_starts(tmp_path, capsys):
     out = tmp_path / "eval"
     for args, says in ((["eval", "--out", str(out)], "name one policy"),
                        (["eval", "--policy", str(tmp_path), "--out", str(out)], "not a transformers model folder"),
-                       (["eval", "--model", "m", "--tasks", str(tmp_path / "no"), "--out", str(out)], "not found")):
+                       (["eval", "--model", "m", "--tasks", str(tmp_path / "no"), "--out", str(out)], "not found"),
+                       (["eval", "--model", "m", "--training", str(tmp_path), "--out", str(out)], "not an evolve")):
         assert main(args) == 2
         err = capsys.readouterr().err
         assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -90,3 +90,33 @@ def test_loadable_by_datasets_and_usable_by_grpo_trainer(data):
     tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
     rendered = apply_chat_template({"prompt": row["prompt"]}, tok)
     assert rendered["prompt"].startswith("<user>Answer the following instruction") and row["extra_info"]["question"] in rendered["prompt"]
+
+
+def test_training_prompts_overlapping_an_evaluation_set_are_dropped_and_reported(tmp_path):
+    """ppo.decontaminate: a training prompt sharing an 8-gram with HumanEval (or a held-out task) is dropped by
+    default and counted per table; 'report' counts it and keeps it."""
+    from evolforge.config.settings import Settings
+    from evolforge.storage.ppo import read_json, read_prompt_rows
+    from evolforge.tasks.eval.benchmarks import humaneval_problems
+    from evolforge.tasks.ppo import job
+
+    path = write_evolved(tmp_path / "evolved.parquet", n_seeds=8)
+    table = pq.read_table(path).to_pylist()
+    train0, _, _ = build_prompt_rows(table, Settings().ppo.test_fraction, Settings().ppo.split_seed)
+    seed = train0[0]["extra_info"]["lineage"]["seed_id"]  # a training lineage: the leak is in the train split
+    leak = dict(next(r for r in table if r["seed_id"] == seed and r["status"] == "accepted"), id="leak",
+                instruction="Please solve: " + humaneval_problems()[2].text)
+    pq.write_table(pq.read_table(path).from_pylist(table + [leak], schema=pq.read_table(path).schema), path)
+    settings = Settings()
+    lay = PPOLayout(tmp_path / "ppo").ensure()
+    counts = job.prompt_data(path, lay, settings.ppo, None, settings.eval)
+    rep = counts["decontamination"]["evolved"]
+    rows = read_prompt_rows(lay.train)
+    assert rep["overlapping"] == 1 == rep["dropped"] and counts["decontamination"]["synthesis"]["checked"] == 0
+    assert all("leak" != r["extra_info"]["lineage"]["id"] for r in rows)
+    assert [r["extra_info"]["index"] for r in rows] == list(range(len(rows)))
+    assert read_json(lay.decontamination) == counts["decontamination"] and counts["train"] == len(rows)
+    assert rep["examples"][0] == {"row": "leak", "eval_set": "humaneval", "eval_item": "HumanEval/2"}
+    kept = job.prompt_data(path, PPOLayout(tmp_path / "ppo2").ensure(),
+                           settings.ppo.model_copy(update={"decontaminate": "report"}), None, settings.eval)
+    assert kept["train"] == counts["train"] + 1 and kept["decontamination"]["evolved"]["dropped"] == 0
