@@ -49,6 +49,8 @@ def sft_flow(params: SFTParams) -> dict:
             trained = (read_json(folder.summary) or {}).get("training")
             run.logger.info("a finished model is in %s: kept (retrain=True trains again)", folder.model)
         else:
+            if params.retrain:
+                folder.clear_checkpoints()  # again from the base model, not from the last run's final step
             with progress_artifacts("sft-progress", "train"):  # the optimizer steps, live
                 trained = train_task(str(folder.root), run.settings_json)
             job.record_cost(folder, run.run_id, trained, cfg.compute_usd_per_hour)

@@ -84,6 +84,12 @@ class SFTFolder(StageFolder):
                  if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").exists()]
         return max(found, key=lambda p: int(p.name.split("-")[-1])) if found else None
 
+    def clear_checkpoints(self) -> None:
+        """Remove every checkpoint (a retrain starts from the base model, not from the last run's steps)."""
+        import shutil
+
+        shutil.rmtree(self.checkpoints, ignore_errors=True)
+
     def model_ready(self) -> bool:
         return exists(self.model / META_FILE)
 

@@ -51,6 +51,10 @@ def test_flow_trains_and_reports(tmp_path, inputs):
     # again over the same folder: the rows and the model are kept, nothing is trained
     again = sft_flow(params)
     assert again["data"]["reused"] and again["training"]["steps"] == 3 and read_ledger(out).height == 1
+    # retrain: from the base model again (checkpoints removed), 3 steps in this run, a second ledger row
+    third = sft_flow(params.model_copy(update={"retrain": True}))
+    assert third["training"]["resumed_from"] is None and third["training"]["steps_this_run"] == 3
+    assert read_ledger(out).height == 2
 
 
 def test_command_refuses_bad_inputs_before_anything_starts(tmp_path, capsys):
