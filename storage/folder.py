@@ -125,7 +125,7 @@ class StageFolder(OutputFolder):
         """Local process logs (the embedded model server); a local scratch folder when OUT is remote."""
         if self.remote:
             key = hashlib.sha1(str(self.root).encode()).hexdigest()[:12]
-            return Path(tempfile.gettempdir()) / "evolforge-logs" / key
+            return Path(tempfile.gettempdir()).resolve() / "evolforge-logs" / key
         return self.root / "logs"
 
     def batched_sets(self) -> dict[str, BatchedSet]:
@@ -139,7 +139,7 @@ class StageFolder(OutputFolder):
     def ensure(self):
         for d in (self.root, self.ledger_dir):
             ensure_dir(d)
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.logs_dir)
         return self
 
     def start_marker(self, kind: str) -> dict:

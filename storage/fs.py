@@ -24,6 +24,16 @@ How the guarantees of a local folder carry over:
   journal entries, whose calls are sent again on resume);
 - locks on shared state (the dedup index): storage/locks.py.
 
+Two rules for every local write (files, logs, locks, folders, renames, deletions):
+- it never follows a symbolic link below the output root (`folder_fd`, `open_output`): a link planted in an
+  output folder cannot make a run write, append, create, move or delete outside it (`UnsafeOutputPath` names
+  the path and the link). The root itself is resolved once, when the folder is opened (`location` resolves
+  local paths), so OUT may be a link or lie under one; third-party writers (trainers) get an emptied folder
+  reached the same way (`fresh_dir`, `atomic_dir`);
+- files are created 0666 and folders 0777 less the process's umask, as `open` and `mkdir` do: outputs are
+  as readable as the operator's umask makes them (no output holds a secret; `permissions` sets a mode
+  explicitly).
+
 Nothing outside `storage/` calls this module's helpers on output paths except
 through the storage modules.
 """
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 import uuid
 from pathlib import Path, PurePosixPath
@@ -52,6 +63,10 @@ LOCAL_PROTOCOLS = ("", "file", "local")
 # secret; a writer that needs a stricter mode passes `permissions`.
 OUTPUT_FILE_MODE = 0o666
 OUTPUT_DIR_MODE = 0o777
+
+
+class UnsafeOutputPath(ValueError):
+    """A write inside an output folder would follow a symbolic link, so it could land outside the folder."""
 
 
 class StorageURLError(ValueError):
@@ -94,35 +109,164 @@ def fs_path(p: AnyPath) -> tuple:
     return p.fs, p.path
 
 
+# ---------------------------------------------------------------- local writes never follow a symbolic link
+#
+# Every local write (a file, an append-only log, a lock, a folder, a rename, a deletion) reaches its folder from
+# `/` one component at a time with O_NOFOLLOW (`folder_fd`), and opens or creates its last component relative to
+# that descriptor with O_NOFOLLOW too: a symbolic link anywhere on the way is refused with `UnsafeOutputPath`
+# naming the path and the link, never followed. So a link planted inside an output folder (a journal file, the
+# `dataset` folder) cannot make a run write outside it, and a link swapped in during the walk is no better.
+# Output roots are resolved once, when the folder is opened (`location` resolves a local path, so OUT may itself
+# be a link, or lie under one); everything beneath the resolved root must be real folders and files. An atomic
+# write replaces a link planted at its own name (rename does not follow it); an append or a lock refuses it.
+
+_DIR_OPEN = os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW | getattr(os, "O_PATH", os.O_RDONLY)
+
+
+def _refuse(path: str | os.PathLike, link: str | os.PathLike) -> UnsafeOutputPath:
+    return UnsafeOutputPath(f"refusing to write {path}: {link} is a symbolic link (evolforge never follows a link "
+                            "inside an output folder; make the output folder itself the link, or replace the link "
+                            "with a real folder)")
+
+
+def folder_fd(folder: str | os.PathLike, create: bool = True, writing: str | os.PathLike | None = None) -> int:
+    """A descriptor of the local `folder`, reached from `/` (or the working directory, for a relative path)
+    without following a symbolic link; missing folders are created (OUTPUT_DIR_MODE less the umask) when
+    `create`, else FileNotFoundError. `UnsafeOutputPath` (naming `writing`, default `folder`) when a component
+    is a link. The caller closes the descriptor."""
+    folder = os.path.normpath(os.fspath(folder))
+    absolute = folder.startswith("/")
+    parts = [p for p in folder.split("/") if p and p != "."]
+    fd = os.open("/" if absolute else ".", _DIR_OPEN)
+    walked = "/" if absolute else ""
+    try:
+        for part in parts:
+            walked = os.path.join(walked, part)
+            try:
+                nxt = os.open(part, _DIR_OPEN, dir_fd=fd)
+            except FileNotFoundError:
+                if not create or part == "..":
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, OUTPUT_DIR_MODE, dir_fd=fd)
+                nxt = _open_component(part, fd, walked, writing or folder)
+            except OSError:
+                nxt = _open_component(part, fd, walked, writing or folder)
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_component(part: str, fd: int, walked: str, writing: str | os.PathLike) -> int:
+    """Open one folder component again after a failure, telling a link (refused) from other errors."""
+    try:
+        return os.open(part, _DIR_OPEN, dir_fd=fd)
+    except OSError:
+        try:
+            is_link = stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode)
+        except OSError:
+            is_link = False
+        if is_link:
+            raise _refuse(writing, walked) from None
+        raise
+
+
+def open_output(path: str | os.PathLike, flags: int, mode: int = OUTPUT_FILE_MODE) -> int:
+    """os.open of a local output file without following a link, neither on the way nor at its name (`flags`
+    gets O_NOFOLLOW and O_CLOEXEC; O_CREAT creates missing folders). The file descriptor; the caller closes it."""
+    path = os.fspath(path)
+    parent, name = os.path.split(os.path.normpath(path))
+    dfd = folder_fd(parent or ".", create=bool(flags & os.O_CREAT), writing=path)
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+    except OSError as e:
+        if os.path.islink(path):
+            raise _refuse(path, path) from None
+        raise e
+    finally:
+        os.close(dfd)
+
+
+def open_append(path: str | os.PathLike, mode: str = "ab") -> IO:
+    """A local log file opened for appending (created 0666 less the umask, folders too), never through a link."""
+    return os.fdopen(open_output(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), mode)
+
+
+def fresh_dir(path: str | os.PathLike) -> Path:
+    """An empty local folder at `path` for a writer that is not evolforge's own (a trainer saving a model): what
+    was there (an earlier attempt's files, a planted link) is removed without following any link, and the folder
+    is created anew, reached without following a link, so nothing inside it leads outside."""
+    import shutil
+
+    path = Path(path)
+    dfd = folder_fd(path.parent, writing=path)
+    try:
+        try:
+            st = os.stat(path.name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path.name, dir_fd=dfd)
+        elif st is not None:
+            os.unlink(path.name, dir_fd=dfd)
+        os.mkdir(path.name, OUTPUT_DIR_MODE, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    return path
+
+
 def ensure_dir(p: AnyPath) -> AnyPath:
-    """mkdir -p for local folders; object stores have no folders (a no-op beyond the bucket)."""
+    """mkdir -p for local folders (never through a link: `folder_fd`); object stores have no folders (a no-op
+    beyond the bucket)."""
     if is_remote(p):
         fs, path = fs_path(p)
         with contextlib.suppress(FileExistsError):
             fs.makedirs(path, exist_ok=True)
     else:
-        p.mkdir(parents=True, exist_ok=True)
+        os.close(folder_fd(p))
     return p
 
 
 def replace(src: AnyPath, dst: AnyPath) -> None:
-    """Rename `src` to `dst` (a file or a folder), replacing a file at `dst`."""
+    """Rename `src` to `dst` (a file or a folder), replacing a file at `dst`; locally neither folder is reached
+    through a link (the renamed entry itself may be one: the link moves, not its target)."""
     if is_remote(src):
         fs, s = fs_path(src)
         fs.mv(s, dst.path, recursive=fs.isdir(s))
         fs.invalidate_cache()
-    else:
-        os.replace(src, dst)
+        return
+    src_fd = folder_fd(Path(src).parent, create=False, writing=src)
+    try:
+        dst_fd = folder_fd(Path(dst).parent, create=False, writing=dst)
+        try:
+            os.replace(Path(src).name, Path(dst).name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
 
 
 def unlink(p: AnyPath) -> None:
+    """Delete a file (nothing when it is missing); locally its folder is never reached through a link (a link at
+    its name is deleted itself, not its target)."""
     if is_remote(p):
         fs, path = fs_path(p)
         with contextlib.suppress(FileNotFoundError):
             fs.rm(path)
         fs.invalidate_cache()
-    else:
-        Path(p).unlink(missing_ok=True)
+        return
+    try:
+        dfd = folder_fd(Path(p).parent, create=False, writing=p)
+    except FileNotFoundError:
+        return
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(Path(p).name, dir_fd=dfd)
+    finally:
+        os.close(dfd)
 
 
 def exists(p: AnyPath) -> bool:
@@ -176,22 +320,26 @@ def atomic_output(path: AnyPath, mode: str = "wb", encoding: str | None = "utf-8
             raise
         return
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = str(path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    # created 0666 less the umask (mkstemp would make every output private to its writer: 0600)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, OUTPUT_FILE_MODE)
+    dfd = folder_fd(path.parent, writing=path)  # never through a link; missing folders created
+    tmp = f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
     try:
-        with os.fdopen(fd, mode, **({"encoding": encoding, "newline": ""} if text else {})) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        if permissions is not None:
-            os.chmod(tmp, permissions)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        # created 0666 less the umask (mkstemp would make every output private to its writer: 0600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, OUTPUT_FILE_MODE,
+                     dir_fd=dfd)
+        try:
+            with os.fdopen(fd, mode, **({"encoding": encoding, "newline": ""} if text else {})) as fh:
+                if permissions is not None:
+                    os.fchmod(fh.fileno(), permissions)
+                yield fh
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)  # a link at `path` is replaced, not followed
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+    finally:
+        os.close(dfd)
 
 
 def write_bytes_atomic(path: AnyPath, data: bytes) -> None:
@@ -234,16 +382,26 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     import shutil
 
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:12]}"
-    os.mkdir(tmp, OUTPUT_DIR_MODE)  # 0777 less the umask (mkdtemp would make it private: 0700)
+    dfd = folder_fd(dest.parent, writing=dest)  # never through a link; missing folders created
+    name = f".{dest.name}.{uuid.uuid4().hex[:12]}"
     try:
-        yield tmp
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
+        os.mkdir(name, OUTPUT_DIR_MODE, dir_fd=dfd)  # 0777 less the umask (mkdtemp would make it private: 0700)
+        try:
+            yield dest.parent / name
+            try:
+                st = os.stat(dest.name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(dest.name, dir_fd=dfd)
+            elif st is not None:  # a file or a link in the folder's place: removed itself, never followed
+                os.unlink(dest.name, dir_fd=dfd)
+            os.replace(name, dest.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(name, dir_fd=dfd)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.close(dfd)
 
 
 def read_text(path: AnyPath) -> str:
@@ -299,7 +457,7 @@ def scratch_dir(kind: str, remote: AnyPath) -> Path:
     import hashlib
 
     key = hashlib.sha1(str(remote).encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / "evolforge-cache" / kind / key
+    return Path(tempfile.gettempdir()).resolve() / "evolforge-cache" / kind / key  # resolved: written without links
 
 
 def publish_dir(local: Path, dest: AnyPath, last: str | None = None) -> AnyPath:

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-from evolforge.storage.fs import OUTPUT_FILE_MODE, AnyPath, ensure_dir, fs_path, is_remote, read_bytes
+from evolforge.storage.fs import AnyPath, ensure_dir, fs_path, is_remote, open_output, read_bytes
 
 
 def lock_holder(path: AnyPath) -> dict | None:
@@ -93,8 +93,7 @@ def _lock_local(path: Path, timeout: float, what: str, poll: float):
     import json
     import time
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, OUTPUT_FILE_MODE)
+    fd = open_output(path, os.O_RDWR | os.O_CREAT)  # never through a link; missing folders created
     deadline = time.monotonic() + max(0.0, timeout)
     try:
         while True:

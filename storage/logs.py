@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator
 
 import orjson
 
-from evolforge.storage.fs import OUTPUT_FILE_MODE, AnyPath, fs_path, is_remote, list_files
+from evolforge.storage.fs import AnyPath, fs_path, is_remote, list_files, open_output
 
 
 def json_bytes(obj: Any) -> bytes:
@@ -99,8 +99,7 @@ class AppendLog:
             self.objects_written = 0
             self.failed_puts = 0
         else:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, OUTPUT_FILE_MODE)
+            self._fd = open_output(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # never through a link
 
     def write(self, line: bytes) -> None:
         """Append one entry (thread-safe). Raises `LogFlushError` when a background flush failed since the

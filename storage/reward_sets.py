@@ -128,6 +128,13 @@ class RewardLayout(StageFolder):
 
         return scratch_dir("train", self.model_dir(kind)) if self.remote else self.model_dir(kind)
 
+    def fresh_training_dir(self, kind: str) -> Path:
+        """`training_dir`, emptied and created anew for a training run (storage/fs.py fresh_dir: what was there,
+        links included, is removed without following them), so the trainer's writes stay inside it."""
+        from evolforge.storage.fs import fresh_dir
+
+        return fresh_dir(self.training_dir(kind))
+
     def model_ready(self, kind: str) -> bool:
         return exists(self.model_dir(kind) / META_FILE)
 

@@ -31,6 +31,6 @@ def env_dir(variable: str, folder: str, requirements: tuple[str, ...]) -> Path:
     """$variable when set, else ~/.cache/evolforge/<folder>/<key> (XDG_CACHE_HOME honoured)."""
     given = os.environ.get(variable)
     if given:
-        return Path(given).expanduser()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        return Path(given).expanduser().resolve()  # resolved: its lock and files are written without links
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser().resolve()
     return cache / "evolforge" / folder / env_key(requirements)

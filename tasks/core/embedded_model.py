@@ -124,8 +124,8 @@ def embedded_server(cfg: EmbeddedModelSettings, log_dir: Path | None = None) -> 
     cmd = server_command(cfg, port)
     log_path = (log_dir / "embedded-model.log") if log_dir else None
     if log_path:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        from evolforge.storage.fs import open_append  # never through a link in the output folder
+    out = open_append(log_path) if log_path else subprocess.DEVNULL
     guard = [sys.executable, "-m", "evolforge.tasks.core.embedded_model", "--guard", str(os.getpid()), "--", *cmd]
     env = {k: v for k, v in os.environ.items() if k not in ("EVOLFORGE_API_KEY", "OPENAI_API_KEY")}
     proc = subprocess.Popen(guard, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
@@ -197,7 +197,9 @@ class StallWatchdog(threading.Thread):
                                f"{self.stall_seconds:g}): killed it, its calls fail now instead of hanging")
                 log.error("%s%s", self.reason, f"; its log: {self.log_path}" if self.log_path else "")
                 if self.log_path:
-                    with contextlib.suppress(OSError), open(self.log_path, "a") as f:
+                    from evolforge.storage.fs import open_append
+
+                    with contextlib.suppress(OSError, ValueError), open_append(self.log_path, "a") as f:
                         f.write(f"evolforge watchdog: {self.reason}\n")
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)  # a stuck server gets no graceful stop

@@ -67,10 +67,12 @@ def model_dir(settings: DedupSettings) -> Path:
 
 
 def static_cache_dir(settings: DedupSettings) -> Path:
+    """The cache folder, resolved (a configured location may be or lie under a link; storage writes below it
+    follow none)."""
     if settings.static_cache_dir:
-        return Path(settings.static_cache_dir).expanduser()
+        return Path(settings.static_cache_dir).expanduser().resolve()
     root = os.environ.get("EVOLFORGE_CACHE") or Path.home() / ".cache" / "evolforge"
-    return Path(root) / "static_embeddings"
+    return Path(root).expanduser().resolve() / "static_embeddings"
 
 
 def model_fingerprint(mdir: Path) -> str:

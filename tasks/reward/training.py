@@ -184,8 +184,7 @@ def model_health(data_dir: str | Path, out_dir: str | Path, cfg: RewardSettings)
 def train_reward_model(kind: str, data_dir: str, out_dir: str, cfg: RewardSettings) -> dict:
     """Train the IRM or the PRM from the data in `data_dir` into `out_dir` (published there when remote)."""
     data, layout = store.RewardLayout(data_dir), store.RewardLayout(out_dir)
-    dest = layout.training_dir(kind)
-    dest.mkdir(parents=True, exist_ok=True)
+    dest = layout.fresh_training_dir(kind)  # empty, reached without a link: the trainer's writes stay inside
     # live progress: the optimizer steps (tasks/core/progress.py; the CLI's bar, the flow's progress artifact)
     progress = StepProgress(f"train {kind}", cfg.irm_max_steps if kind == "irm" else cfg.prm_max_steps, "steps")
     train = train_irm if kind == "irm" else train_prm
