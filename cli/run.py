@@ -1,5 +1,9 @@
-"""`evolforge retry --out DIR [--base-url URL]`: re-run only the failed or rejected batches of the run at --out,
-with the run's own seeds and settings: the flow of the stage that made the folder, with `retry=true`.
+"""`evolforge retry --out DIR [--base-url URL] [--dedup-index DIR]`: re-run only the failed or rejected batches of
+the run at --out, with the run's own seeds and result-changing settings: the flow of the stage that made the
+folder, with `retry=true`. The endpoint (and so where the API key goes), the key's transport and the dedup index
+come from the user's config, environment and these flags (the stage's `retry_params`: --config, --base-url,
+--dedup-index for the evolve stage), never from the folder: where the folder's record names others, the command
+stops with one line naming both (exit 2), before any request or write.
 
 A stage is retried this way when its parameters have a `retry` field (the evolve stage's: tasks/evolve/stage.py;
 its flow reopens the failed batches, rolls the run's dedup index entries for the reopened round back, then
@@ -33,16 +37,30 @@ def retry_stage(out: str):
     return found
 
 
+def retry_flags(stage) -> tuple[str, ...]:
+    """The parameters a retry of `stage` takes from the command line (its Params' `retry_params`: the user's
+    config file, endpoint, ...; the rest comes from the run's record)."""
+    return tuple(getattr(stage.params, "retry_params", ()))
+
+
 def cmd_retry(args) -> int:
     stage = retry_stage(args.out)
-    extra = {"base_url": args.base_url} if args.base_url else {}
+    extra = {name: getattr(args, name) for name in retry_flags(stage) if getattr(args, name, None) is not None}
     params = stage.params(**{stage.out_field: args.out, "retry": True}, **extra)
-    stage.check(params, params.settings())  # a retry's check reads the run's own settings (before Prefect starts)
+    stage.check(params, params.settings())  # a retry's check reads the run's record (before Prefect starts)
     return run_stage(stage, params)
 
 
 def register(sub) -> None:
+    from evolforge.tasks.core.stages import stages
+
     p = sub.add_parser("retry", help="re-run only the failed or rejected batches of the run at --out")
     p.add_argument("--out", required=True)
-    p.add_argument("--base-url", help="endpoint to use this time (default: the run's own)")
+    seen: set[str] = set()
+    for stage in stages():
+        for name in retry_flags(stage):
+            if name not in seen:
+                seen.add(name)
+                p.add_argument("--" + name.replace("_", "-"), dest=name,
+                               help=stage.params.model_fields[name].description)
     p.set_defaults(fn=cmd_retry, fast_exit=True)

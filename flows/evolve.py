@@ -9,7 +9,8 @@ dataset card, plots and the markdown summary artifact.
 Re-running over the same output folder resumes: finished rounds and batches are skipped, a killed batch
 replays its journaled calls. Retrying a failed flow run re-runs only the batches that failed (Prefect result
 cache); `retry=true` (`evolforge retry`) re-runs only the failed or rejected batches of a finished run, with the
-run's own seeds and settings (tasks/evolve/resume.py reopen_for_retry). A run over an existing folder must use
+run's own seeds and result-changing settings, the user's endpoint and dedup index (tasks/evolve/stage.py
+run_to_retry, tasks/evolve/resume.py reopen_for_retry). A run over an existing folder must use
 the run's own seed file and result-changing settings (run.json, see storage/run_record.py), else it stops naming
 the change (`force_settings` accepts it); fewer rounds than the run finished keep every finished round in the
 datasets. Parameters and check: tasks/evolve/stage.py; files: storage/layout.py RunLayout, storage/rounds.py;
@@ -34,7 +35,7 @@ from evolforge.tasks.core.reporting import cost_summary
 from evolforge.tasks.evolve import report
 from evolforge.tasks.evolve.batch import run_evolve_batch
 from evolforge.tasks.evolve.resume import SeedImport, finished_rounds_after, reopen_for_retry, rounds_note
-from evolforge.tasks.evolve.stage import EvolveParams, run_to_retry
+from evolforge.tasks.evolve.stage import EvolveParams, index_of, run_to_retry
 
 __all__ = ["EvolveParams", "evolve_flow"]
 
@@ -125,7 +126,7 @@ def evolve_flow(params: EvolveParams = EvolveParams()) -> dict:
     params = run_to_retry(params) if params.retry else params  # a retry: the run's own seeds and settings
     with stage_run("evolve", params) as run:
         lay, settings, asked = run.folder, run.settings, run.settings.evol_instruct.rounds
-        retried = reopen_for_retry(lay, settings, run.logger) if params.retry else None
+        retried = reopen_for_retry(lay, settings, index_of(params), run.logger) if params.retry else None
         if retried and retried["nothing_to_retry"]:
             return {**read_json(lay.summary), "retry": retried}
         # the same seeds and result-changing settings as the run's own, or a clear error before any work

@@ -3,7 +3,8 @@
     {
       "run_id": ..., "created_at": ...,            the first run over the folder
       "seeds": PATH, "seeds_sha256": ..., "seeds_bytes": N,   the seed file of the run (content hash, streamed)
-      "settings": {...},                           the run's settings, whole (a retry reuses them: `evolforge
+      "settings": {...},                           the run's settings, whole (a retry reuses the result-changing
+                                                   ones but the locations: `recorded_overrides`; `evolforge
                                                    retry`, the evolve flow's `retry`, tasks/evolve/stage.py);
                                                    evol_instruct.rounds is the most rounds any run asked for
       "history": [                                 every run over the folder, oldest first, appended, never rewritten
@@ -50,6 +51,10 @@ NOT_RESULTS = frozenset({
     "dedup.threads", "dedup.chunk_records", "dedup.batch_size", "dedup.static_cache_dir",
 })
 EMBEDDED_RESULTS = ("model_path", "alias", "n_ctx", "max_new_tokens")
+# Result-changing settings that are also locations of models or files to load or write: a run's record never sets
+# them for a later run over the folder (`recorded_overrides`); the user's settings do, and a difference from the
+# record stops the run like any changed setting (`open_run`).
+LOCATIONS = frozenset({"embedded.model_path", "dedup.embedding_model", "dedup.static_cache_dir", "dedup.shard_dir"})
 
 
 class RunInputsChanged(ValueError):
@@ -82,6 +87,26 @@ def result_settings(settings: dict) -> dict[str, Any]:
     if not settings.get("gateway", {}).get("base_url"):  # the embedded model serves
         for key in EMBEDDED_RESULTS:
             out[f"embedded.{key}"] = settings.get("embedded", {}).get(key)
+    return out
+
+
+def recorded_overrides(recorded: dict) -> dict[str, Any]:
+    """The run's own result-changing settings (a `Settings.fingerprint()` dict from run.json) as nested overrides
+    for a retry of the run: the models each evolve stage used, the evol_instruct, input and dedup sections, the
+    embedded model's alias, n_ctx and max_new_tokens. Never a location (LOCATIONS), the endpoint, key handling,
+    runner, storage or any other setting: an output folder is data, so those come from the user's settings.
+    Keys the current settings do not know are left out."""
+    from evolforge.config.settings import Settings
+
+    models = recorded.get("models") or {}
+    out: dict[str, Any] = {"models": {s: m for s in EVOLVE_STAGES if (m := models.get(s) or models.get("default"))}}
+    for section in ("evol_instruct", "input", "dedup", "embedded"):
+        known = Settings.model_fields[section].annotation.model_fields
+        wanted = EMBEDDED_RESULTS if section == "embedded" else known
+        values = {k: v for k, v in (recorded.get(section) or {}).items()
+                  if k in known and k in wanted and f"{section}.{k}" not in LOCATIONS}
+        if values:
+            out[section] = values
     return out
 
 

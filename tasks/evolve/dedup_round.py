@@ -35,20 +35,18 @@ log = logging.getLogger("evolforge.dedup_round")
 def run_index(layout: RunLayout, index_dir: AnyPath) -> tuple[AnyPath, dict]:
     """(the index this run's dedup steps use, the source tag of this run's segments).
 
-    The first dedup step records a random tag for the run and its index in OUT/dedup_run.json. A
-    later flow run over the folder that gives no index of its own (the default OUT/dedup_index, as
-    `evolforge retry` does for a nightly run) keeps the recorded one; naming another is an error:
+    The first dedup step records a random tag for the run and its index in OUT/dedup_run.json. The index is
+    always the one the run's parameters name (`dedup_index`, else OUT/dedup_index): a folder never chooses it.
+    A later flow run over the folder that names another index than the recorded one is an error naming both:
     the run's seeds and earlier rounds are in the recorded index.
     """
     ref = read_json(layout.dedup_run) or {}
     indexes = ref.get("indexes", [])
     given = str(location(index_dir))
     if indexes and given not in indexes:
-        if given != str(location(layout.dedup_index)):
-            raise ValueError(f"{layout.root} was deduplicated against the index {indexes[-1]}, not {given}: its seeds "
-                             "and earlier rounds are there. Use that index, or a new output folder.")
-        log.info("run %s: dedup against its recorded index %s", layout.root, indexes[-1])
-        given, index_dir = indexes[-1], location(indexes[-1])
+        raise ValueError(f"{layout.root} was deduplicated against the dedup index {indexes[-1]} (its "
+                         f"{layout.dedup_run.name}), not {given}: its seeds and earlier rounds are there. Name that "
+                         "index (--dedup-index, flow parameter dedup_index), or use a new output folder.")
     if not ref.get("run") or given not in indexes:
         ref = {"run": ref.get("run") or uuid.uuid4().hex, "source": ref.get("source") or str(layout.root),
                "indexes": [*indexes, given] if given not in indexes else indexes}
@@ -112,14 +110,17 @@ def dedup_round(layout: RunLayout, round_no: int, settings: Settings, index_dir:
     return round_store.apply_dedup_decisions(layout, round_no)
 
 
-def rollback_run(layout: RunLayout, from_round: int, settings: DedupSettings | None = None) -> list[dict]:
-    """Drop this run's rounds >= `from_round` from every index it wrote to (`evolforge retry` of that round).
+def rollback_run(layout: RunLayout, from_round: int, index_dir: AnyPath,
+                 settings: DedupSettings | None = None) -> list[dict]:
+    """Drop this run's rounds >= `from_round` from the index `index_dir` (`evolforge retry` of that round): the
+    one the retry's parameters name, and only when the run wrote to it (OUT/dedup_run.json lists it); no other
+    index the record lists is touched.
 
-    Returns one {"index", "segments", "records", "full"} per index. A run without OUT/dedup_run.json
-    (no dedup yet, or indexed by an evolforge before segments carried their run) has nothing to drop.
+    Returns [{"index", "segments", "records", "full"}], or [] when there is nothing of this run to drop (no
+    OUT/dedup_run.json: no dedup yet, or indexed by an evolforge before segments carried their run).
     """
     ref = read_json(layout.dedup_run) or {}
-    if not ref.get("run"):
+    index = str(location(index_dir))
+    if not ref.get("run") or index not in ref.get("indexes", []):
         return []
-    return [{"index": idx, **rollback_index(location(idx), ref["run"], from_round, settings)}
-            for idx in ref.get("indexes", [])]
+    return [{"index": index, **rollback_index(location(index), ref["run"], from_round, settings)}]

@@ -1,8 +1,9 @@
 """What an evolve run does over its output folder besides the rounds themselves (flows/evolve.py calls these):
 
-    reopen_for_retry(layout, settings)   a retry: reopen the failed or rejected batches (storage/rounds.py
+    reopen_for_retry(layout, settings, index)   a retry: reopen the failed or rejected batches (storage/rounds.py
                                          reopen_failed_batches) and roll this run's entries for the reopened round
-                                         and later ones back out of its dedup indexes (tasks/evolve/dedup_round.py)
+                                         and later ones back out of the dedup index the retry names
+                                         (tasks/evolve/dedup_round.py)
     SeedImport(record, seeds, settings)  the round-1 pool imported in a thread while the model endpoint starts; the
                                          run is recorded in run.json once it is there (storage/run_record.py)
     finished_rounds_after(layout, last)  rounds an earlier run over the folder finished beyond this run's
@@ -27,13 +28,14 @@ from evolforge.tasks.evolve.stage import retry_lines
 log = logging.getLogger("evolforge.evolve")
 
 
-def reopen_for_retry(layout: RunLayout, settings: Settings, logger: Any = log) -> dict:
+def reopen_for_retry(layout: RunLayout, settings: Settings, index_dir: str, logger: Any = log) -> dict:
     """Make the run at `layout` redo only its failed work (what `evolforge retry` does first).
 
     Batches whose part holds records that failed with an error (or that have no part) are reopened, with later
     rounds and the final datasets moved aside (storage/rounds.py reopen_failed_batches). What this run put in
-    its dedup indexes for the reopened round and the superseded later ones is rolled back (other runs' and
-    nights' entries in a shared index stay); an index locked by another run is rolled back by the redone dedup
+    the dedup index `index_dir` (the one the retry's parameters name, tasks/evolve/stage.py index_of) for the
+    reopened round and the superseded later ones is rolled back (other runs' and nights' entries in a shared
+    index stay; no other index is touched); an index locked by another run is rolled back by the redone dedup
     step instead. Returns {"round", "batches", "superseded_rounds", "index_rollback", "index_locked",
     "nothing_to_retry"} (nothing to retry: no batch reopened and the run had finished)."""
     from evolforge.tasks.dedup.index import IndexLocked
@@ -45,7 +47,7 @@ def reopen_for_retry(layout: RunLayout, settings: Settings, logger: Any = log) -
                "nothing_to_retry": not reopened["batches"] and exists(layout.summary)}
     if reopened["batches"]:
         try:
-            retried["index_rollback"] = rollback_run(layout, reopened["round"], settings.dedup)
+            retried["index_rollback"] = rollback_run(layout, reopened["round"], index_dir, settings.dedup)
         except IndexLocked as e:  # the redone dedup step rolls it back too, once it gets the lock
             retried["index_locked"] = str(e)
     for line in retry_lines(retried):

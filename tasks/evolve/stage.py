@@ -12,17 +12,17 @@ Light to import (no Prefect, no polars): the CLI builds its commands and runs th
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
-from typing import Any
+from typing import Any, ClassVar
 from zoneinfo import ZoneInfo
 
 from pydantic import Field
 
 from evolforge.config.settings import SAMPLE_SEEDS, Settings, deep_merge
-from evolforge.storage.fs import read_json
+from evolforge.storage.fs import location, read_json
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.nights import NightlyFolder
+from evolforge.storage.run_record import recorded_overrides
 from evolforge.tasks.core.checks import InputError, check_endpoint, check_out_dir, check_rows
 from evolforge.tasks.core.params import EndpointParams, overrides_from
 from evolforge.tasks.core.stages import Deployment, Stage, Table, register
@@ -40,38 +40,82 @@ class EvolveParams(EndpointParams):
                                "than the run over the output folder finished keeps every finished round in the "
                                "datasets.")
     dedup_index: str | None = Field(None, description="Persistent dedup index folder (default: OUT/dedup_index; "
-                                    "the nightly flow shares one per dataset so every night is checked against all earlier ones).")
+                                    "the nightly flow shares one per dataset so every night is checked against all "
+                                    "earlier ones). Never taken from the output folder: a run over a folder that "
+                                    "was deduplicated against another index (its dedup_run.json) stops, naming both.")
     force_settings: bool = Field(False, description="Go on over an existing output folder although the seed file or "
                                  "settings that change results differ from the run's own (the change is recorded in "
                                  "run.json's history). Without it such a run stops and names the change.")
     retry: bool = Field(False, description="Re-run only the failed or rejected batches of the run at `out`, with the "
-                        "run's own seed file and settings (its run.json; `base_url` may name another endpoint, the "
-                        "other parameters are not used): the failed batches are reopened, this run's dedup index "
-                        "entries for the reopened round are rolled back, then the run resumes (`evolforge retry`).")
+                        "run's own seed file and result-changing settings (its run.json): the failed batches are "
+                        "reopened, this run's entries for the reopened round are rolled back out of the dedup index "
+                        "`dedup_index` names, then the run resumes (`evolforge retry`). The endpoint, key handling "
+                        "and index come from your settings and parameters, never from the folder: where its record "
+                        "names others, the retry stops and names both unless `base_url` / `dedup_index` are given.")
+
+    # what `evolforge retry` takes from its flags (cli/run.py): the user's own config, endpoint and index
+    retry_params: ClassVar[tuple[str, ...]] = ("config", "base_url", "dedup_index")
 
     def stage_overrides(self) -> dict[str, Any]:
         return {"evol_instruct": {"rounds": self.rounds}} if self.rounds is not None else {}
 
 
+def index_of(params: EvolveParams) -> str:
+    """The dedup index the parameters name: `dedup_index`, else OUT/dedup_index (never one from the folder)."""
+    return str(location(params.dedup_index)) if params.dedup_index else str(RunLayout(params.out).dedup_index)
+
+
 def run_to_retry(params: EvolveParams) -> EvolveParams:
-    """The parameters a retry of the run at `params.out` resumes it with: the run's seed file, rounds and whole
-    settings from its run.json (`base_url`, when given, is the endpoint to use this time; the dedup index, when
-    given, is passed on). A folder without run.json holds no run to retry (an InputError)."""
+    """The parameters a retry of the run at `params.out` resumes it with: the run's seed file, rounds and
+    result-changing settings from its run.json (storage/run_record.py `recorded_overrides`), everything else from
+    the user's config, environment and parameters. A folder is data: it never chooses the endpoint the key goes
+    to, the key's transport or the dedup index a retry rolls back. Where its record names another endpoint than
+    the user's settings (and `base_url` is not given), or another dedup index (dedup_run.json) than `dedup_index`
+    / OUT/dedup_index, an InputError names both. A folder without run.json holds no run to retry."""
     layout = RunLayout(params.out)
     info = read_json(layout.run_info)
     if not info:
         raise InputError(f"no run in {layout.root} (run.json missing)")
-    saved = copy.deepcopy(info["settings"])
-    if params.base_url:
-        saved.setdefault("gateway", {})["base_url"] = params.base_url
-    return EvolveParams(seeds=info["seeds"], out=params.out, rounds=saved["evol_instruct"]["rounds"],
-                        base_url=params.base_url, overrides=saved, dedup_index=params.dedup_index, retry=True)
+    recorded = info.get("settings") or {}
+    retry = EvolveParams(seeds=info["seeds"], out=params.out, rounds=(recorded.get("evol_instruct") or {}).get("rounds"),
+                         config=params.config, base_url=params.base_url,
+                         overrides=deep_merge(params.overrides, recorded_overrides(recorded)),
+                         dedup_index=params.dedup_index, force_settings=params.force_settings, retry=True)
+    if params.base_url is None:
+        _same_endpoint(layout, (recorded.get("gateway") or {}).get("base_url") or "", retry.settings())
+    _same_index(layout, retry)
+    return retry
+
+
+def _endpoint_name(url: str) -> str:
+    return url if url else "the embedded model (gateway.base_url empty)"
+
+
+def _same_endpoint(layout: RunLayout, recorded: str, settings: Settings) -> None:
+    mine = settings.gateway.base_url
+    if recorded.rstrip("/") != mine.rstrip("/"):
+        raise InputError(
+            f"{layout.run_info} records the endpoint {_endpoint_name(recorded)}, but your settings give "
+            f"{_endpoint_name(mine)} (config, EVOLFORGE__GATEWAY__BASE_URL): a retry takes the endpoint its key goes "
+            f"to from you, never from the folder; pass --base-url (flow parameter base_url) with the one to use")
+
+
+def _same_index(layout: RunLayout, params: EvolveParams) -> None:
+    recorded = (read_json(layout.dedup_run) or {}).get("indexes") or []
+    mine = index_of(params)
+    if recorded and mine not in recorded:
+        given = "--dedup-index" if params.dedup_index else "your settings (the default OUT/dedup_index)"
+        raise InputError(
+            f"{layout.dedup_run} records the dedup index {recorded[-1]}, but {given} name {mine}: a retry rolls "
+            f"back and deduplicates against the index you name only, and the run's seeds and earlier rounds are in "
+            f"the recorded one; pass --dedup-index {recorded[-1]} (flow parameter dedup_index) if that is the index "
+            "you mean, or use a new output folder")
 
 
 def check(params: EvolveParams, settings: Settings) -> None:
     """The seed file holds a usable instruction, the output folder can be written, the endpoint answers and
-    accepts the key. A retry: the folder holds a run (its run.json) and the endpoint of the run's own settings
-    answers (`run_to_retry`; its seeds are imported already)."""
+    accepts the key. A retry: the folder holds a run (its run.json) whose recorded endpoint and dedup index are
+    the ones the user names (`run_to_retry`), and the user's endpoint answers (its seeds are imported already)."""
     if params.retry:
         check_endpoint(run_to_retry(params).settings())
         return

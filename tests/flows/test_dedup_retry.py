@@ -69,7 +69,7 @@ def test_retry_redoes_the_rounds_dedup_and_matches_a_clean_run(tmp_path, server,
     assert not _decisions(lay, 1).equals(_decisions(clean, 1))
 
     capsys.readouterr()
-    assert cli_main(["retry", "--out", str(lay.root)]) == 0
+    assert cli_main(["retry", "--out", str(lay.root), "--base-url", server.base_url]) == 0
     out = capsys.readouterr().out  # what was reopened and rolled back, then what `evolforge run` prints
     assert "round 1: redoing batches [0]; later rounds superseded: ['round_02']" in out
     assert f"dedup index {lay.dedup_index}: rolled back this run's rounds >= 1 (" in out
@@ -84,12 +84,12 @@ def test_retry_redoes_the_rounds_dedup_and_matches_a_clean_run(tmp_path, server,
     assert set(_index_ids(lay.dedup_index)) == _ids(lay.evolved)
     assert list(lay.round_dir(1).glob("dedup.parquet.retry-*"))  # the old decisions, kept aside
 
-    assert cli_main(["retry", "--out", str(lay.root)]) == 0
+    assert cli_main(["retry", "--out", str(lay.root), "--base-url", server.base_url]) == 0
     assert capsys.readouterr().out.strip().endswith(
         f"nothing to retry in {lay.root}: every batch finished without errors")
 
 
-def test_retry_rolls_back_a_shared_index_and_leaves_other_runs_entries(tmp_path, server):
+def test_retry_rolls_back_a_shared_index_and_leaves_other_runs_entries(tmp_path, server, capsys):
     """Two runs on one index (as nights of a dataset): retrying one drops its superseded rounds from the index
     (rows that are no longer in its dataset), keeps the other run's entries, and redoes them in the same index."""
     shared = tmp_path / "shared_index"
@@ -104,7 +104,14 @@ def test_retry_rolls_back_a_shared_index_and_leaves_other_runs_entries(tmp_path,
     old_round2 = set(pl.read_parquet(lay.lineage).filter((pl.col("round") == 2) & (pl.col("status") == "accepted"))["id"])
     assert old_round2 and old_round2 <= set(_index_ids(shared))
 
-    assert cli_main(["retry", "--out", str(lay.root)]) == 0
+    # the folder does not choose the index: without --dedup-index the retry stops, naming both, and touches nothing
+    manifest = (shared / "manifest.json").read_bytes()
+    assert cli_main(["retry", "--out", str(lay.root), "--base-url", server.base_url]) == 2
+    err = capsys.readouterr().err
+    assert str(shared) in err and str(lay.dedup_index) in err and "--dedup-index" in err
+    assert (shared / "manifest.json").read_bytes() == manifest and not lay.dedup_index.exists()
+
+    assert cli_main(["retry", "--out", str(lay.root), "--base-url", server.base_url, "--dedup-index", str(shared)]) == 0
     ids = _index_ids(shared)
     assert len(ids) == len(set(ids))
     assert ids[:len(other_ids)] == other_ids  # the other run's entries, untouched
@@ -117,3 +124,22 @@ def test_retry_rolls_back_a_shared_index_and_leaves_other_runs_entries(tmp_path,
     redone = lineage.filter(pl.col("round") == 2)
     assert not (set(redone["duplicate_of"].drop_nulls()) & set(redone["id"]))
     assert not lay.dedup_index.exists()  # the retry deduplicated against the run's own (shared) index
+
+
+def test_retry_rolls_back_only_the_index_it_names(tmp_path, server):
+    """dedup_run.json may list more indexes (planted, or left by an older evolforge): a retry rolls back only the
+    one its parameters name, never another index the folder lists, inside or outside the folder."""
+    import shutil
+
+    server.script("400")
+    lay = RunLayout(tmp_path / "run")
+    evolve_flow(_params(tmp_path, server, "run"))
+    outside = tmp_path / "outside_index"  # a copy holds this run's tagged segments: a rollback would drop them
+    shutil.copytree(lay.dedup_index, outside)
+    ref = json.loads(lay.dedup_run.read_text())
+    lay.dedup_run.write_text(json.dumps({**ref, "indexes": [*ref["indexes"], str(outside)]}))
+    before = {p.name: p.read_bytes() for p in outside.iterdir() if p.is_file()}
+
+    assert cli_main(["retry", "--out", str(lay.root), "--base-url", server.base_url]) == 0
+    assert {p.name: p.read_bytes() for p in outside.iterdir() if p.is_file()} == before
+    assert set(_index_ids(lay.dedup_index)) == _ids(lay.evolved)  # the named index was rolled back and redone

@@ -58,13 +58,13 @@ def test_retry_command_redoes_only_rejected_batches(tmp_path, server):
     lay = RunLayout(tmp_path / "out")
     assert pl.read_parquet(lay.lineage).filter(pl.col("status") == "error").height == 2
     sent = len(server.posts())
-    assert cli_main(["retry", "--out", str(lay.root)]) == 0
+    assert cli_main(["retry", "--out", str(lay.root), "--base-url", server.base_url]) == 0
     lineage = pl.read_parquet(lay.lineage)
     assert lineage.height == 8 and set(lineage["status"]) == {"accepted"}
     # only the two failed records were sent again (3 calls each); their batch-mates replayed from the journal
     assert len(server.posts()) - sent == 6
     assert list((lay.round_dir(1) / "parts").glob("*.retry-*"))
-    assert cli_main(["retry", "--out", str(lay.root)]) == 0  # nothing left to retry
+    assert cli_main(["retry", "--out", str(lay.root), "--base-url", server.base_url]) == 0  # nothing left to retry
     assert len(server.posts()) - sent == 6
 
 

@@ -218,7 +218,7 @@ def test_retry_is_a_flow_parameter(tmp_path, server):
     assert summary["seeds"] == p.seeds and _run_json(tmp_path)["history"][-1]["event"] == "resume"
     assert json.loads(lay.summary.read_text())["retry"]["batches"] == summary["retry"]["batches"]
 
-    again = evolve_flow(EvolveParams(out=p.out, retry=True))
+    again = evolve_flow(EvolveParams(out=p.out, base_url=server.base_url, retry=True))
     assert again["retry"]["nothing_to_retry"] and again["run_id"] == summary["run_id"]  # the run's summary, as it was
     assert len(server.posts()) - sent == 3
 

@@ -429,7 +429,7 @@ def test_failed_batches_are_retried_from_s3_checkpoints(tmp_path, server, s3):
     lineage = _s3_table(s3, "evolforge/nightly/run-b/dataset/lineage.parquet")
     assert lineage.filter(pl.col("status") == "error").height == 2
     sent = len(server.posts())
-    assert cli_main(["retry", "--out", url]) == 0
+    assert cli_main(["retry", "--out", url, "--base-url", server.base_url]) == 0
     lineage = _s3_table(s3, "evolforge/nightly/run-b/dataset/lineage.parquet")
     assert lineage.height == 6 and set(lineage["status"]) == {"accepted"}
     assert len(server.posts()) - sent == 6  # only the two failed records (3 calls each); the rest replayed

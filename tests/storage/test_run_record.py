@@ -169,6 +169,6 @@ def test_cli_run_names_the_change_and_force_settings_accepts_it(tmp_path, server
     info = json.loads(lay.run_info.read_text())
     assert info["history"][-1]["changes"] == {"evol_instruct.temperature": [0.9, 0.4]}
     assert pl.read_parquet(lay.lineage).filter(pl.col("status") == "error").height == 1
-    assert cli_main(["retry", "--out", str(lay.root)]) == 0  # retry reuses the accepted settings: no mismatch
+    assert cli_main(["retry", "--out", str(lay.root), "--base-url", server.base_url]) == 0  # retry reuses the accepted settings: no mismatch
     assert set(pl.read_parquet(lay.lineage)["status"]) == {"accepted"}
     assert json.loads(lay.run_info.read_text())["history"][-1]["event"] == "resume"
