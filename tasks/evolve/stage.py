@@ -106,21 +106,22 @@ def _same_index(layout: RunLayout, params: EvolveParams) -> None:
     if recorded and mine not in recorded:
         given = "--dedup-index" if params.dedup_index else "your settings (the default OUT/dedup_index)"
         raise InputError(
-            f"{layout.dedup_run} records the dedup index {recorded[-1]}, but {given} name {mine}: a retry rolls "
-            f"back and deduplicates against the index you name only, and the run's seeds and earlier rounds are in "
-            f"the recorded one; pass --dedup-index {recorded[-1]} (flow parameter dedup_index) if that is the index "
-            "you mean, or use a new output folder")
+            f"{layout.dedup_run} records the dedup index {recorded[-1]}, but {given} name {mine}: a run over the "
+            f"folder (a retry's rollback included) uses only the index you name, and the run's seeds and earlier "
+            f"rounds are in the recorded one; pass --dedup-index {recorded[-1]} (flow parameter dedup_index) if that "
+            "is the index you mean, or use a new output folder")
 
 
 def check(params: EvolveParams, settings: Settings) -> None:
-    """The seed file holds a usable instruction, the output folder can be written, the endpoint answers and
-    accepts the key. A retry: the folder holds a run (its run.json) whose recorded endpoint and dedup index are
+    """The seed file holds a usable instruction, the output folder can be written, the dedup index named is the
+    one a run over the folder used (dedup_run.json), the endpoint answers and accepts the key. A retry: the folder holds a run (its run.json) whose recorded endpoint and dedup index are
     the ones the user names (`run_to_retry`), and the user's endpoint answers (its seeds are imported already)."""
     if params.retry:
         check_endpoint(run_to_retry(params).settings())
         return
     check_rows(params.seeds, settings.input.instruction_field, "seed file", settings.input.max_chars)
     check_out_dir(params.out)
+    _same_index(RunLayout(params.out), params)  # a resumed run: the index it names is the one it used
     check_endpoint(settings)
 
 
@@ -192,7 +193,7 @@ STAGE = register(Stage(
         Table("rejects", "rejects.jsonl", ("source", "line", "reason", "row"),
               "seed rows that could not be used, with the reason"),
     ),
-    cli_hidden=("dedup_index", "retry"),  # dedup_index: the nightly flow's; retry: `evolforge retry` (cli/run.py)
+    cli_hidden=("retry",),  # `evolforge retry` (cli/run.py)
     fast_exit=True,
     present=present,
     deployment=Deployment("Evol-Instruct rounds over any seed dataset (resumes over the same output folder).",

@@ -86,3 +86,15 @@ def test_a_recorded_index_other_than_the_users_stops_the_retry(tmp_path):
     # the default index is fine when it is the one the run used
     lay2 = plant(tmp_path / "run2", indexes=[str(tmp_path / "run2" / "dedup_index")])
     assert index_of(run_to_retry(EvolveParams(out=str(lay2.root), base_url=ENDPOINT, retry=True))) == str(lay2.dedup_index)
+
+
+def test_a_resumed_run_naming_another_index_than_its_own_stops_at_the_check(tmp_path):
+    from evolforge.tasks.evolve.stage import STAGE
+
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text('{"id": "s0", "instruction": "Explain tides to a child."}\n')
+    shared = tmp_path / "dataset" / "dedup_index"
+    lay = plant(tmp_path / "night", indexes=[str(shared)])
+    params = EvolveParams(seeds=str(seeds), out=str(lay.root))  # `evolforge run --out NIGHT` without the index
+    with pytest.raises(InputError, match=f"{shared}.*{lay.dedup_index}.*--dedup-index"):
+        STAGE.check(params, params.settings())
