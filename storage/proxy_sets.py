@@ -9,8 +9,13 @@
 A record (see tasks/proxy/recording.py for how it is built):
     {"record_id", "session", "parent_session", "role", "route", "method", "path", "stream", "status",
      "error", "model", "ts", "latency_s", "ttft_s", "request": {messages | prompt, tools, parameters},
-     "response": {"content", "tool_calls", "finish_reason", "usage", "logprobs", "token_ids",
-                  "prompt_token_ids", "raw"}}
+     "response": {"content", "reasoning_content", "tool_calls", "finish_reason", "usage", "logprobs",
+                  "token_ids", "prompt_token_ids", "model", "id"}}
+`route` says which API: "chat.completions", "completions", "responses" (request: input, instructions, tools,
+tool_choice, previous_response_id, parameters; response also `output`, the items as sent, and `usage` of
+input_tokens / output_tokens) or "messages" (request: system, messages, tools, tool_choice, parameters; response
+also `content_blocks` as sent, `usage` of input_tokens / output_tokens / cache_*); `tool_calls` is in the chat
+form for all three (tasks/proxy/wires.py). Any other route is passed through with `request` and `response` null.
 Every call under /v1 has one record and one ledger row, refused ones too: `status` is what the client got, `error`
 says why it failed (null for a success); calls refused at the door (foreign Host, a browser's Origin, no token) are
 under the session "(refused)", bad session names under "invalid". Request headers are never recorded; keys never

@@ -9,6 +9,8 @@ test can check that what a client received through the proxy is exactly what the
 - `return_token_ids: true` (vLLM's extension): `token_ids` per choice (one id per character) and
   `prompt_token_ids`; `logprobs: true`: a logprob per character.
 - `fault`: "junk" (200 with a non-JSON body), "500", "cut" (a stream that stops without [DONE]).
+- `POST /v1/responses` and `/v1/messages` (streamed or not) and `/v1/messages/count_tokens`: OpenAI's
+  Responses API and Anthropic's Messages API, scripted the same way (testing/agent_apis.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from evolforge.testing import agent_apis
 
 
 def reply_text(body: dict) -> str:
@@ -44,6 +48,7 @@ def usage(body: dict, text: str) -> dict:
 class AgentUpstream:
     def __init__(self, delay: float = 0.0):
         self.delay = delay
+        self.responses = 0  # Responses API calls answered (their ids: resp_1, resp_2, ...)
         self.fault: str | None = None
         self.sent: list[bytes] = []  # every response body, in order
         self.received: list[dict] = []  # every request: path, headers, body
@@ -70,6 +75,19 @@ class AgentUpstream:
                     return self._send(500, {"error": {"message": "upstream exploded"}})
                 if outer.fault == "junk":
                     return self._raw(200, b"<html>gateway hiccup</html>", "text/html")
+                if self.path.endswith("/messages/count_tokens"):
+                    return self._send(200, agent_apis.count_tokens(body))
+                if self.path.endswith("/responses"):
+                    outer.responses += 1
+                    rid = f"resp_{outer.responses}"
+                    if body.get("stream"):
+                        return self._stream(body, agent_apis.responses_events(body, rid))
+                    return self._send(200, agent_apis.responses_body(body, rid))
+                if self.path.endswith("/messages"):
+                    mid = f"msg_{len(outer.received)}"
+                    if body.get("stream"):
+                        return self._stream(body, agent_apis.messages_events(body, mid))
+                    return self._send(200, agent_apis.messages_body(body, mid))
                 if self.path.endswith("/chat/completions"):
                     return self._stream(body) if body.get("stream") else self._send(200, self._chat(body))
                 if self.path.endswith("/completions"):
@@ -93,8 +111,11 @@ class AgentUpstream:
                     choice["logprobs"] = {"content": [{"token": c, "logprob": -0.5} for c in (text or "")]}
                 return out
 
-            def _stream(self, body: dict) -> None:
-                if outer.fault == "cut":
+            def _stream(self, body: dict, events: list | None = None) -> None:
+                if events is not None:
+                    if outer.fault == "cut":
+                        events = events[:3] + [events[3][:len(events[3]) // 2]]
+                elif outer.fault == "cut":
                     events = [self._chunk(body, {"role": "assistant", "content": "partial"})]
                 else:
                     events = self._events(body)

@@ -4,7 +4,9 @@ A request picks its reply with the header `X-Hostile-Reply: NAME` (a name of REP
 chat request gets a well-formed completion (streamed when its body asks). The replies are the shapes a broken
 or malicious endpoint sends: `choices` as a dict, `message` as a string, `usage` as a list, a stream `delta`
 that is a list, a tool-call `index` that is not an int, junk, a lone surrogate, JSON nested past any parser's
-depth, a stream cut without [DONE] or in the middle of a chunk. Every request is noted (`received`: path,
+depth, a stream cut without [DONE] or in the middle of a chunk. The Responses API and the Messages API get shapes
+of their own (API_REPLIES, API_STREAMS: an `output` or `content` that is not a list, a delta that is not a
+string, an index that is not an int, a stream without its end event, `response.failed`, an `error` event). Every request is noted (`received`: path,
 headers, raw body), so a test can see what reached the upstream.
 
     with HostileUpstream() as up:                     # in a thread, on 127.0.0.1 (host= to bind another address)
@@ -169,6 +171,158 @@ STREAMS: dict[str, list[bytes]] = {
 }
 
 
+# the Responses API and the Messages API (`POST .../responses`, `.../messages`): the same header picks a shape of
+# API_REPLIES[api] or API_STREAMS[api]; without it a well-formed answer (streamed when the body asks)
+def _resp(**over) -> dict:
+    body = {"id": "resp_h", "object": "response", "status": "completed", "model": "hostile-model",
+            "output": [{"type": "message", "id": "msg_h", "role": "assistant",
+                        "content": [{"type": "output_text", "text": "ok", "annotations": []}]}],
+            "usage": {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}}
+    body.update(over)
+    return body
+
+
+def _resp_item(**fields) -> dict:
+    return _resp(output=[{"type": "message", "id": "msg_h", "role": "assistant", **fields}])
+
+
+def _msg(**over) -> dict:
+    body = {"id": "msg_h", "type": "message", "role": "assistant", "model": "hostile-model",
+            "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+            "usage": {"input_tokens": 5, "output_tokens": 2}}
+    body.update(over)
+    return body
+
+
+_COMMON_BAD = {
+    "body_list": _json([1, 2, 3]),
+    "body_str": _json("ok"),
+    "junk_html": (200, "text/html", b"<html>gateway hiccup</html>"),
+    "empty_body": (200, "application/json", b""),
+    "deep_nesting": (200, "application/json", b'{"output": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"),
+}
+API_REPLIES: dict[str, dict[str, tuple[int, str, bytes]]] = {
+    "responses": {
+        "ok": _json(_resp()),
+        "output_missing": _json({k: v for k, v in _resp().items() if k != "output"}),
+        "output_dict": _json(_resp(output={"0": {}})),
+        "output_str": _json(_resp(output="ok")),
+        "item_str": _json(_resp(output=["ok"])),
+        "content_str": _json(_resp_item(content="ok")),
+        "content_item_str": _json(_resp_item(content=["ok"])),
+        "text_int": _json(_resp_item(content=[{"type": "output_text", "text": 7}])),
+        "fc_args_dict": _json(_resp(output=[{"type": "function_call", "call_id": "c", "name": "f",
+                                             "arguments": {"a": 1}}])),
+        "usage_list": _json(_resp(usage=[5, 2])),
+        "usage_tokens_str": _json(_resp(usage={"input_tokens": "5", "output_tokens": "2"})),
+        "usage_tokens_negative": _json(_resp(usage={"input_tokens": -5, "output_tokens": 2})),
+        "model_dict": _json(_resp(model={"m": 1})),  # odd optional fields: dropped from the record, the answer passes
+        "id_list": _json(_resp(id=[1])),
+        "status_dict": _json(_resp(status={"s": 1})),
+        "lone_surrogate": (200, "application/json", json.dumps(_resp_item(
+            content=[{"type": "output_text", "text": "\ud800 x"}])).encode()),
+        **_COMMON_BAD,
+    },
+    "messages": {
+        "ok": _json(_msg()),
+        "content_missing": _json({k: v for k, v in _msg().items() if k != "content"}),
+        "content_dict": _json(_msg(content={"0": {"type": "text", "text": "ok"}})),
+        "content_str": _json(_msg(content="ok")),
+        "block_str": _json(_msg(content=["ok"])),
+        "text_int": _json(_msg(content=[{"type": "text", "text": 7}])),
+        "thinking_list": _json(_msg(content=[{"type": "thinking", "thinking": ["a"]}])),
+        "tool_input_str": _json(_msg(content=[{"type": "tool_use", "id": "t", "name": "f", "input": "{}"}])),
+        "usage_list": _json(_msg(usage=[5, 2])),
+        "usage_tokens_str": _json(_msg(usage={"input_tokens": "5", "output_tokens": "2"})),
+        "usage_cache_float": _json(_msg(usage={"input_tokens": 5, "output_tokens": 2,
+                                              "cache_read_input_tokens": 1.5})),
+        "model_dict": _json(_msg(model={"m": 1})),
+        "id_list": _json(_msg(id=[1])),
+        "stop_reason_dict": _json(_msg(stop_reason={"s": 1})),
+        "lone_surrogate": (200, "application/json", json.dumps(_msg(content=[{"type": "text", "text": "\ud800"}])).encode()),
+        **_COMMON_BAD,
+    },
+}
+API_PASSING = {"ok", "model_dict", "id_list", "status_dict", "stop_reason_dict", "lone_surrogate"}
+
+
+def _typed(kind: str, **data) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+
+def _resp_sse(*middle: bytes, end: bytes | None = None) -> list[bytes]:
+    start = _resp(status="in_progress", output=[], usage=None)
+    item = {"type": "message", "id": "msg_h", "role": "assistant", "content": []}
+    return [e for e in (_typed("response.created", response=start),
+            _typed("response.output_item.added", output_index=0, item=item),
+            _typed("response.output_text.delta", item_id="msg_h", output_index=0, content_index=0, delta="ok"),
+            *middle,
+            _typed("response.completed", response=_resp()) if end is None else end) if e]  # b"": no end event
+
+
+def _msg_sse(*middle: bytes, end: bytes | None = None) -> list[bytes]:
+    return [e for e in (_typed("message_start", message=_msg(content=[], stop_reason=None, usage={"input_tokens": 5,
+                                                                                        "output_tokens": 1})),
+            _typed("content_block_start", index=0, content_block={"type": "text", "text": ""}),
+            _typed("content_block_delta", index=0, delta={"type": "text_delta", "text": "ok"}),
+            *middle,
+            _typed("content_block_stop", index=0),
+            _typed("message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 2}),
+            _typed("message_stop") if end is None else end) if e]
+
+
+API_STREAMS: dict[str, dict[str, list[bytes]]] = {
+    "responses": {
+        "s_ok": _resp_sse(),
+        "s_crlf": [e.replace(b"\n", b"\r\n") for e in _resp_sse()],
+        "s_model_dict": _resp_sse(_typed("response.in_progress", response=_resp(model={"m": 1}, output=[]))),
+        "s_no_completed": _resp_sse(end=b""),
+        "s_failed": _resp_sse(end=_typed("response.failed", response=_resp(status="failed", error={
+            "code": "server_error", "message": "the model broke"}))),
+        "s_error_event": _resp_sse(end=_typed("error", code="server_error", message="overloaded")),
+        "s_delta_int": _resp_sse(_typed("response.output_text.delta", output_index=0, content_index=0, delta=7)),
+        "s_output_index_str": _resp_sse(_typed("response.output_text.delta", output_index="0", delta="x")),
+        "s_output_index_huge": _resp_sse(_typed("response.function_call_arguments.delta", output_index=10 ** 30,
+                                                delta="x")),
+        "s_item_str": _resp_sse(_typed("response.output_item.done", output_index=0, item="ok")),
+        "s_response_str": _resp_sse(_typed("response.in_progress", response="ok")),
+        "s_usage_str": _resp_sse(end=_typed("response.completed", response=_resp(usage="5 in"))),
+        "s_completed_output_bad": _resp_sse(end=_typed("response.completed", response=_resp(output=[1, 2]))),
+        "s_no_type": _resp_sse(b'data: {"delta": "x"}\n\n'),
+        "s_chunk_list": _resp_sse(b"data: [1, 2]\n\n"),
+        "s_junk_event": _resp_sse(b"data: {not json\n\n"),
+        "s_deep_nesting": _resp_sse(b"data: " + b"[" * 50_000 + b"]" * 50_000 + b"\n\n"),
+        "s_cut": _resp_sse(),
+    },
+    "messages": {
+        "s_ok": _msg_sse(),
+        "s_crlf": [e.replace(b"\n", b"\r\n") for e in _msg_sse()],
+        "s_ping_and_unknown": _msg_sse(_typed("ping"), _typed("content_block_delta", index=0,
+                                                              delta={"type": "future_delta", "x": 1})),
+        "s_bad_partial_json": _msg_sse(_typed("content_block_start", index=1, content_block={
+            "type": "tool_use", "id": "t", "name": "f", "input": {}}),
+            _typed("content_block_delta", index=1, delta={"type": "input_json_delta", "partial_json": '{"a": '})),
+        "s_no_stop": _msg_sse(end=b""),
+        "s_error_event": _msg_sse(end=_typed("error", error={"type": "overloaded_error", "message": "overloaded"})),
+        "s_delta_str": _msg_sse(_typed("content_block_delta", index=0, delta="x")),
+        "s_text_int": _msg_sse(_typed("content_block_delta", index=0, delta={"type": "text_delta", "text": 7})),
+        "s_index_str": _msg_sse(_typed("content_block_delta", index="0", delta={"type": "text_delta", "text": "x"})),
+        "s_block_str": _msg_sse(_typed("content_block_start", index=1, content_block="ok")),
+        "s_message_str": [_typed("message_start", message="ok"), *_msg_sse()[1:]],
+        "s_usage_str": _msg_sse(_typed("message_delta", delta={}, usage={"output_tokens": "2"})),
+        "s_no_type": _msg_sse(b'data: {"index": 0}\n\n'),
+        "s_junk_event": _msg_sse(b"data: {not json\n\n"),
+        "s_cut": _msg_sse(),
+    },
+}
+API_STREAMS_PASSING = {"s_ok", "s_crlf", "s_model_dict", "s_ping_and_unknown", "s_bad_partial_json"}
+
+
+def _api_of(path: str) -> str | None:
+    tail = path.split("?", 1)[0].rstrip("/")
+    return "responses" if tail.endswith("/responses") else "messages" if tail.endswith("/messages") else None
+
+
 class HostileUpstream:
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
         self.received: list[dict] = []
@@ -199,6 +353,17 @@ class HostileUpstream:
                     outer.received.append({"method": self.command, "path": self.path, "headers": dict(self.headers),
                                            "body": raw})
                 name = self.headers.get(HEADER) or ""
+                api = _api_of(self.path)
+                if api and self.command == "POST":
+                    if name in API_STREAMS[api]:
+                        return self._stream(API_STREAMS[api][name], cut=name == "s_cut")
+                    if name in API_REPLIES[api]:
+                        return self._send(*API_REPLIES[api][name])
+                    try:
+                        streamed = bool(json.loads(raw or b"{}").get("stream")) is True
+                    except (ValueError, AttributeError, RecursionError):
+                        streamed = False
+                    return self._stream(API_STREAMS[api]["s_ok"]) if streamed else self._send(*API_REPLIES[api]["ok"])
                 if self.command == "GET" and self.path.rstrip("/").endswith("/models") and not name:
                     return self._send(*_json({"object": "list", "data": [{"id": "hostile-model", "object": "model"}]}))
                 if name in STREAMS:

@@ -2,7 +2,9 @@
 model endpoint that forwards every call unchanged and records it as training data.
 
 - app:        the ASGI app (Starlette): routes, sessions, forwarding, streaming relay, errors, access token.
-- recording:  what is kept of a call: request content, response reassembled from SSE chunks if streamed.
+- recording:  what is kept of a chat call: request content, response reassembled from SSE chunks if streamed.
+- wires:      the three recorded APIs (chat, Responses, Messages): request and response parts, form checks,
+              ledger usage, stream reassembly and end.
 - server:     `evolforge proxy` as a long-running service (uvicorn, no Prefect), in a thread, and --check.
 Records go through storage/proxy_sets.py; the trajectories stage turns them into SFT and RL samples.
 """

@@ -2,8 +2,10 @@
 
 Routes (the session may ride in the path, so an agent that only takes a base URL needs no code change):
     /v1/{path}                  session from the `X-Evolforge-Session` header, else "default"
-    /s/{session}/v1/{path}      chat/completions and completions (streamed or not) are recorded;
-                                models and anything else under /v1 pass through (recorded too)
+    /s/{session}/v1/{path}      chat/completions, completions, responses (OpenAI's Responses API) and messages
+                                (Anthropic's Messages API), streamed or not, are recorded with their parsed
+                                request and response (tasks/proxy/wires.py); models, messages/count_tokens and
+                                anything else under /v1 pass through (recorded too, without parsed bodies)
     POST /s/{session}/reward    {"reward": float, ...}: a reward for the session (graders, the agent itself)
     POST /s/{session}/finish    the session is finished (export takes it at once)
     GET  /healthz               {"ok": true}; with the access token (or when none is configured) also the
@@ -21,7 +23,7 @@ Every call under /v1 ends as exactly one record and one ledger row, whatever the
   (over `max_body_bytes`: 413; a body that is not declared JSON: 415; malformed JSON, nested past the parser's
   depth, or not an object on a recorded route: 400).
 - Calls the proxy refused never reached the upstream: their ledger row costs 0.0 (`price_source` "not forwarded").
-- A non-streamed answer on a recorded route must be of the OpenAI form (tasks/proxy/recording.py): otherwise the
+- A non-streamed answer on a recorded route must be of its API's form (tasks/proxy/wires.py): otherwise the
   client gets a 502 `upstream_invalid_response` and the record is failed (ledger outcome `malformed_response`).
   The upstream's own errors (any status but 200) pass through as sent.
 - Streams pass through chunk by chunk as the upstream sends them (no buffering; byte for byte). Events that are
@@ -66,23 +68,16 @@ from evolforge.tasks.core.gateway import InsecureKeyTransport, check_key_transpo
 from evolforge.tasks.core.keys import token_accepted
 from evolforge.tasks.core.pricing import PriceBook
 from evolforge.tasks.core.request_guard import cors_settings, door_refusal, json_body_refusal
-from evolforge.tasks.proxy.recording import (
-    StreamAssembler,
-    dumps,
-    loads,
-    model_name,
-    request_part,
-    response_part,
-    response_problem,
-    usage_of,
-)
+from evolforge.tasks.proxy.recording import dumps, loads, model_name, usage_of
+from evolforge.tasks.proxy.wires import WIRES, Wire
 
 log = logging.getLogger("evolforge.proxy")
 
 SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # matched in full (`valid_session`)
 REFUSED_SESSION = "(refused)"  # calls refused at the door: a name no client can give (SESSION_RE refuses it)
 INVALID_SESSION = "invalid"
-RECORDED_ROUTES = {"chat/completions": "chat.completions", "completions": "completions"}
+RECORDED_ROUTES = {"chat/completions": "chat.completions", "completions": "completions", "responses": "responses",
+                   "messages": "messages"}  # the wire of each: tasks/proxy/wires.py
 HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer",
                "upgrade", "proxy-authorization", "proxy-connection", "accept-encoding"}
 OWN_HEADERS = ("x-evolforge-", "x-openforge-")
@@ -219,6 +214,7 @@ class Call:
         self.ts = time.time()
         self.session = REFUSED_SESSION  # until the call is past the door
         self.route = route
+        self.wire: Wire | None = None  # the API whose request and response are recorded (None: passed through)
         self.method = request.method
         self.path = request.path
         self.parent: str | None = None
@@ -274,7 +270,7 @@ class Call:
             "role": self.role, "route": self.route, "method": self.method, "path": self.path,
             "stream": self.stream, "status": self.status, "error": self.error, "model": model,
             "ts": self.ts, "latency_s": latency, "ttft_s": self.ttft_s,
-            "request": request_part(body) if body else None, "response": self.response,
+            "request": self.wire.request_part(body) if body and self.wire else None, "response": self.response,
         }
         row = dict(stage="proxy", task_id=self.session, model=_text(model), attempt=1, outcome=outcome,
                    http_status=self.status or None, prompt_tokens=pt, completion_tokens=ct, cost_usd=cost,
@@ -464,6 +460,7 @@ async def _serve(state: ProxyState, request: Incoming, call: Call, path: str, re
     if refusal:
         return await refuse(*refusal)
     recorded = path in RECORDED_ROUTES and request.method == "POST"
+    wire = call.wire = WIRES[path] if recorded else None
     if raw and recorded:
         try:
             call.body = loads(raw)
@@ -494,7 +491,7 @@ async def _serve(state: ProxyState, request: Incoming, call: Call, path: str, re
     ctype = resp.headers.get("content-type", "").lower()
     if resp.status == 200 and (ctype.startswith("text/event-stream") or (call.stream and "json" not in ctype)):
         call.stream = True
-        return await _relay(resp, call, receive, reply, headers, recorded)
+        return await _relay(resp, call, receive, reply, headers, wire)
     try:
         data = await resp.read()
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
@@ -505,17 +502,18 @@ async def _serve(state: ProxyState, request: Incoming, call: Call, path: str, re
     if recorded:
         try:
             parsed = loads(data)
-            problem = response_problem(parsed)
+            problem = wire.response_problem(parsed)
         except ValueError:
             parsed, problem = None, f"not JSON ({len(data)} bytes)"
         if resp.status == 200 and problem:
             call.outcome = "malformed_response"
             if isinstance(parsed, dict):  # what the upstream says it charged still reaches the ledger
-                call.usage = usage_of(parsed.get("usage"))[0]
-            return await refuse(502, f"upstream {up.shown} returned a body that is not an OpenAI completion: "
+                call.usage = wire.ledger_usage(parsed.get("usage"))
+            return await refuse(502, f"upstream {up.shown} returned a body that is not an {wire.name}: "
                                 f"{problem}", "upstream_invalid_response")
         if resp.status == 200:
-            call.response = response_part(parsed)
+            call.response = wire.response_part(parsed)
+            call.usage = wire.ledger_usage(parsed.get("usage"))
         else:
             call.error = _upstream_message(parsed, resp.status)
     elif resp.status != 200:
@@ -525,11 +523,12 @@ async def _serve(state: ProxyState, request: Incoming, call: Call, path: str, re
 
 
 async def _relay(resp: aiohttp.ClientResponse, call: Call, receive, reply: Reply, headers: list,
-                 recorded: bool) -> None:
+                 wire: Wire | None) -> None:
     """Send the upstream's bytes as they come (no buffering); assemble the record on the side. A client that
     goes away stops the relay (and the upstream call) at once; an upstream that breaks the stream gets the
     client an SSE error event, not a silent cut."""
-    asm = StreamAssembler(call.t0)
+    wire = wire or WIRES["chat/completions"]  # an unrecorded route's stream: only its timing is kept
+    asm = wire.assembler(call.t0)
     gone = asyncio.ensure_future(_disconnected(receive))
     try:
         await reply.start(200, headers)
@@ -543,14 +542,13 @@ async def _relay(resp: aiohttp.ClientResponse, call: Call, receive, reply: Reply
             await reply.body(b"")
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         call.error = f"upstream stream broke: {type(e).__name__}"
-        event = b"data: " + dumps(_error_payload(502, call.error, "upstream_error")) + b"\n\n"
-        await reply.body((b"\n\n" if asm.pending else b"") + event)
+        await reply.body((b"\n\n" if asm.pending else b"") + wire.error_event(call.error))
     finally:
         gone.cancel()
         resp.release()
         call.latency_s = time.perf_counter() - call.t0
         call.ttft_s = asm.ttft_s
-    if not recorded:
+    if call.wire is None:
         return
     call.response = asm.response_part()
     call.usage = asm.usage
@@ -558,9 +556,11 @@ async def _relay(resp: aiohttp.ClientResponse, call: Call, receive, reply: Reply
         return
     if asm.problem:
         call.outcome = "malformed_response"
-        call.error = f"upstream stream: {asm.malformed} event(s) not of the chunk form (first: {asm.problem})"
+        call.error = f"upstream stream: {asm.malformed} event(s) not of the {wire.name} form (first: {asm.problem})"
+    elif getattr(asm, "error", None):
+        call.error = asm.error
     elif not asm.done:
-        call.error = "stream ended without [DONE]"
+        call.error = f"stream ended without {wire.end_marker}"
 
 
 async def _disconnected(receive) -> None:
