@@ -148,14 +148,31 @@ def _client(address: str):
                           "e.g. http://head:8265, and the head must run ray[default] with the dashboard)") from None
 
 
-def submit(address: str, request: JobRequest) -> dict[str, Any]:
+AGENT_WAIT_S = 60.0  # how long a submission waits for a head whose job agent has not registered yet
+
+
+def submit(address: str, request: JobRequest, agent_wait_s: float = AGENT_WAIT_S) -> dict[str, Any]:
+    """Submit the job. A head that answers "No available agent to submit job, please try again later" (its job
+    agent is still starting: a cluster just brought up) is asked again every second for up to `agent_wait_s`;
+    any other refusal is a RayJobError at once."""
     client = _client(address)
-    try:
-        submission_id = client.submit_job(entrypoint=request.entrypoint_line(), submission_id=request.submission_id,
-                                          runtime_env=request.runtime_env(),
-                                          entrypoint_num_cpus=request.entrypoint_num_cpus)
-    except RuntimeError as e:
-        raise RayJobError(f"Ray refused job {request.submission_id} at {address}: {e}") from None
+    deadline, tried = time.monotonic() + agent_wait_s, False
+    while True:
+        try:
+            submission_id = client.submit_job(entrypoint=request.entrypoint_line(),
+                                              submission_id=request.submission_id,
+                                              runtime_env=request.runtime_env(),
+                                              entrypoint_num_cpus=request.entrypoint_num_cpus)
+            break
+        except RuntimeError as e:
+            if tried and "already exists" in str(e):  # an earlier attempt got through before its answer failed
+                submission_id = request.submission_id
+                break
+            if "No available agent" in str(e) and time.monotonic() < deadline:
+                tried = True
+                time.sleep(1.0)
+                continue
+            raise RayJobError(f"Ray refused job {request.submission_id} at {address}: {e}") from None
     return {"address": address, "submission_id": submission_id, "entrypoint": request.entrypoint_line(),
             "env_var_names": sorted(request.env_vars), "working_dir": request.working_dir or None,
             "status": "PENDING", "submitted_at": time.time()}
