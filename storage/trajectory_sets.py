@@ -19,13 +19,16 @@ Formats, field by field:
 - sft.jsonl: `messages` list of {role, content} in the OpenAI form: an assistant turn that called tools is
   {"role": "assistant", "content": str ("" when it only called tools), "tool_calls": [{"id", "type":
   "function", "function": {"name", "arguments": JSON string}}]}, a tool result {"role": "tool",
-  "tool_call_id", "content"}; `reasoning_content` when the model returned some. `tools`: the JSON tool
+  "tool_call_id", "content"}; `reasoning_content` when the model returned some (reasoning items of the
+  Responses API, thinking blocks of the Messages API too). A content with images is a list of TRL multimodal
+  parts: [{"type": "text", "text"}, {"type": "image", "image": URL or data URL}]. `tools`: the JSON tool
   schemas of the conversation's last call as one JSON string (TRL's SFTTrainer json.loads a string `tools`
   column; a JSON string keeps every schema exact, where arrow would merge different schemas into one struct)
   or null. Beside them: conversation_id ("SESSION#N"), session, parent_session, root_session, agent_role,
   model, reward (null: none), reward_source (event | file | null), calls, finished_by, started_at, ended_at.
 - transitions (TRANSITION_SCHEMA): `prompt` / `completion` are message lists (MESSAGE_TYPE; the
-  completion holds the one assistant message), TRL's conversational prompt-completion form; completions-route
+  completion holds the one assistant message), TRL's conversational prompt-completion form (a message's
+  `content` is its text there, `images` the URLs or data URLs of its images, null when none); completions-route
   calls have `prompt_text` / `completion_text` instead. reward is the session's (null when none).
 - tokens.parquet (TOKEN_SCHEMA): `input_ids`, `assistant_mask` (1 on assistant tokens only, 0 elsewhere),
   `turns` (per message: start, end, loss_start for assistant turns, source template | upstream),
@@ -110,7 +113,7 @@ TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("type", pa.string()),
                             ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
 MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string()),
                           ("tool_calls", pa.list_(TOOL_CALL_TYPE)), ("tool_call_id", pa.string()),
-                          ("name", pa.string())])
+                          ("name", pa.string()), ("images", pa.list_(pa.string()))])
 
 TRANSITION_SCHEMA = pa.schema([
     ("transition_id", pa.string()), ("session", pa.string()), ("parent_session", pa.string()),

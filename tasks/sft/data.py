@@ -28,6 +28,7 @@ from evolforge.tasks.evolve.prompts import answer_messages
 from evolforge.tasks.synthesis.prompts import SOLVE_CODE
 from evolforge.tasks.text.ngrams import NgramIndex, check_table
 from evolforge.tasks.text.steps import steps_or_reason
+from evolforge.tasks.trajectories.wire_messages import text_and_images
 
 SOURCES = ("evolved", "synthesis_code", "trajectory")
 
@@ -108,8 +109,9 @@ def trajectory_rows(conversations: list[dict], cfg: SFTSettings, out: Built) -> 
         elif last is None or not (msgs[last].get("content") or msgs[last].get("tool_calls")):
             out.skip(cid, "trajectory", None, "no assistant turn to learn")
         else:
-            conv = [message(m.get("role"), m.get("content"), m.get("tool_calls"), m.get("tool_call_id"))
-                    for m in msgs[:last + 1]]
+            # a text policy: a turn's images (TRL multimodal parts in sft.jsonl) are left out, its text kept
+            conv = [message(m.get("role"), text_and_images(m.get("content"))[0], m.get("tool_calls"),
+                            m.get("tool_call_id")) for m in msgs[:last + 1]]
             rows.append({"id": str(cid), "source": "trajectory", "seed_id": None, "domain": "agent",
                          "prompt": conv[:-1], "completion": conv[-1:]})
     return rows

@@ -3,7 +3,11 @@
 `build_session(records, ctx)` takes a finished session's records (in the order their calls started) and
 returns its conversation candidates, its transitions and the calls it skipped, with reasons:
 
-- Model calls are the `chat.completions` and `completions` routes; other routes (models, ...) are not data.
+- Model calls are the `chat.completions`, `completions`, `responses` and `messages` routes; other routes
+  (models, count_tokens, ...) are not data. Responses and Messages requests become the same OpenAI-form turns
+  (wire_messages.py): tool calls and results in order, reasoning / thinking in `reasoning_content`, images
+  as TRL multimodal parts (`images` in the transitions table); a Responses call with `previous_response_id`
+  continues that earlier call of the session. A session that mixes APIs is built in call order.
 - A failed call (HTTP status other than 200, or an error such as a stream cut before [DONE]) is skipped.
 - Chat calls are split into conversations (see sessions.assign_conversations). A conversation is its last
   call's prompt messages plus that call's response, in the OpenAI form (samples.openai_message): assistant
@@ -19,8 +23,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from evolforge.tasks.trajectories.sessions import Reward, assign_conversations, message_key
+from evolforge.tasks.trajectories.wire_messages import chat_prompt, messages_prompt, responses_prompt, text_and_images
 
-MODEL_ROUTES = ("chat.completions", "completions")
+MODEL_ROUTES = ("chat.completions", "completions", "responses", "messages")
+MESSAGE_ROUTES = ("chat.completions", "responses", "messages")  # calls with turns (the others have a prompt text)
 
 
 def text_of(content) -> tuple[str, int]:
@@ -54,9 +60,14 @@ def tool_call(tc: dict, i: int) -> dict:
 
 
 def openai_message(m: dict) -> tuple[dict, int]:
-    """A recorded message in the OpenAI form (only the keys that apply), and its non-text parts left out."""
+    """A recorded message in the OpenAI form (only the keys that apply), and its non-text parts left out. A
+    content of TRL multimodal parts (text and image, from wire_messages.content_of) is kept as it is."""
     role = m.get("role") or "user"
-    content, dropped = text_of(m.get("content"))
+    if isinstance(m.get("content"), list) and all(isinstance(p, dict) and p.get("type") in ("text", "image")
+                                                  and len(p) == 2 for p in m["content"]):
+        content, dropped = m["content"], 0
+    else:
+        content, dropped = text_of(m.get("content"))
     out: dict = {"role": role, "content": content}
     if role == "assistant":
         calls = m.get("tool_calls") or []
@@ -80,7 +91,13 @@ def response_message(resp: dict) -> dict:
 
 
 def first_user_text(messages: list[dict]) -> str | None:
-    return next((m["content"] for m in messages if m["role"] == "user"), None)
+    return next((text_and_images(m["content"])[0] for m in messages if m["role"] == "user"), None)
+
+
+def flat_message(m: dict) -> dict:
+    """A message as the transitions table holds it: text `content`, its images' URLs in `images`."""
+    text, images = text_and_images(m.get("content"))
+    return {**m, "content": text, "images": images or None}
 
 
 def _ids(v) -> list[int] | None:
@@ -130,6 +147,7 @@ def build_session(records: list[dict], ctx: SessionContext) -> SessionBuild:
     out = SessionBuild()
     calls: list[_Call] = []
     index = 0
+    answered: dict[str, list[dict]] = {}  # Responses API: response id -> that call's turns and its response
     for rec in records:
         route = rec.get("route")
         if route not in MODEL_ROUTES:
@@ -150,19 +168,28 @@ def build_session(records: list[dict], ctx: SessionContext) -> SessionBuild:
             out.skipped.append(_skip("call", ctx, rec, call.index, "no_response", "the record holds no response"))
             out.counts["unusable_calls"] += 1
             continue
-        if route == "chat.completions":
-            msgs = req.get("messages")
-            if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
-                out.skipped.append(_skip("call", ctx, rec, call.index, "no_messages",
-                                         "a chat call whose request has no message list"))
+        if route in MESSAGE_ROUTES:
+            try:
+                if route == "chat.completions":
+                    raw, parts = chat_prompt(req)
+                elif route == "messages":
+                    raw, parts = messages_prompt(req)
+                else:
+                    prev = req.get("previous_response_id")
+                    history = answered.get(prev) if isinstance(prev, str) else None
+                    if isinstance(prev, str) and history is None:
+                        out.counts["responses_history_not_recorded"] += 1
+                    raw, parts = responses_prompt(req, history)
+            except ValueError as e:
+                out.skipped.append(_skip("call", ctx, rec, call.index, "no_messages", str(e)))
                 out.counts["unusable_calls"] += 1
                 continue
-            call.prompt = []
-            for m in msgs:
-                nm, dropped = openai_message(m)
-                call.prompt.append(nm)
-                out.counts["non_text_parts_dropped"] += dropped
+            call.prompt = [openai_message(m)[0] for m in raw]
+            out.counts["non_text_parts_dropped"] += parts.dropped
+            out.counts["image_parts_kept"] += parts.images
             call.response = response_message(resp)
+            if route == "responses" and isinstance(resp.get("id"), str):
+                answered[resp["id"]] = call.prompt + [call.response]
         else:
             prompt = req.get("prompt")
             call.prompt_text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
@@ -229,13 +256,18 @@ def _transition(c: _Call, ctx: SessionContext, conv_id: str | None, turn: int | 
     rec = c.rec
     req, resp = rec.get("request") or {}, rec.get("response") or {}
     usage = resp.get("usage") or {}
+    if "input_tokens" in usage or "output_tokens" in usage:  # the Responses and Messages APIs' own names
+        usage = {"prompt_tokens": sum(v for k, v in usage.items() if type(v) is int and (
+                     k == "input_tokens" or k.startswith("cache_") and k.endswith("input_tokens"))),
+                 "completion_tokens": usage.get("output_tokens")}
     chat = c.prompt is not None
     return {
         "transition_id": f"{ctx.session}@{c.index}", "session": ctx.session, "parent_session": ctx.parent_session,
         "root_session": ctx.root_session, "conversation_id": conv_id, "call_index": c.index, "turn_index": turn,
         "record_id": rec.get("record_id"), "ts": rec.get("ts"), "route": rec.get("route"),
         "agent_role": rec.get("role"), "model": resp.get("model") or rec.get("model"),
-        "prompt": c.prompt if chat else None, "completion": [c.response] if chat else None,
+        "prompt": [flat_message(m) for m in c.prompt] if chat else None,
+        "completion": [flat_message(c.response)] if chat else None,
         "prompt_text": c.prompt_text, "completion_text": c.response.get("content"),
         "tools": tools_json(req.get("tools")), "finish_reason": resp.get("finish_reason"),
         "reward": ctx.reward.value, "reward_source": ctx.reward.source,

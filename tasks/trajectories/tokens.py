@@ -26,6 +26,7 @@ import json
 from pathlib import Path
 
 from evolforge.storage.trajectory_sets import cached_tokenizer_ready, filling_tokenizer_cache, tokenizer_cache
+from evolforge.tasks.trajectories.wire_messages import text_and_images
 
 PROBE = "probe_7f3a"
 
@@ -137,7 +138,7 @@ class ChatRenderer:
         fallback = False
         out = []
         for m in messages:
-            d = {"role": m["role"], "content": m.get("content") or ""}
+            d = {"role": m["role"], "content": text_and_images(m.get("content"))[0]}  # a text model: images out
             calls = m.get("tool_calls") or []
             if calls and self.native_calls:
                 d["tool_calls"] = [{"id": c.get("id"), "type": "function",

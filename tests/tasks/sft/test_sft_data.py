@@ -54,13 +54,18 @@ def test_code_solutions_and_successful_trajectories_are_kept_math_tasks_are_not_
                      "name": "ls", "arguments": "{}"}}]},
                  {"role": "tool", "tool_call_id": "1", "content": "a.txt"},
                  {"role": "assistant", "content": "There is a.txt."}]},
+             {"conversation_id": "img#0", "reward": 1.0, "messages": [  # TRL multimodal parts (a Messages API turn)
+                 {"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                              {"type": "image", "image": "data:image/png;base64,AAAA"}]},
+                 {"role": "assistant", "content": "A pixel."}]},
              {"conversation_id": "bad#0", "reward": 0.0, "messages": [{"role": "user", "content": "x"},
                                                                     {"role": "assistant", "content": "y"}]},
              {"conversation_id": "none#0", "reward": None, "messages": [{"role": "user", "content": "x"},
                                                                        {"role": "assistant", "content": "z"}]}]
     built = build([], tasks, convs, set(), _cfg(decontaminate="off"), None)
     by_id = {r["id"]: r for r in built.rows}
-    assert set(by_id) == {"c1", "ok#0"}
+    assert set(by_id) == {"c1", "ok#0", "img#0"}
+    assert by_id["img#0"]["prompt"][0]["content"] == "what is this?"  # a text policy: the image is left out
     assert by_id["c1"]["completion"][0]["content"] == "```python\ndef add(a, b):\n    return a + b\n```"
     traj = by_id["ok#0"]
     assert traj["completion"][0]["content"] == "There is a.txt." and len(traj["prompt"]) == 4

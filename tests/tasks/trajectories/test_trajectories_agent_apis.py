@@ -1,0 +1,161 @@
+"""Responses API and Messages API sessions exported like chat: the anthropic SDK and the openai SDK's
+responses.create through the recording proxy (scripted upstream), then the export's steps over the folder.
+Asserted against what the clients sent and received: roles, tool calls and results in order, thinking /
+reasoning in `reasoning_content`, images kept as TRL multimodal parts, a previous_response_id chain continued,
+and a session that mixes the three APIs exported in call order."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import polars as pl
+import pytest
+
+from evolforge.storage.proxy_sets import ProxyLayout, iter_records
+from evolforge.storage.trajectory_sets import TrajectoryLayout
+from evolforge.tasks.proxy.server import running_proxy
+from evolforge.tasks.trajectories.export import collect, dedup_prompts, publish, token_samples
+from evolforge.tasks.trajectories.wire_messages import messages_prompt, responses_prompt
+from evolforge.testing.agent_upstream import AgentUpstream
+from evolforge.testing.settings import make_settings
+
+anthropic = pytest.importorskip("anthropic")
+
+FN_TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+AN_TOOLS = [{"name": "get_weather", "description": "Weather of a city",
+             "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2OUAAAAABJRU5ErkJggg=="
+FINAL = "It is sunny in Paris and cold in Oslo."
+N_RECORDS = 8
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("apis")
+    rec = root / "rec"
+    seen: dict = {}
+    with AgentUpstream() as up, running_proxy(make_settings(), up.base_url, str(rec)) as url:
+        # claude: Messages API, an image, streamed tool_use with thinking, the tool_result turn
+        ant = anthropic.Anthropic(base_url=f"{url}/s/claude-1", api_key="x", max_retries=0)
+        image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PIXEL}}
+        msgs: list = [{"role": "user", "content": [{"type": "text", "text": "CALL_TOOLS: weather here?"}, image]}]
+        with ant.messages.stream(model="claude-test", max_tokens=256, system="You check weather.", messages=msgs,
+                                 tools=AN_TOOLS) as s:
+            first = s.get_final_message()
+        msgs.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]})
+        uses = [b for b in first.content if b.type == "tool_use"]
+        msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id, "content": w}
+                                                 for u, w in zip(uses, ["sunny", "cold"])]})
+        answer = ant.messages.create(model="claude-test", max_tokens=256, system="You check weather.", messages=msgs,
+                                     tools=AN_TOOLS)
+        seen["claude"] = (first, answer)
+        # codex: Responses API, streamed function calls, outputs sent with previous_response_id (items only)
+        oai = openai.OpenAI(base_url=f"{url}/s/codex-1/v1", api_key="x", max_retries=0)
+        events = list(oai.responses.create(model="resp-model", instructions="You are terse.", tools=FN_TOOLS,
+                                           input="CALL_TOOLS: Paris and Oslo?", stream=True))
+        done = [e for e in events if e.type == "response.completed"][0].response
+        calls = [o for o in done.output if o.type == "function_call"]
+        outputs = [{"type": "function_call_output", "call_id": c.call_id, "output": w}
+                   for c, w in zip(calls, ["sunny", "cold"])]
+        second = oai.responses.create(model="resp-model", instructions="You are terse.", tools=FN_TOOLS,
+                                      input=outputs, previous_response_id=done.id)
+        seen["codex"] = (done, second)
+        # mixed: chat, then Messages, then Responses in one session
+        oai_m = openai.OpenAI(base_url=f"{url}/s/mixed/v1", api_key="x", max_retries=0)
+        oai_m.chat.completions.create(model="agent-model", messages=[{"role": "user", "content": "one"}])
+        anthropic.Anthropic(base_url=f"{url}/s/mixed", api_key="x").messages.create(
+            model="claude-test", max_tokens=16, messages=[{"role": "user", "content": "two"}])
+        oai_m.responses.create(model="resp-model", input="three")
+        with httpx.Client(base_url=url, timeout=10) as h:
+            for s in ("claude-1", "codex-1", "mixed"):
+                h.post(f"/s/{s}/reward", json={"reward": 1.0})
+                h.post(f"/s/{s}/finish")
+        deadline = time.time() + 10
+        while len(list(iter_records(ProxyLayout(rec)))) < N_RECORDS and time.time() < deadline:
+            time.sleep(0.05)
+    out = root / "out"
+    collect(str(rec), str(out), idle_seconds=300)
+    dedup_prompts(str(out), make_settings().dedup, enabled=False)
+    token_samples(str(out))
+    summary = publish(str(out))
+    lay = TrajectoryLayout(out)
+    sft = {r["session"]: r for r in map(json.loads, Path(lay.sft).read_text().splitlines())}
+    return {"summary": summary, "sft": sft, "transitions": pl.read_parquet(lay.transitions),
+            "tokens": pl.read_parquet(lay.tokens), "seen": seen}
+
+
+def test_a_messages_session_is_one_conversation_with_thinking_tools_and_the_image(exported):
+    first, answer = exported["seen"]["claude"]
+    msgs = exported["sft"]["claude-1"]["messages"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "tool", "assistant"]
+    assert msgs[0]["content"] == "You check weather."
+    assert msgs[1]["content"] == [{"type": "text", "text": "CALL_TOOLS: weather here?"},
+                                  {"type": "image", "image": f"data:image/png;base64,{PIXEL}"}]
+    thinking = [b.thinking for b in first.content if b.type == "thinking"]
+    uses = [b for b in first.content if b.type == "tool_use"]
+    assert msgs[2]["reasoning_content"] == thinking[0] and msgs[2]["content"] == "Checking both."
+    assert [(c["id"], json.loads(c["function"]["arguments"])) for c in msgs[2]["tool_calls"]] == \
+        [(u.id, u.input) for u in uses]
+    assert [(m["tool_call_id"], m["content"]) for m in msgs[3:5]] == [(uses[0].id, "sunny"), (uses[1].id, "cold")]
+    assert msgs[5] == {"role": "assistant", "content": answer.content[0].text}
+    assert exported["sft"]["claude-1"]["calls"] == 2 and exported["sft"]["claude-1"]["reward"] == 1.0
+    tr = exported["transitions"].filter(pl.col("session") == "claude-1").sort("call_index")
+    assert tr["route"].to_list() == ["messages", "messages"] and tr["finish_reason"].to_list() == ["tool_use", "end_turn"]
+    assert tr["prompt"][0][1]["images"] == [f"data:image/png;base64,{PIXEL}"]
+    assert tr["prompt"][0][1]["content"] == "CALL_TOOLS: weather here?"
+    assert tr["completion"][0][0]["reasoning_content"] == thinking[0]
+    assert tr["prompt_tokens"][1] == answer.usage.input_tokens + answer.usage.cache_read_input_tokens
+    assert exported["summary"]["calls"]["image_parts_kept"] >= 1
+
+
+def test_a_responses_chain_by_previous_response_id_is_one_conversation(exported):
+    done, second = exported["seen"]["codex"]
+    msgs = exported["sft"]["codex-1"]["messages"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "tool", "assistant"]
+    assert msgs[0]["content"] == "You are terse." and msgs[1]["content"] == "CALL_TOOLS: Paris and Oslo?"
+    calls = [o for o in done.output if o.type == "function_call"]
+    assert [(c["id"], c["function"]["arguments"]) for c in msgs[2]["tool_calls"]] == \
+        [(c.call_id, c.arguments) for c in calls]
+    assert msgs[2]["reasoning_content"] == done.output[0].summary[0].text
+    assert [m["content"] for m in msgs[3:5]] == ["sunny", "cold"] and msgs[5]["content"] == second.output_text == FINAL
+    assert exported["sft"]["codex-1"]["calls"] == 2
+    assert json.loads(exported["sft"]["codex-1"]["tools"])[0]["name"] == "get_weather"
+    assert exported["summary"]["calls"]["responses_history_not_recorded"] == 0
+
+
+def test_a_session_mixing_the_three_apis_is_exported_in_call_order(exported):
+    tr = exported["transitions"].filter(pl.col("session") == "mixed").sort("call_index")
+    assert tr["route"].to_list() == ["chat.completions", "messages", "responses"]
+    assert [p[-1]["content"] for p in tr["prompt"].to_list()] == ["one", "two", "three"]
+    assert [c[0]["content"] for c in tr["completion"].to_list()] == ["Echo: one", "Echo: two", "Echo: three"]
+    tokens = exported["tokens"]
+    assert tokens.filter(pl.col("session") == "claude-1").height == 1  # the image turn renders as its text
+
+
+def test_request_converters_keep_order_and_refuse_empty_requests():
+    msgs, parts = messages_prompt({"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "document", "source": {}}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "t"}, {"type": "tool_use", "id": "u1",
+                                                                                  "name": "f", "input": {"x": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "u1", "content": [
+            {"type": "text", "text": "r"}]}, {"type": "text", "text": "next"}]}]})
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "user"] and parts.dropped == 1
+    assert msgs[1] == {"role": "assistant", "content": "", "reasoning_content": "t", "tool_calls": [
+        {"id": "u1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]}
+    assert msgs[2] == {"role": "tool", "tool_call_id": "u1", "content": "r"} and msgs[3]["content"] == "next"
+    msgs, _ = responses_prompt({"input": [{"role": "developer", "content": "d"},
+                                          {"type": "message", "role": "user", "content": [
+                                              {"type": "input_text", "text": "look"},
+                                              {"type": "input_image", "image_url": "https://x/i.png"}]}]})
+    assert msgs == [{"role": "system", "content": "d"}, {"role": "user", "content": [
+        {"type": "text", "text": "look"}, {"type": "image", "image": "https://x/i.png"}]}]
+    for bad in ({}, {"messages": []}, {"messages": "hi"}):
+        with pytest.raises(ValueError):
+            messages_prompt(bad)
+    with pytest.raises(ValueError):
+        responses_prompt({"input": 5})
