@@ -277,6 +277,12 @@ API_STREAMS: dict[str, dict[str, list[bytes]]] = {
         "s_crlf": [e.replace(b"\n", b"\r\n") for e in _resp_sse()],
         "s_model_dict": _resp_sse(_typed("response.in_progress", response=_resp(model={"m": 1}, output=[]))),
         "s_no_completed": _resp_sse(end=b""),
+        # llama-server's deltas name their item by item_id only; the completed response repeats no output
+        "s_item_id_only": [_typed("response.created", response=_resp(status="in_progress", output=[], usage=None)),
+                           _typed("response.output_item.added", output_index=0, item={
+                               "type": "message", "id": "msg_h", "role": "assistant", "content": []}),
+                           _typed("response.output_text.delta", item_id="msg_h", content_index=0, delta="ok"),
+                           _typed("response.completed", response=_resp(output=[]))],
         "s_failed": _resp_sse(end=_typed("response.failed", response=_resp(status="failed", error={
             "code": "server_error", "message": "the model broke"}))),
         "s_error_event": _resp_sse(end=_typed("error", code="server_error", message="overloaded")),
@@ -315,7 +321,7 @@ API_STREAMS: dict[str, dict[str, list[bytes]]] = {
         "s_cut": _msg_sse(),
     },
 }
-API_STREAMS_PASSING = {"s_ok", "s_crlf", "s_model_dict", "s_ping_and_unknown", "s_bad_partial_json"}
+API_STREAMS_PASSING = {"s_ok", "s_crlf", "s_model_dict", "s_ping_and_unknown", "s_bad_partial_json", "s_item_id_only"}
 
 
 def _api_of(path: str) -> str | None:

@@ -247,6 +247,7 @@ class EventAssembler:
     response_part(), usage (for the ledger), events, malformed, problem, done, error."""
 
     end_marker = ""
+    lenient_index = None  # what a missing index means (llama-server's Responses deltas carry item_id only)
 
     def __init__(self, started: float):
         self.started = started
@@ -314,6 +315,8 @@ class EventAssembler:
 
     def _index(self, obj: dict, key: str) -> int | str:
         i = obj.get(key)
+        if i is None and key == "output_index" and self.lenient_index is not None:
+            return self.lenient_index(obj)
         if type(i) is not int or not 0 <= i <= MAX_TOOL_INDEX:
             return f"an event's {key} is {i!r:.40}, not an integer in 0..{MAX_TOOL_INDEX}"
         return i
@@ -332,9 +335,15 @@ class ResponsesAssembler(EventAssembler):
         self.args: dict[int, list[str]] = {}
         self.reasoning: dict[int, list[str]] = {}
         self.final: dict | None = None
+        self.item_index: dict[str, int] = {}  # item id -> output index
         self.status: str | None = None
         self.api_usage: dict | None = None
         self.usage: dict | None = None
+
+    def lenient_index(self, obj: dict) -> int:
+        """An event without output_index: the item its item_id names, else the last item added (else 0)."""
+        known = self.item_index.get(obj.get("item_id")) if isinstance(obj.get("item_id"), str) else None
+        return known if known is not None else max(self.items, default=0)
 
     def _response(self, resp: Any) -> str | None:
         if not isinstance(resp, dict):
@@ -381,6 +390,8 @@ class ResponsesAssembler(EventAssembler):
                 return problem
             if kind == "response.output_item.done" or i not in self.items:
                 self.items[i] = item
+            if isinstance(item.get("id"), str):
+                self.item_index[item["id"]] = i
             return None
         if kind in ("response.output_text.delta", "response.function_call_arguments.delta",
                     "response.reasoning_text.delta", "response.reasoning_summary_text.delta"):

@@ -298,3 +298,39 @@ def test_both_sdks_raise_on_a_stream_the_upstream_breaks(hproxy):
             model="m", input="hi", stream=True))
     recs = _records(layout, 2)
     assert len(recs) == 2 and all(r["error"].startswith("upstream stream broke") for r in recs)
+
+
+@pytest.mark.slow
+@pytest.mark.embedded
+def test_both_sdks_through_the_proxy_to_the_embedded_llama_server(tmp_path):
+    """llama.cpp's llama-server serves /v1/responses and /v1/messages itself: the real SDKs, the real server."""
+    from evolforge.tasks.core import llama_server
+    from evolforge.tasks.core.embedded_model import embedded_server
+
+    settings = make_settings(embedded={"server": "llama-server"})
+    if not llama_server.find_binary(settings.embedded):
+        pytest.skip("llama-server is not built here: evolforge serve-model --build")
+    alias = settings.embedded.alias
+    with embedded_server(settings.embedded, tmp_path) as upstream, \
+            running_proxy(settings, upstream, str(tmp_path / "rec"), {alias}) as url:
+        ant = anthropic.Anthropic(base_url=f"{url}/s/smol", api_key="none", max_retries=0)
+        msgs = [{"role": "user", "content": "Name one colour."}]
+        plain = ant.messages.create(model=alias, max_tokens=12, messages=msgs, extra_body={"temperature": 0})
+        with ant.messages.stream(model=alias, max_tokens=12, messages=msgs, extra_body={"temperature": 0}) as s:
+            streamed = s.get_final_message()
+        oai = openai.OpenAI(base_url=f"{url}/s/smol/v1", api_key="none", max_retries=0)
+        r_plain = oai.responses.create(model=alias, input="Name one colour.", max_output_tokens=12, temperature=0)
+        r_text = "".join(e.delta for e in oai.responses.create(model=alias, input="Name one colour.",
+                                                                max_output_tokens=12, temperature=0, stream=True)
+                         if e.type == "response.output_text.delta")
+        recs = _records(ProxyLayout(tmp_path / "rec"), 4, timeout=30)
+    assert [r["route"] for r in recs] == ["messages", "messages", "responses", "responses"]
+    assert all(r["status"] == 200 and r["error"] is None for r in recs), [r["error"] for r in recs]
+    text = "".join(b.text for b in plain.content if b.type == "text")
+    assert recs[0]["response"]["content"] == text and text
+    assert recs[1]["stream"] and recs[1]["response"]["content"] == "".join(
+        b.text for b in streamed.content if b.type == "text")
+    assert recs[2]["response"]["content"] == r_plain.output_text and r_plain.output_text
+    assert recs[3]["stream"] and recs[3]["response"]["content"] == r_text
+    led = read_ledger(tmp_path / "rec")
+    assert led.height == 4 and (led["cost_usd"] == 0.0).all() and (led["completion_tokens"] > 0).all()
