@@ -334,3 +334,33 @@ def test_both_sdks_through_the_proxy_to_the_embedded_llama_server(tmp_path):
     assert recs[3]["stream"] and recs[3]["response"]["content"] == r_text
     led = read_ledger(tmp_path / "rec")
     assert led.height == 4 and (led["cost_usd"] == 0.0).all() and (led["completion_tokens"] > 0).all()
+
+
+def test_openai_agents_sdk_with_its_default_responses_model_through_the_proxy(proxy, upstream):
+    agents = pytest.importorskip("agents")
+    from openai import AsyncOpenAI
+
+    url, layout = proxy
+    agents.set_tracing_disabled(True)
+    asked: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather of a city."""
+        asked.append(city)
+        return "sunny" if city == "Paris" else "cold"
+
+    client = AsyncOpenAI(base_url=f"{url}/s/agents-resp/v1", api_key="none",
+                         default_headers={"X-OpenForge-Role": "weather-agent"})
+    agent = agents.Agent(name="weather", instructions="Answer with the weather.", tools=[get_weather],
+                         model=agents.OpenAIResponsesModel(model="resp-model", openai_client=client))
+    result = agents.Runner.run_sync(agent, "CALL_TOOLS: weather in Paris and Oslo?")
+    assert result.final_output == "It is sunny in Paris and cold in Oslo." and asked == ["Paris", "Oslo"]
+    first, second = _records(layout, 2)
+    assert {first["route"], second["route"]} == {"responses"} and first["role"] == "weather-agent"
+    assert first["request"]["instructions"] == "Answer with the weather."
+    assert [json.loads(c["function"]["arguments"])["city"] for c in first["response"]["tool_calls"]] == ["Paris", "Oslo"]
+    outputs = [i for i in second["request"]["input"] if i.get("type") == "function_call_output"]
+    assert [o["output"] for o in outputs] == ["sunny", "cold"]
+    assert [o["call_id"] for o in outputs] == [c["id"] for c in first["response"]["tool_calls"]]
+    assert second["response"]["content"] == result.final_output
