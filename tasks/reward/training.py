@@ -8,6 +8,10 @@
   trained by `transformers.Trainer`. TRL 1.x ships no PRMTrainer any more (not in trl.experimental either in
   1.16); its old PRMTrainer did exactly this (token classification with a label at each step separator), so
   the stepwise-supervision data keeps TRL's format and the training loop is transformers' own.
+Device and precision follow the hardware (`device_plan`: CUDA with bf16 when a GPU supports it, else the CPU in
+fp32; reward.device / reward.precision override). Length: reward.irm_max_steps / prm_max_steps optimizer steps, or
+reward.epochs passes when the step count is 0. reward.lora trains a LoRA adapter (peft) plus the full reward head,
+the base weights frozen, and merges it into the saved model (scoring loads a plain transformers folder).
 Held-out split by instruction / answer id (pairs of one instruction never straddle the split). Metrics:
 pairwise accuracy (IRM) and step accuracy with its majority-class baseline (PRM), on the held-out part.
 """
@@ -50,11 +54,60 @@ def _setup(cfg: RewardSettings) -> str:
     return cfg.base_model or scoring.default_base_model()
 
 
-def _common_args(cfg: RewardSettings, output_dir: str, max_steps: int) -> dict:
-    return dict(output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=cfg.train_batch_size,
-                learning_rate=cfg.learning_rate, logging_steps=max(1, max_steps // 5), save_strategy="no",
-                report_to="none", use_cpu=True, bf16=False, seed=cfg.seed, dataloader_num_workers=0,
-                disable_tqdm=True, activation_checkpointing=False)
+def device_plan(cfg: RewardSettings) -> dict:
+    """Where and in what precision the reward models train: {device: cpu|cuda, bf16: bool, dtype: str}."""
+    import torch
+
+    gpu = torch.cuda.is_available() and cfg.device in ("auto", "cuda")
+    if cfg.device == "cuda" and not gpu:
+        raise RuntimeError("reward.device = 'cuda' but torch sees no GPU (set reward.device = 'auto' or 'cpu')")
+    if cfg.precision == "auto":
+        bf16 = gpu and torch.cuda.is_bf16_supported()
+    elif cfg.precision == "bf16":
+        if gpu and not torch.cuda.is_bf16_supported():
+            raise RuntimeError("reward.precision = 'bf16' but this GPU does not support bf16 (set 'auto' or 'fp32')")
+        bf16 = True
+    else:
+        bf16 = False
+    return {"device": "cuda" if gpu else "cpu", "bf16": bf16, "dtype": "bfloat16" if bf16 else "float32"}
+
+
+def lora_config(cfg: RewardSettings, task_type: str):
+    """The peft LoraConfig of reward.lora_* for a SEQ_CLS (IRM) or TOKEN_CLS (PRM) model; its head is trained in
+    full (peft's modules_to_save of these task types)."""
+    try:
+        from peft import LoraConfig
+    except ImportError as e:
+        raise RuntimeError("reward.lora needs peft: pip install 'evolforge[lora]' (or pip install peft)") from e
+    targets = cfg.lora_target_modules
+    # the head (BERT-like `classifier`, LM-like `score`) is trained in full, never given an adapter as well
+    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, task_type=task_type,
+                      target_modules=targets[0] if targets == ["all-linear"] else list(targets),
+                      exclude_modules=["classifier", "score"], modules_to_save=["classifier", "score"])
+
+
+def _common_args(cfg: RewardSettings, output_dir: str, max_steps: int, plan: dict) -> dict:
+    length = dict(max_steps=max_steps) if max_steps > 0 else dict(num_train_epochs=cfg.epochs)
+    return dict(output_dir=output_dir, **length, per_device_train_batch_size=cfg.train_batch_size,
+                learning_rate=cfg.learning_rate, logging_steps=max(1, max_steps // 5) if max_steps > 0 else 1,
+                save_strategy="no", report_to="none", use_cpu=plan["device"] == "cpu", bf16=plan["bf16"],
+                seed=cfg.seed, dataloader_num_workers=0, disable_tqdm=True, activation_checkpointing=False)
+
+
+def _save_trained(trainer, model_dir: str | Path, lora: bool) -> None:
+    """The trained model as a plain transformers folder: a LoRA adapter is merged into its base weights."""
+    if not lora:
+        trainer.save_model(str(model_dir))
+        return
+    trainer.model.merge_and_unload().save_pretrained(str(model_dir))
+
+
+def _training_facts(trainer, cfg: RewardSettings, plan: dict, max_steps: int) -> dict:
+    model = trainer.model
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"max_steps": max_steps, "epochs": None if max_steps > 0 else cfg.epochs,
+            "steps": trainer.state.global_step, "device": plan["device"], "dtype": plan["dtype"], "lora": cfg.lora,
+            "trainable_params": trainable, "total_params": sum(p.numel() for p in model.parameters())}
 
 
 def train_irm(pairs_path: str | Path, model_dir: str | Path, cfg: RewardSettings,
@@ -64,6 +117,7 @@ def train_irm(pairs_path: str | Path, model_dir: str | Path, cfg: RewardSettings
     from trl import RewardConfig, RewardTrainer
 
     base = _setup(cfg)
+    plan = device_plan(cfg)
     ds = datasets.Dataset(read_parquet(location(pairs_path)))  # local path or URL
     if len(ds) == 0:
         raise ValueError(f"{pairs_path} holds no IRM pairs: nothing to train on (see the reward-data summary)")
@@ -85,17 +139,20 @@ def train_irm(pairs_path: str | Path, model_dir: str | Path, cfg: RewardSettings
     model.config.pad_token_id = tok.pad_token_id
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="irm-trainer-") as tmp:
-        args = RewardConfig(**_common_args(cfg, tmp, cfg.irm_max_steps), max_length=cfg.max_length)
+        args = RewardConfig(**_common_args(cfg, tmp, cfg.irm_max_steps, plan), max_length=cfg.max_length)
         trainer = RewardTrainer(model=model, args=args, train_dataset=train_tok, processing_class=tok,
-                                callbacks=[trainer_callback(progress)] if progress else None)
+                                callbacks=[trainer_callback(progress)] if progress else None,
+                                peft_config=lora_config(cfg, "SEQ_CLS") if cfg.lora else None)
         result = trainer.train()
-        trainer.save_model(str(model_dir))
+        facts = _training_facts(trainer, cfg, plan, cfg.irm_max_steps)
+        _save_trained(trainer, model_dir, cfg.lora)
     train_seconds = time.perf_counter() - t0
     tok.save_pretrained(str(model_dir))
     scoring.write_meta(Path(model_dir), {"kind": "irm", "prompt": prompt, "max_length": cfg.max_length,
-                                         "base_model": base, "trainer": "trl.RewardTrainer"})
+                                         "base_model": base, "trainer": "trl.RewardTrainer", "lora": cfg.lora,
+                                         "device": plan["device"], "dtype": plan["dtype"]})
     metrics = {"train_pairs": len(train_ds), "eval_pairs": len(eval_ds), "eval_instructions": len(held),
-               "train_loss": round(result.training_loss, 4), "max_steps": cfg.irm_max_steps,
+               "train_loss": round(result.training_loss, 4), **facts,
                "train_seconds": round(train_seconds, 1), "pairwise_accuracy": None}
     if len(eval_ds):
         chosen = scoring.score_instructions(model_dir, eval_ds["chosen"])
@@ -116,6 +173,7 @@ def train_prm(steps_path: str | Path, model_dir: str | Path, cfg: RewardSettings
     )
 
     base = _setup(cfg)
+    plan = device_plan(cfg)
     ds = datasets.Dataset(read_parquet(location(steps_path)))
     if len(ds) == 0:
         raise ValueError(f"{steps_path} holds no labelled answers: nothing to train on (see the reward-data summary)")
@@ -129,23 +187,30 @@ def train_prm(steps_path: str | Path, model_dir: str | Path, cfg: RewardSettings
              for f in scoring.prm_features(tok, r["prompt"], r["completions"], r["labels"], cfg.max_length)]
     model = AutoModelForTokenClassification.from_pretrained(
         base, num_labels=2, id2label={0: "incorrect", 1: "correct"}, label2id={"incorrect": 0, "correct": 1})
+    if cfg.lora:
+        lora = lora_config(cfg, "TOKEN_CLS")  # first: a clear error without peft
+        from peft import get_peft_model
+
+        model = get_peft_model(model, lora)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="prm-trainer-") as tmp:
-        trainer = Trainer(model=model, args=TrainingArguments(**_common_args(cfg, tmp, cfg.prm_max_steps)),
+        trainer = Trainer(model=model, args=TrainingArguments(**_common_args(cfg, tmp, cfg.prm_max_steps, plan)),
                           train_dataset=datasets.Dataset.from_list(feats), processing_class=tok,
                           data_collator=DataCollatorForTokenClassification(tok),
                           callbacks=[trainer_callback(progress)] if progress else None)
         result = trainer.train()
-        trainer.save_model(str(model_dir))
+        facts = _training_facts(trainer, cfg, plan, cfg.prm_max_steps)
+        _save_trained(trainer, model_dir, cfg.lora)
     train_seconds = time.perf_counter() - t0
     tok.save_pretrained(str(model_dir))
     scoring.write_meta(Path(model_dir), {"kind": "prm", "max_length": cfg.max_length, "base_model": base,
                                          "separator": tok.convert_ids_to_tokens(scoring.separator_id(tok)),
-                                         "trainer": "transformers.Trainer (token classification)"})
+                                         "trainer": "transformers.Trainer (token classification)", "lora": cfg.lora,
+                                         "device": plan["device"], "dtype": plan["dtype"]})
     train_labels = [v for r in train_rows for v in r["labels"]]
     metrics = {"train_answers": len(train_rows), "train_steps": len(train_labels), "train_chunks": len(feats),
                "eval_answers": len(eval_rows), "train_loss": round(result.training_loss, 4),
-               "max_steps": cfg.prm_max_steps, "train_seconds": round(train_seconds, 1),
+               **facts, "train_seconds": round(train_seconds, 1),
                "train_correct_share": round(sum(train_labels) / len(train_labels), 4) if train_labels else None,
                "step_accuracy": None, "majority_baseline": None}
     if eval_rows:
@@ -186,7 +251,8 @@ def train_reward_model(kind: str, data_dir: str, out_dir: str, cfg: RewardSettin
     data, layout = store.RewardLayout(data_dir), store.RewardLayout(out_dir)
     dest = layout.fresh_training_dir(kind)  # empty, reached without a link: the trainer's writes stay inside
     # live progress: the optimizer steps (tasks/core/progress.py; the CLI's bar, the flow's progress artifact)
-    progress = StepProgress(f"train {kind}", cfg.irm_max_steps if kind == "irm" else cfg.prm_max_steps, "steps")
+    steps = cfg.irm_max_steps if kind == "irm" else cfg.prm_max_steps
+    progress = StepProgress(f"train {kind}", steps or None, "steps")  # epochs: the trainer reports its step count
     train = train_irm if kind == "irm" else train_prm
     result = train(data.irm_pairs if kind == "irm" else data.prm_steps, dest, cfg, progress)
     progress.finish(f"train loss {result['train_loss']:.4g}")
