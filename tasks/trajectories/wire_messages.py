@@ -68,7 +68,9 @@ def content_of(content, counts: Parts) -> str | list[dict]:
         if isinstance(part, str):
             parts.append({"type": "text", "text": part})
         elif isinstance(part, dict) and part.get("type") in TEXT_PARTS:
-            parts.append({"type": "text", "text": str(part.get("text") or "")})
+            text = part.get("text")
+            parts.append({"type": "text", "text": text if isinstance(text, str) else "" if text is None
+                          else json.dumps(text, ensure_ascii=False)})
         elif isinstance(part, dict) and _image_url(part) is not None:
             parts.append({"type": "image", "image": _image_url(part)})
             counts.images += 1
@@ -91,6 +93,10 @@ def text_and_images(content) -> tuple[str, list[str]]:
         return ("".join(p.get("text") or "" for p in content if p.get("type") == "text"),
                 [p["image"] for p in content if p.get("type") == "image"])
     return content or "", []
+
+
+def _s(value) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _args(value) -> str:
@@ -167,7 +173,7 @@ def _reasoning_text(item: dict) -> str:
     for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
         parts = item.get(key)
         if isinstance(parts, list):
-            text = "".join(p.get("text") or "" for p in parts if isinstance(p, dict) and p.get("type") == kind)
+            text = "".join(_s(p.get("text")) for p in parts if isinstance(p, dict) and p.get("type") == kind)
             if text:
                 return text
     return ""
@@ -218,7 +224,7 @@ def messages_prompt(request: dict) -> tuple[list[dict], Parts]:
     b = _Builder()
     system = request.get("system")
     if isinstance(system, list):
-        system = "".join(p.get("text") or "" for p in system if isinstance(p, dict) and p.get("type") == "text")
+        system = "".join(_s(p.get("text")) for p in system if isinstance(p, dict) and p.get("type") == "text")
     if isinstance(system, str) and system:
         b.turn("system", system)
     for m in msgs:

@@ -159,3 +159,41 @@ def test_request_converters_keep_order_and_refuse_empty_requests():
             messages_prompt(bad)
     with pytest.raises(ValueError):
         responses_prompt({"input": 5})
+
+
+HOSTILE_BODIES = [
+    ("responses", {"model": "m", "input": {"role": "user"}}),
+    ("responses", {"model": "m", "input": [1, "x", {"type": "function_call", "arguments": {"a": 1}}, {"content": 7}]}),
+    ("responses", {"model": "m", "input": [{"type": "function_call_output", "call_id": None, "output": [{"x": 1}]}],
+                   "previous_response_id": "resp_never_recorded", "instructions": ["not", "text"]}),
+    ("messages", {"model": "m", "messages": "hi", "max_tokens": 4}),
+    ("messages", {"model": "m", "messages": [{"role": "user", "content": [1, None, {"type": "image", "source": 5}]}],
+                  "system": [{"type": "text", "text": 3}], "max_tokens": 4}),
+    ("messages", {"model": "m", "messages": [{"role": "assistant", "content": [
+        {"type": "tool_use", "input": "not an object"}, {"type": "thinking", "thinking": 5}]}], "max_tokens": 4}),
+]
+
+
+def test_hostile_requests_are_recorded_and_exported_or_skipped_never_a_crash(tmp_path, monkeypatch):
+    from evolforge.testing.hostile_upstream import HostileUpstream
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    rec = tmp_path / "rec"
+    with HostileUpstream() as up, running_proxy(make_settings(), up.base_url, str(rec)) as url:
+        for route, body in HOSTILE_BODIES:
+            assert httpx.post(f"{url}/s/hostile/v1/{route}", json=body, timeout=10).status_code == 200
+        httpx.post(f"{url}/s/hostile/finish")
+        deadline = time.time() + 10
+        while len(list(iter_records(ProxyLayout(rec)))) < len(HOSTILE_BODIES) and time.time() < deadline:
+            time.sleep(0.05)
+    out = tmp_path / "out"
+    res = collect(str(rec), str(out), idle_seconds=300)
+    dedup_prompts(str(out), make_settings().dedup, enabled=False)
+    summary = publish(str(out), tokens=False)
+    assert res["counts"]["model_calls"] == len(HOSTILE_BODIES)
+    exported = res["counts"].get("transitions", 0)
+    unusable = summary["calls"]["unusable_skipped"]
+    assert exported + unusable == len(HOSTILE_BODIES) and unusable >= 2  # `input` an object, `messages` a string
+    assert summary["calls"]["responses_history_not_recorded"] == 1
+    tr = pl.read_parquet(TrajectoryLayout(out).transitions)
+    assert tr.height == exported and all(isinstance(p, list) for p in tr["prompt"].to_list())
