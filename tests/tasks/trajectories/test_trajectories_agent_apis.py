@@ -197,3 +197,48 @@ def test_hostile_requests_are_recorded_and_exported_or_skipped_never_a_crash(tmp
     assert summary["calls"]["responses_history_not_recorded"] == 1
     tr = pl.read_parquet(TrajectoryLayout(out).transitions)
     assert tr.height == exported and all(isinstance(p, list) for p in tr["prompt"].to_list())
+
+
+@pytest.mark.slow
+@pytest.mark.embedded
+def test_two_turn_sessions_of_both_apis_on_the_embedded_llama_server_export_as_conversations(tmp_path):
+    from evolforge.tasks.core import llama_server
+    from evolforge.tasks.core.embedded_model import embedded_server
+
+    settings = make_settings(embedded={"server": "llama-server"})
+    if not llama_server.find_binary(settings.embedded):
+        pytest.skip("llama-server is not built here: evolforge serve-model --build")
+    alias, rec = settings.embedded.alias, tmp_path / "rec"
+    with embedded_server(settings.embedded, tmp_path) as upstream, \
+            running_proxy(settings, upstream, str(rec), {alias}) as url:
+        ant = anthropic.Anthropic(base_url=f"{url}/s/smol-msg", api_key="none", max_retries=0)
+        msgs: list = [{"role": "user", "content": "Name one colour."}]
+        first = ant.messages.create(model=alias, max_tokens=8, system="Be brief.", messages=msgs)
+        msgs += [{"role": "assistant", "content": first.content[0].text}, {"role": "user", "content": "Another?"}]
+        with ant.messages.stream(model=alias, max_tokens=8, system="Be brief.", messages=msgs) as s:
+            last = s.get_final_message()
+        oai = openai.OpenAI(base_url=f"{url}/s/smol-resp/v1", api_key="none", max_retries=0)
+        items: list = [{"role": "user", "content": "Name one fruit."}]
+        r1 = oai.responses.create(model=alias, instructions="Be brief.", input=items, max_output_tokens=8)
+        items += [o.model_dump(exclude_none=True) for o in r1.output] + [{"role": "user", "content": "Another?"}]
+        r2 = "".join(e.delta for e in oai.responses.create(model=alias, instructions="Be brief.", input=items,
+                                                            max_output_tokens=8, stream=True)
+                     if e.type == "response.output_text.delta")
+        with httpx.Client(base_url=url) as h:
+            for s in ("smol-msg", "smol-resp"):
+                h.post(f"/s/{s}/finish")
+        deadline = time.time() + 30
+        while len(list(iter_records(ProxyLayout(rec)))) < 4 and time.time() < deadline:
+            time.sleep(0.05)
+    out = tmp_path / "out"
+    collect(str(rec), str(out), idle_seconds=300)
+    dedup_prompts(str(out), settings.dedup, enabled=False)
+    publish(str(out), tokens=False)
+    sft = {r["session"]: r for r in map(json.loads, Path(TrajectoryLayout(out).sft).read_text().splitlines())}
+    m = sft["smol-msg"]["messages"]
+    assert [x["role"] for x in m] == ["system", "user", "assistant", "user", "assistant"] and sft["smol-msg"]["calls"] == 2
+    assert m[2]["content"] == first.content[0].text and m[4]["content"] == "".join(
+        b.text for b in last.content if b.type == "text")
+    r = sft["smol-resp"]["messages"]
+    assert [x["role"] for x in r] == ["system", "user", "assistant", "user", "assistant"] and sft["smol-resp"]["calls"] == 2
+    assert r[2]["content"] == r1.output_text and r[4]["content"] == r2
