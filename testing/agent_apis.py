@@ -56,8 +56,15 @@ def responses_output(body: dict) -> list[dict]:
                         "arguments": json.dumps({"city": city}), "status": "completed"})
         return out
     reply = ANSWER if kind == "tool_output" else f"Echo: {text[:60]}" + (f" [{images} image(s)]" if images else "")
-    return [{"type": "message", "id": "msg_0", "status": "completed", "role": "assistant",
-             "content": [{"type": "output_text", "text": reply, "annotations": []}]}]
+    part = {"type": "output_text", "text": reply, "annotations": []}
+    if "message.output_text.logprobs" in (body.get("include") or []):
+        part["logprobs"] = _char_logprobs(reply)
+    return [{"type": "message", "id": "msg_0", "status": "completed", "role": "assistant", "content": [part]}]
+
+
+def _char_logprobs(text: str) -> list[dict]:
+    """One logprob per character (the scripted upstream's tokens are characters)."""
+    return [{"token": c, "logprob": -0.5, "bytes": list(c.encode()), "top_logprobs": []} for c in text]
 
 
 def responses_body(body: dict, rid: str) -> dict:
@@ -85,9 +92,10 @@ def responses_events(body: dict, rid: str) -> list[bytes]:
                                                                                "content": []}))
             part = {"type": "output_text", "text": "", "annotations": []}
             out.append(ev("response.content_part.added", item_id=item["id"], output_index=i, content_index=0, part=part))
+            with_lp = "logprobs" in item["content"][0]
             for p in _pieces(text):
                 out.append(ev("response.output_text.delta", item_id=item["id"], output_index=i, content_index=0,
-                              delta=p, logprobs=[]))
+                              delta=p, logprobs=_char_logprobs(p) if with_lp else []))
             out.append(ev("response.output_text.done", item_id=item["id"], output_index=i, content_index=0, text=text,
                           logprobs=[]))
             out.append(ev("response.content_part.done", item_id=item["id"], output_index=i, content_index=0,

@@ -7,7 +7,8 @@ its form, how its usage reaches the ledger, how its stream is reassembled and en
   `instructions`, `tools`, `tool_choice`, `previous_response_id`; the rest under `parameters`. Response: the
   `output` items as sent, plus `content` (the output_text parts joined), `reasoning_content` (reasoning items'
   summary and text), `tool_calls` (function_call items in the chat form: id = call_id, JSON-string arguments),
-  `finish_reason` (the response's `status`), `usage` (the API's own: input_tokens, output_tokens, ...). A stream
+  `finish_reason` (the response's `status`), `usage` (the API's own: input_tokens, output_tokens, ...), `logprobs`
+  (chat's {"content": [...]} form, when output_text parts or text deltas carry them). A stream
   (`response.created`, `response.output_item.added`, `response.output_text.delta`,
   `response.function_call_arguments.delta`, `response.reasoning_*.delta`, `response.output_item.done`,
   `response.completed` / `response.incomplete` / `response.failed`, `error`) is rebuilt into the same part;
@@ -128,15 +129,25 @@ def _texts(parts: Any, kinds: tuple[str, ...]) -> list[str]:
     return [p["text"] for p in parts if isinstance(p, dict) and p.get("type") in kinds and isinstance(p.get("text"), str)]
 
 
+def _logprobs(parts: Any) -> list[dict]:
+    """The per-token logprobs of output_text parts (`include: ["message.output_text.logprobs"]`), chat's form."""
+    out: list[dict] = []
+    for p in parts if isinstance(parts, list) else ():
+        if isinstance(p, dict) and isinstance(p.get("logprobs"), list):
+            out.extend(x for x in p["logprobs"] if isinstance(x, dict) and isinstance(x.get("logprob"), (int, float)))
+    return out
+
+
 def responses_output(output: list, status: Any, usage: Any, model: Any, rid: Any) -> dict:
     """The recorded part of a Responses API answer from its output items (the non-streamed body's or those a
     stream rebuilt)."""
-    content, reasoning, calls = [], [], []
+    content, reasoning, calls, logprobs = [], [], [], []
     items = [i for i in output if isinstance(i, dict)]
     for item in items:
         kind = item.get("type")
         if kind == "message":
             content.extend(_texts(item.get("content"), ("output_text", "text")))
+            logprobs.extend(_logprobs(item.get("content")))
         elif kind == "reasoning":
             reasoning.extend(_texts(item.get("content"), ("reasoning_text",)) or
                              _texts(item.get("summary"), ("summary_text",)))
@@ -150,6 +161,7 @@ def responses_output(output: list, status: Any, usage: Any, model: Any, rid: Any
         "tool_calls": calls or None,
         "finish_reason": _str(status),
         "usage": _usage(usage, RESPONSES_USAGE_KEYS)[0],
+        "logprobs": {"content": logprobs} if logprobs else None,
         "output": items,
         "model": model_name(model),
         "id": _str(rid),
@@ -336,6 +348,7 @@ class ResponsesAssembler(EventAssembler):
         self.reasoning: dict[int, list[str]] = {}
         self.final: dict | None = None
         self.item_index: dict[str, int] = {}  # item id -> output index
+        self.logprobs: list[dict] = []  # of the text deltas, when the upstream sends them
         self.status: str | None = None
         self.api_usage: dict | None = None
         self.usage: dict | None = None
@@ -404,6 +417,8 @@ class ResponsesAssembler(EventAssembler):
             slot = {"response.output_text.delta": self.texts,
                     "response.function_call_arguments.delta": self.args}.get(kind, self.reasoning)
             slot.setdefault(i, []).append(delta)
+            if kind == "response.output_text.delta":
+                self.logprobs.extend(_logprobs([obj]))
             return None
         return None  # other events (content_part.*, *.done, refusal, tool progress) add nothing the items lack
 
@@ -412,6 +427,8 @@ class ResponsesAssembler(EventAssembler):
             f = self.final
             part = responses_output(f["output"], f.get("status"), f.get("usage"), f.get("model") or self.model,
                                     f.get("id") or self.id)
+            if part["logprobs"] is None and self.logprobs:
+                part["logprobs"] = {"content": self.logprobs}
             return {**part, **self._stats()}
         items = []
         for i in sorted(set(self.items) | set(self.texts) | set(self.args) | set(self.reasoning)):
@@ -426,7 +443,10 @@ class ResponsesAssembler(EventAssembler):
                 item.setdefault("type", "reasoning")
                 item["content"] = [{"type": "reasoning_text", "text": "".join(self.reasoning[i])}]
             items.append(item)
-        return {**responses_output(items, self.status, self.api_usage, self.model, self.id), **self._stats()}
+        part = responses_output(items, self.status, self.api_usage, self.model, self.id)
+        if part["logprobs"] is None and self.logprobs:
+            part["logprobs"] = {"content": self.logprobs}
+        return {**part, **self._stats()}
 
 
 class MessagesAssembler(EventAssembler):

@@ -364,3 +364,19 @@ def test_openai_agents_sdk_with_its_default_responses_model_through_the_proxy(pr
     assert [o["output"] for o in outputs] == ["sunny", "cold"]
     assert [o["call_id"] for o in outputs] == [c["id"] for c in first["response"]["tool_calls"]]
     assert second["response"]["content"] == result.final_output
+
+
+def test_responses_logprobs_are_recorded_when_the_upstream_returns_them(proxy, upstream):
+    url, layout = proxy
+    client = openai.OpenAI(base_url=f"{url}/s/resp-lp/v1", api_key="none")
+    include = ["message.output_text.logprobs"]
+    plain = client.responses.create(model="resp-model", input="abc", include=include)
+    events = list(client.responses.create(model="resp-model", input="abc", include=include, stream=True))
+    client.responses.create(model="resp-model", input="abc")
+    got = [lp.logprob for lp in plain.output[0].content[0].logprobs]
+    streamed = [lp.logprob for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    recs = _records(layout, 3)
+    assert len(got) == len("Echo: abc") and streamed == got
+    assert [x["logprob"] for x in recs[0]["response"]["logprobs"]["content"]] == got
+    assert [x["logprob"] for x in recs[1]["response"]["logprobs"]["content"]] == streamed
+    assert recs[2]["response"]["logprobs"] is None
