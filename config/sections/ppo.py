@@ -78,6 +78,8 @@ class PPOSettings(Section):
     # reward health while the local GRPO run trains (policy: reward.health_policy, warn or stop)
     health_steps: int = Field(200, ge=0, description="The first steps of the local GRPO run whose rewards are watched (RLEIF: the first 200): share of rA < 0.5 (healthy: reward.prm_low_share_low..high; under reward.prm_flat_share the reward does not tell answers apart) and reward mean/std drift; 0 turns the watch off.")
     health_min_samples: int = Field(16, ge=2, description="Completions scored before the watch may stop training (policy stop); also the size of the baseline (the first completions) and of the recent window the drift compares. A shorter run is judged at its end on what it has.")
+    health_max_kl: float = Field(10.0, gt=0, description="KL explosion (RLEIF): the trainer's logged KL to the reference policy above this within the first `health_kl_steps` steps fails the check (lower the learning rate, or raise kl_coef to 0.1); under policy stop training ends at that step. Needs kl_coef > 0 (TRL logs no KL otherwise).")
+    health_kl_steps: int = Field(300, ge=0, description="The first steps whose logged KL the KL-explosion check watches (RLEIF: 300); 0 turns it off.")
     health_max_mean_drop: float = Field(0.2, ge=0, le=1, description="Reward drift: the recent mean reward falling more than this under the baseline mean fails the check (rewards collapsing).")
     health_min_std_ratio: float = Field(0.25, ge=0, le=1, description="Reward drift: the recent reward std under this share of the baseline std fails the check (the reward no longer separates completions: GRPO advantages vanish).")
 

@@ -128,16 +128,26 @@ def _health_callback(health: TrainingHealth):
                             state.global_step, "; ".join(health.report()["problems"]))
                 control.should_training_stop = True
 
+        def on_log(self, args, state, control, logs=None, **kw):
+            # logged after on_step_end: the step's KL is checked here (a KL explosion stops at once under 'stop')
+            health.observe_log(state.global_step, logs or {})
+            if health.stopped_at is None and health.should_stop():
+                log.warning("training health failed at step %d, stopping training (policy stop): %s",
+                            state.global_step, "; ".join(health.report()["problems"]))
+                control.should_training_stop = True
+
     return HealthWatch()
 
 
 def grpo_train(policy_dir: Path, train_parquet: Path, reward: PPOReward, out_dir: Path, *, steps: int,
                prompts_per_step: int, num_generations: int, max_completion_length: int, learning_rate: float,
                beta: float, clip_ratio: float, temperature: float, max_prompts: int, seed: int,
-               health: TrainingHealth | None = None, progress: StepProgress | None = None) -> dict[str, Any]:
+               health: TrainingHealth | None = None, progress: StepProgress | None = None,
+               callbacks: list | None = None) -> dict[str, Any]:
     """`steps` GRPO steps on the first `max_prompts` training prompts; saves the policy to out_dir/policy.
     With `health`, result["health"] is its report and result["stopped_early"] says whether it ended training.
-    With `progress`, each optimizer step and its logged reward reach it (the live progress views)."""
+    With `progress`, each optimizer step and its logged reward reach it (the live progress views); `callbacks`:
+    further transformers TrainerCallbacks."""
     from datasets import load_dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -152,12 +162,13 @@ def grpo_train(policy_dir: Path, train_parquet: Path, reward: PPOReward, out_dir
         disable_tqdm=True, log_completions=False, lr_scheduler_type="constant",
     )
     records: list[dict] = []
-    callbacks = [_step_callback(records)]
+    extra, callbacks = list(callbacks or []), [_step_callback(records)]
     if progress is not None:
         callbacks.append(trainer_callback(progress))
     if health is not None:
         reward = ObservedReward(reward, health.observe)
         callbacks.append(_health_callback(health))
+    callbacks += extra
     t0 = time.perf_counter()
     trainer = GRPOTrainer(model=str(policy_dir), reward_funcs=reward, args=args, train_dataset=dataset,
                           callbacks=callbacks)

@@ -6,10 +6,13 @@ Fed every scored completion of the first `ppo.health_steps` steps (rA and r = rI
 - reward mean drift: the mean of the latest `ppo.health_min_samples` rewards against the mean of the first ones
   (the baseline); a drop over ppo.health_max_mean_drop fails (a rise is reported, not failed: it is the goal);
 - reward std drift: the latest std under ppo.health_min_std_ratio x the baseline std fails (the reward no longer
-  separates completions, so GRPO's group advantages vanish).
+  separates completions, so GRPO's group advantages vanish);
+- KL explosion (RLEIF): the trainer's logged KL to the reference policy (`observe_log`, every step of the first
+  ppo.health_kl_steps, 300) above ppo.health_max_kl (10) fails: lower the learning rate or raise the KL coefficient.
 Reports have the reward stage's shape (tasks/reward/health.py: stats, checks, problems, policy), so its
 `enforce` applies reward.health_policy: warn, or stop. Under stop, `should_stop` turns true once enough
-completions were scored and a check fails; the trainer callback (tasks/ppo/local.py) then ends training.
+completions were scored and a check fails, or at once when the KL exploded; the trainer callback
+(tasks/ppo/local.py) then ends training.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class TrainingHealth:
         self.step = 0  # optimizer steps finished
         self.r_a: list[float] = []
         self.rewards: list[float] = []
+        self.kl: list[tuple[int, float]] = []  # (step, the trainer's logged KL)
         self.stopped_at: int | None = None
 
     @property
@@ -44,9 +48,23 @@ class TrainingHealth:
     def end_step(self, step: int) -> None:
         self.step = step
 
+    def observe_log(self, step: int, logs: dict) -> None:
+        """The metrics the trainer logged for `step`: its KL to the reference policy (TRL logs `kl` when beta > 0)."""
+        kl = (logs or {}).get("kl")
+        if kl is None or "train_runtime" in logs or not 0 < step <= self.ppo.health_kl_steps:
+            return
+        self.kl.append((step, float(kl)))
+
+    def kl_explosion(self) -> tuple[int, float] | None:
+        """The first (step, KL) over ppo.health_max_kl, if any."""
+        return next(((s, v) for s, v in self.kl if v > self.ppo.health_max_kl), None)
+
     def should_stop(self) -> bool:
-        """Policy 'stop', enough completions seen, a check failed: training ends at this step."""
-        if self.cfg.health_policy != "stop" or len(self.rewards) < self.ppo.health_min_samples:
+        """Policy 'stop', a check failed and enough completions seen (a KL explosion needs none): training ends at
+        this step."""
+        if self.cfg.health_policy != "stop":
+            return False
+        if self.kl_explosion() is None and len(self.rewards) < self.ppo.health_min_samples:
             return False
         if self.report()["passed"]:
             return False
@@ -87,8 +105,20 @@ class TrainingHealth:
                                         f"at least {self.ppo.health_min_std_ratio} x the baseline std",
                                         f"reward std fell from {base['std']} to {recent['std']}: the reward no longer "
                                         "separates completions (GRPO advantages vanish)"))
+        kl = None
+        if self.kl:
+            top_step, top = max(self.kl, key=lambda sv: sv[1])
+            kl = {"steps": len(self.kl), "max": round(top, 4), "max_step": top_step, "last": round(self.kl[-1][1], 4),
+                  "limit": self.ppo.health_max_kl, "within_steps": self.ppo.health_kl_steps}
+            boom = self.kl_explosion()
+            checks.append(check_row(
+                "kl_explosion", kl["max"], boom is None,
+                f"at most {self.ppo.health_max_kl} within the first {self.ppo.health_kl_steps} steps",
+                f"KL reached {boom[1]:.4g} at step {boom[0]} (over {self.ppo.health_max_kl} within the first "
+                f"{self.ppo.health_kl_steps} steps): the KL exploded; lower the learning rate (RLEIF: 1e-6) or raise "
+                f"the KL coefficient (ppo.kl_coef, now {self.ppo.kl_coef}; RLEIF: 0.1)" if boom else ""))
         failed = [c for c in checks if not c["passed"]]
-        return {"stage": "training", "passed": not failed, "policy": cfg.health_policy,
+        return {"stage": "training", "passed": not failed, "policy": cfg.health_policy, "kl": kl,
                 "steps_watched": min(self.step, self.ppo.health_steps), "health_steps": self.ppo.health_steps,
                 "completions": len(self.rewards), "r_a": ra, "reward": stats(self.rewards), "drift": drift,
                 "stopped_at_step": self.stopped_at, "checks": checks, "problems": [c["message"] for c in failed],

@@ -218,3 +218,90 @@ def test_flow_reports_then_stops_on_collapsed_rewards(tmp_path, tiny_run, monkey
     table = table if isinstance(table, list) else json.loads(table)
     assert {"check": "r_a_low_share", "passed": False} in [{k: r[k] for k in ("check", "passed")} for r in table]
     assert "training stopped at step 1" in by_key["ppo-summary"] and "GRPO smoke run" in by_key["ppo-summary"]
+
+
+# ---------------------------------------------------------------- KL explosion (RLEIF: KL over 10 within 300 steps)
+
+def _feed_kl(h, kls, per_step=_cycle):
+    """Steps with healthy rewards, each followed by the trainer's log of its KL (as on_log comes after on_step_end)."""
+    for step, kl in enumerate(kls, start=1):
+        h.observe(_rows(per_step(step)))
+        h.end_step(step)
+        if h.should_stop():
+            return step
+        h.observe_log(step, {"loss": 0.0, "reward": 0.5, "kl": kl})
+        if h.should_stop():
+            return step
+    return None
+
+
+@pytest.mark.parametrize("policy", ["warn", "stop"])
+def test_kl_explosion_warns_or_stops_per_policy(policy):
+    h = _health(policy, min_samples=64)  # far more samples than seen: only the KL may stop this run
+    stopped = _feed_kl(h, [0.01, 0.2, 0.5, 12.5, 30.0, 0.3])
+    report = h.report()
+    assert not report["passed"] and report["kl"]["max_step"] in (4, 5)
+    kl_check = next(c for c in report["checks"] if c["check"] == "kl_explosion")
+    assert not kl_check["passed"] and "KL reached 12.5 at step 4" in kl_check["message"]
+    assert "lower the learning rate" in kl_check["message"] and "ppo.kl_coef" in kl_check["message"]
+    if policy == "stop":
+        assert stopped == 4 and report["stopped_at_step"] == 4 and report["kl"]["steps"] == 4
+        with pytest.raises(RewardHealthError, match="KL exploded"):
+            enforce(report, policy)
+    else:
+        assert stopped is None and report["kl"]["steps"] == 6 and report["kl"]["max"] == 30.0
+        assert "KL exploded" in enforce(report, policy)
+
+
+def test_kl_at_the_limit_passes_and_late_spikes_are_not_watched():
+    h = _health("stop", min_samples=4)
+    h.ppo = h.ppo.model_copy(update={"health_kl_steps": 3})
+    assert _feed_kl(h, [1.0, 10.0, 9.9, 50.0, 80.0]) is None  # 10.0 is not above 10; steps 4-5 are past 300 (here 3)
+    report = h.report()
+    assert report["passed"] and report["kl"] == {"steps": 3, "max": 10.0, "max_step": 2, "last": 9.9, "limit": 10.0,
+                                                 "within_steps": 3}
+
+
+def test_no_logged_kl_no_kl_check():
+    h = _health("stop")
+    _feed(h, _cycle, 4)
+    assert h.report()["kl"] is None and "kl_explosion" not in {c["check"] for c in h.report()["checks"]}
+
+
+def _jolt(at_step: int, scale: float):
+    """A TrainerCallback that scales the policy's output head after step `at_step`: the next step's rollouts come
+    from a policy far from the reference one, so the KL the GRPO trainer computes and logs really spikes."""
+    import torch
+    from transformers import TrainerCallback
+
+    class Jolt(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kw):
+            if state.global_step == at_step:
+                with torch.no_grad():
+                    model.get_output_embeddings().weight.mul_(scale)
+
+    return Jolt()
+
+
+@pytest.mark.parametrize("policy", ["warn", "stop"])
+def test_grpo_trainer_callback_acts_on_a_kl_spike_per_policy(tiny_run, tmp_path, policy):
+    from evolforge.tasks.ppo import local
+    from evolforge.tasks.ppo.reward import PPOReward
+
+    root, policy_dir = tiny_run
+    reward = PPOReward(lambda qs: [0.8] * len(qs), _CollapsingPRM(healthy_calls=10**6))  # healthy rewards throughout
+    health = _health(policy, min_samples=64)  # the reward checks never get enough samples to stop anything
+    health.ppo = health.ppo.model_copy(update={"health_max_kl": 2.0})  # the tiny policy's KL tops out near log(vocab)
+    run = local.grpo_train(policy_dir, root / "train.parquet", reward, tmp_path, steps=5, prompts_per_step=2,
+                           num_generations=2, max_completion_length=8, learning_rate=1e-6, beta=0.05,
+                           clip_ratio=0.2, temperature=1.0, max_prompts=8, seed=0, health=health,
+                           callbacks=[_jolt(at_step=2, scale=200.0)])
+    kls = {s["step"]: s["kl"] for s in run["steps"]}
+    assert kls[1] < 0.5 and kls[2] < 0.5 and kls[3] > 2.0  # the trainer's own logged KL spiked after the jolt
+    report = run["health"]
+    kl_check = next(c for c in report["checks"] if c["check"] == "kl_explosion")
+    assert not report["passed"] and not kl_check["passed"] and "at step 3" in kl_check["message"]
+    if policy == "stop":
+        assert sorted(kls) == [1, 2, 3] and run["stopped_early"] and report["stopped_at_step"] == 3
+    else:
+        assert sorted(kls) == [1, 2, 3, 4, 5] and not run["stopped_early"] and report["stopped_at_step"] is None
