@@ -103,9 +103,10 @@ def _item_problem(item: Any) -> str | None:
     for part in content or ():
         if part.get("text") is not None and not isinstance(part.get("text"), str):
             return "an output text part's text is not a string"
-    if item.get("type") == "function_call":
-        if any(item.get(k) is not None and not isinstance(item.get(k), str) for k in ("name", "arguments", "call_id")):
-            return "a function_call item's name, arguments or call_id is not a string"
+    if item.get("type") in TOOL_CALL_ITEMS:
+        if any(item.get(k) is not None and not isinstance(item.get(k), str)
+               for k in ("name", "arguments", "call_id", "input")):
+            return f"a {item['type']} item's name, arguments, input or call_id is not a string"
     return None
 
 
@@ -127,6 +128,25 @@ def _texts(parts: Any, kinds: tuple[str, ...]) -> list[str]:
     if not isinstance(parts, list):
         return []
     return [p["text"] for p in parts if isinstance(p, dict) and p.get("type") in kinds and isinstance(p.get("text"), str)]
+
+
+# items that call a tool: function tools, Codex's freeform (custom) tools such as apply_patch, its local shell
+TOOL_CALL_ITEMS = ("function_call", "custom_tool_call", "local_shell_call")
+TOOL_OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
+
+
+def tool_call_name(item: dict) -> str:
+    return _str(item.get("name")) or ("local_shell" if item.get("type") == "local_shell_call" else "")
+
+
+def tool_call_arguments(item: dict) -> str:
+    """The call's arguments as one string: a function's JSON, a custom tool's raw input, a shell call's action."""
+    kind = item.get("type")
+    if kind == "custom_tool_call":
+        return _str(item.get("input")) or ""
+    if kind == "local_shell_call":
+        return dumps(item.get("action")).decode() if item.get("action") is not None else "{}"
+    return _str(item.get("arguments")) or ""
 
 
 def _logprobs(parts: Any) -> list[dict]:
@@ -151,10 +171,9 @@ def responses_output(output: list, status: Any, usage: Any, model: Any, rid: Any
         elif kind == "reasoning":
             reasoning.extend(_texts(item.get("content"), ("reasoning_text",)) or
                              _texts(item.get("summary"), ("summary_text",)))
-        elif kind == "function_call":
+        elif kind in TOOL_CALL_ITEMS:
             calls.append({"id": _str(item.get("call_id")) or _str(item.get("id")), "type": "function",
-                          "function": {"name": _str(item.get("name")) or "",
-                                       "arguments": _str(item.get("arguments")) or ""}})
+                          "function": {"name": tool_call_name(item), "arguments": tool_call_arguments(item)}})
     return {
         "content": "".join(content) if content or not calls else None,
         "reasoning_content": "".join(reasoning) or None,

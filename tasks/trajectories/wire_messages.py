@@ -8,7 +8,8 @@ transitions use (TRL's conversational form), with images kept as TRL multimodal 
 - `responses_prompt(request, history)`: a Responses API call's `instructions` (a system turn) and `input` items
   in order: messages (developer -> system), `reasoning` items (the next assistant turn's `reasoning_content`),
   `function_call` items (the assistant turn's `tool_calls`, id = call_id), `function_call_output` items (role
-  `tool` turns). With `previous_response_id`, `history` (the prompt and response of that earlier call of the
+  `tool` turns; Codex's `custom_tool_call` / `local_shell_call` items and their outputs too, a custom tool's raw
+  input or the shell action as the arguments string). With `previous_response_id`, `history` (the prompt and response of that earlier call of the
   session) comes first, as the API does.
 - `messages_prompt(request)`: a Messages API call's `system` and `messages`: text, image, `thinking` (the
   assistant turn's `reasoning_content`), `tool_use` (`tool_calls`, input as a JSON string) and `tool_result`
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+
+from evolforge.tasks.proxy.wires import TOOL_CALL_ITEMS, TOOL_OUTPUT_ITEMS, tool_call_arguments, tool_call_name
 
 
 @dataclass
@@ -206,9 +209,9 @@ def responses_prompt(request: dict, history: list[dict] | None = None) -> tuple[
                 b.turn(role, item.get("content"))
             elif kind == "reasoning":
                 b.think(_reasoning_text(item))
-            elif kind == "function_call":
-                b.tool_call(item.get("call_id") or item.get("id"), item.get("name"), item.get("arguments"))
-            elif kind == "function_call_output":
+            elif kind in TOOL_CALL_ITEMS:  # function tools, Codex's custom tools (apply_patch) and local shell
+                b.tool_call(item.get("call_id") or item.get("id"), tool_call_name(item), tool_call_arguments(item))
+            elif kind in TOOL_OUTPUT_ITEMS:
                 b.tool_result(item.get("call_id"), item.get("output"))
             else:
                 b.counts.dropped += 1

@@ -242,3 +242,26 @@ def test_two_turn_sessions_of_both_apis_on_the_embedded_llama_server_export_as_c
     r = sft["smol-resp"]["messages"]
     assert [x["role"] for x in r] == ["system", "user", "assistant", "user", "assistant"] and sft["smol-resp"]["calls"] == 2
     assert r[2]["content"] == r1.output_text and r[4]["content"] == r2
+
+
+def test_codex_custom_tool_and_local_shell_items_are_tool_calls_in_order():
+    from evolforge.tasks.proxy.wires import responses_part
+
+    patch = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch"
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "add a.txt"}]},
+             {"type": "reasoning", "id": "rs", "summary": [{"type": "summary_text", "text": "patch it"}],
+              "encrypted_content": "opaque"},
+             {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": patch},
+             {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done!"},
+             {"type": "local_shell_call", "call_id": "c2", "action": {"type": "exec", "command": ["ls"]}},
+             {"type": "local_shell_call_output", "call_id": "c2", "output": "a.txt"}]
+    msgs, parts = responses_prompt({"input": items})
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant", "tool"] and parts.dropped == 0
+    assert msgs[1]["reasoning_content"] == "patch it"
+    assert msgs[1]["tool_calls"] == [{"id": "c1", "type": "function", "function": {"name": "apply_patch",
+                                                                                  "arguments": patch}}]
+    assert msgs[3]["tool_calls"][0]["function"]["name"] == "local_shell"
+    assert json.loads(msgs[3]["tool_calls"][0]["function"]["arguments"])["command"] == ["ls"]
+    assert [m["content"] for m in msgs if m["role"] == "tool"] == ["Done!", "a.txt"]
+    rec = responses_part({"output": [items[2]], "status": "completed"})  # what the proxy records of the reply
+    assert rec["tool_calls"] == msgs[1]["tool_calls"] and rec["content"] is None
