@@ -39,11 +39,18 @@ HEADER = """\
 #
 #     EVOLFORGE_ROOT=$PWD EVOLFORGE_POOL=evolforge-pool EVOLFORGE_CRON="0 2 * * *" EVOLFORGE_TZ=UTC \\
 #     EVOLFORGE_SCHEDULE_ACTIVE=true EVOLFORGE_DATASET=runs/nightly \\
+#     EVOLFORGE_CHAIN_REWARD_DATA=false EVOLFORGE_CHAIN_TRAIN_REWARD=false EVOLFORGE_CHAIN_SFT=false \\
+#     EVOLFORGE_CHAIN_PPO=false EVOLFORGE_CHAIN_EVAL=false \\
 #       prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml
 #
 # Flow parameters are pydantic models, so the UI shows a form; from the CLI pass JSON:
 #     prefect deployment run 'evolve/evolve' --param params='{"seeds": "config/sample_seeds.jsonl", "out": "runs/x", "rounds": 2}'
 #     prefect deployment run 'evolve/evolve' --param params='{"out": "runs/x", "retry": true}'   # only the failed batches
+#
+# The nightly chain: each `triggers:` entry runs its deployment when the upstream stage's flow run completes
+# (nightly -> reward-data -> train-reward -> sft -> ppo -> eval), its parameters rendered by the Prefect server
+# from the upstream run into DATASET/chain/NIGHT/<stage> (storage/chain.py). A link is on when its stage is in
+# [schedule] chain (EVOLFORGE_CHAIN_<STAGE>=true); a link that is off is deployed as a disabled automation.
 """
 
 
@@ -54,6 +61,32 @@ def entrypoint(flow: str) -> str:
     if parts[0] != "evolforge":
         raise ValueError(f"a stage's flow must be in the evolforge package: {flow}")
     return "/".join(parts[1:]) + f".py:{attr}"
+
+
+def chain_switch(stage: str) -> str:
+    """The template variable that switches a stage's chain link on or off ([schedule] chain)."""
+    return "EVOLFORGE_CHAIN_" + stage.upper().replace("-", "_")
+
+
+def chain_trigger(stage: str, trigger) -> dict:
+    """A deployment trigger (prefect.yaml `triggers:`): run this deployment when a flow run of the upstream stage's
+    deployment completes. `match_related` names both the upstream deployment and its flow (a stage's flow and
+    deployment share its name), so another project's deployment of the same name does not fire it. The
+    parameters are Jinja over the upstream run, rendered by the Prefect server when the event arrives
+    (`prefect deploy` keeps them as they are: it fills only $VARIABLES)."""
+    return {"type": "event", "name": f"{trigger.after} -> {stage}", "enabled": "{{ $%s }}" % chain_switch(stage),
+            "match": {"prefect.resource.id": "prefect.flow-run.*"},
+            "match_related": [{"prefect.resource.role": "deployment", "prefect.resource.name": trigger.after},
+                              {"prefect.resource.role": "flow", "prefect.resource.name": trigger.after}],
+            "expect": ["prefect.flow-run.Completed"], "posture": "Reactive", "threshold": 1, "within": 0,
+            "parameters": trigger.parameters}
+
+
+def chained_stages() -> list[str]:
+    """The stages whose deployment has a chain trigger, in registry order."""
+    from evolforge.tasks.core.stages import stages
+
+    return [st.name for st in stages() if st.deployment and st.deployment.trigger]
 
 
 def deployment_entries() -> list[dict]:
@@ -74,6 +107,8 @@ def deployment_entries() -> list[dict]:
         if d.schedule:
             entry["schedules"] = [{"cron": "{{ $EVOLFORGE_CRON }}", "timezone": "{{ $EVOLFORGE_TZ }}",
                                    "active": "{{ $EVOLFORGE_SCHEDULE_ACTIVE }}"}]
+        if d.trigger:
+            entry["triggers"] = [chain_trigger(st.name, d.trigger)]
         out.append(entry)
     return out
 
@@ -105,6 +140,7 @@ def template_env(settings: Settings, pool: str | None = None, schedule_active: b
         "EVOLFORGE_TZ": s.timezone,
         "EVOLFORGE_SCHEDULE_ACTIVE": "true" if active else "false",
         "EVOLFORGE_DATASET": dataset,
+        **{chain_switch(st): "true" if st in s.chain else "false" for st in chained_stages()},
     }
 
 

@@ -20,12 +20,26 @@ from prefect import flow
 
 from evolforge.flows._stage import finish_stage, stage_run
 from evolforge.flows.evolve import evolve_flow
+from evolforge.storage.chain import night_run_name as night_run_name_of
 from evolforge.tasks.evolve.stage import NightlyParams, night_of, night_params, with_dataset
 
 __all__ = ["NightlyParams", "nightly_flow"]
 
 
-@flow(name="nightly", log_prints=True)
+def night_run_name() -> str:
+    """The run's name, night-YYYY-MM-DD: the chained reward-data deployment's trigger reads the night from it
+    (storage/chain.py), since a scheduled run's parameters leave the night to the flow."""
+    from prefect.runtime import flow_run
+
+    raw = flow_run.parameters.get("params")
+    try:
+        params = raw if isinstance(raw, NightlyParams) else NightlyParams.model_validate(raw or {})
+        return night_run_name_of(night_of(params, params.settings()))
+    except Exception:  # a bad night or config: the flow itself reports it (one line); the run keeps a plain name
+        return "nightly"
+
+
+@flow(name="nightly", log_prints=True, flow_run_name=night_run_name)
 def nightly_flow(params: NightlyParams = NightlyParams()) -> dict:
     with stage_run("nightly", with_dataset(params)) as run:  # the dataset: `dataset`, else schedule.dataset
         ds, night = run.folder, night_of(params, run.settings)  # the label was checked before any work

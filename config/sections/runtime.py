@@ -88,6 +88,9 @@ class StorageSettings(Section):
         "and are durable line by line.")
 
 
+CHAIN_STAGES = ("reward-data", "train-reward", "sft", "ppo", "eval")  # the nightly chain, after `nightly`
+
+
 class ScheduleSettings(Section):
     """The nightly evolution deployment (rendered into deployments/prefect.yaml by `evolforge deploy`)."""
 
@@ -97,6 +100,20 @@ class ScheduleSettings(Section):
     dataset: str = Field("runs/nightly", description="Dataset folder the nightly runs continue (one dated folder per night).")
     rounds_per_night: int = Field(1, ge=1, le=16, description="Rounds each night adds to the survivors of the last night.")
     work_pool: str = Field("evolforge-pool", description="Prefect process work pool the deployments run on.")
+    chain: list[str] = Field(
+        default_factory=list,
+        description="The nightly chain's links that are on: each stage named here runs when the run before it in "
+                    "nightly -> reward-data -> train-reward -> sft -> ppo -> eval completes (a Prefect deployment "
+                    "trigger, set by `evolforge deploy`), into DATASET/chain/NIGHT/<stage>. A stage left out is not "
+                    "triggered, so the chain stops before it. Empty (the default): the nightly run evolves only.")
+
+    @field_validator("chain")
+    @classmethod
+    def _known_links(cls, v: list[str]) -> list[str]:
+        unknown = [s for s in v if s not in CHAIN_STAGES]
+        if unknown:
+            raise ValueError(f"unknown chain stage(s) {unknown}: the chain is {', '.join(CHAIN_STAGES)}")
+        return v
 
     @field_validator("cron")
     @classmethod

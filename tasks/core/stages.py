@@ -37,6 +37,17 @@ class Table:
 
 
 @dataclass(frozen=True)
+class Trigger:
+    """A chain link: the deployment runs when a flow run of the `after` stage's deployment completes (a Prefect
+    deployment trigger on `prefect.flow-run.Completed`, rendered into deployments/prefect.yaml). `parameters` are
+    the flow parameters, Jinja the Prefect server renders over the upstream run (`flow_run.parameters.params`,
+    `flow_run.name`; see storage/chain.py). The link is on when its stage is in the config's `[schedule] chain`."""
+
+    after: str  # the upstream stage (its flow and deployment have this name)
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Deployment:
     """How the stage is deployed on the project's Prefect work pool (deployments/prefect.yaml)."""
 
@@ -45,6 +56,7 @@ class Deployment:
     schedule: bool = False  # on the cron schedule of [schedule] (cron, timezone, active)
     concurrency_limit: int | None = None  # at most this many runs of the deployment at once
     parameters: dict[str, Any] = field(default_factory=dict)  # default flow parameters (template variables allowed)
+    trigger: Trigger | None = None  # run when the upstream stage's run completes (the nightly chain)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from evolforge.config.settings import Settings
+from evolforge.storage import chain
 from evolforge.storage.eval_sets import EvalFolder
 from evolforge.storage.folder import read_marker
 from evolforge.storage.inputs import input_exists
@@ -17,7 +18,7 @@ from evolforge.storage.layout import RunLayout
 from evolforge.storage.synthesis_sets import SynthLayout
 from evolforge.tasks.core.checks import InputError, check_endpoint, check_out_dir
 from evolforge.tasks.core.params import EndpointParams, overrides_from
-from evolforge.tasks.core.stages import Deployment, Stage, Table, register
+from evolforge.tasks.core.stages import Deployment, Stage, Table, Trigger, register
 
 
 class EvalParams(EndpointParams):
@@ -105,5 +106,9 @@ STAGE = register(Stage(
               "pass@k per benchmark and domain with Wilson 95% intervals"),
     ),
     deployment=Deployment("Evaluate a policy: pass@k on held-out verified tasks, HumanEval and a math set.",
-                          ("evolforge", "eval")),
+                          ("evolforge", "eval"),
+                          trigger=Trigger("ppo", {"params": {  # the policy the PPO run left
+                              "policy": chain.template(chain.ppo_policy(f"{chain.UP}.out")),
+                              "evolve_out": chain.template(f"{chain.UP}.evolved"),
+                              "out": chain.template(chain.sibling(f"{chain.UP}.out", "eval"))}})),
 ))

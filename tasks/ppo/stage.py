@@ -11,13 +11,14 @@ from typing import Any, Literal
 from pydantic import Field
 
 from evolforge.config.settings import PPOSettings, Settings
+from evolforge.storage import chain
 from evolforge.storage.fs import AnyPath, is_url, location
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ppo import PPOLayout
 from evolforge.tasks.core.checks import InputError, check_folder, check_out_dir
 from evolforge.tasks.core.params import StageParams
-from evolforge.tasks.core.stages import Deployment, Stage, Table, register
+from evolforge.tasks.core.stages import Deployment, Stage, Table, Trigger, register
 
 
 class PPOParams(StageParams):
@@ -130,5 +131,10 @@ STAGE = register(Stage(
     ),
     cli_flags={"ray_wait_seconds": "--ray-wait"},
     deployment=Deployment("PPO stage - verl data and config, Ray job submission, local GRPO smoke run with "
-                          "r = rI * rA.", ("evolforge", "ppo")),
+                          "r = rI * rA.", ("evolforge", "ppo"),
+                          trigger=Trigger("sft", {"params": {  # the SFT run's evolve run and policy
+                              "evolved": chain.template(f"{chain.UP}.evolve_out"),
+                              "reward_dir": chain.template(chain.sibling(f"{chain.UP}.out", "reward-data")),
+                              "sft": chain.template(f"{chain.UP}.out"),
+                              "out": chain.template(chain.sibling(f"{chain.UP}.out", "ppo"))}})),
 ))

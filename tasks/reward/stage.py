@@ -17,12 +17,13 @@ from typing import Any, Literal
 from pydantic import Field
 
 from evolforge.config.settings import Settings
+from evolforge.storage import chain
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.reward_sets import IRM_PAIR_SCHEMA, PRM_COLUMNS, RewardLayout, RewardModelsFolder
 from evolforge.tasks.core.checks import InputError, check_endpoint, check_out_dir
 from evolforge.tasks.core.params import EndpointParams, StageParams
-from evolforge.tasks.core.stages import Deployment, Stage, Table, register
+from evolforge.tasks.core.stages import Deployment, Stage, Table, Trigger, register
 
 
 class RewardDataParams(EndpointParams):
@@ -111,7 +112,10 @@ REWARD_DATA = register(Stage(
                   "an evolve run's seeds and accepted evolutions, with their answers"),),
     outputs=DATA_OUTPUTS,
     deployment=Deployment("IRM preference pairs and PRM step labels from an evolve run, with health checks.",
-                          ("evolforge", "reward")),
+                          ("evolforge", "reward"),
+                          trigger=Trigger("nightly", {"params": {  # the night's evolve run, from the nightly run
+                              "evolve_out": chain.template(chain.night_folder_from_nightly()),
+                              "out": chain.template(chain.stage_dir_from_nightly("reward-data"))}})),
 ))
 
 TRAIN_REWARD = register(Stage(
@@ -137,5 +141,7 @@ TRAIN_REWARD = register(Stage(
         Table("health", "health.json", ("data", "model"), "the trained models' scores against the RLEIF thresholds"),
     ),
     deployment=Deployment("Train the IRM (RewardTrainer) and the PRM (token classification at step separators).",
-                          ("evolforge", "reward")),
+                          ("evolforge", "reward"),
+                          trigger=Trigger("reward-data", {"params": {  # the models go into the data folder
+                              "data": chain.template(f"{chain.UP}.out")}})),
 ))

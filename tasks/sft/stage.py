@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import Field
 
 from evolforge.config.settings import Settings
+from evolforge.storage import chain
 from evolforge.storage.fs import is_url
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.layout import RunLayout
@@ -18,7 +19,7 @@ from evolforge.storage.synthesis_sets import SynthLayout
 from evolforge.storage.trajectory_sets import TrajectoryLayout
 from evolforge.tasks.core.checks import InputError, check_out_dir
 from evolforge.tasks.core.params import StageParams, overrides_from
-from evolforge.tasks.core.stages import Deployment, Stage, Table, register
+from evolforge.tasks.core.stages import Deployment, Stage, Table, Trigger, register
 
 
 class SFTParams(StageParams):
@@ -85,6 +86,8 @@ def check(params: SFTParams, settings: Settings) -> None:
     check_out_dir(params.out)
 
 
+_REWARD = f"{chain.UP}.out or {chain.UP}.data"  # the reward folder: train-reward writes into its data
+
 STAGE = register(Stage(
     name="sft",
     help="supervised fine-tuning (TRL SFTTrainer) of the policy on step-form evolved answers, verified synthesis "
@@ -115,5 +118,8 @@ STAGE = register(Stage(
               "n-gram overlap of each input table with the evaluation sets"),
     ),
     deployment=Deployment("Supervised fine-tuning of the policy (TRL SFTTrainer) on the forged step-form data.",
-                          ("evolforge", "sft")),
+                          ("evolforge", "sft"),
+                          trigger=Trigger("train-reward", {"params": {
+                              "evolve_out": chain.template(chain.night_folder_from(_REWARD)),
+                              "out": chain.template(chain.sibling(_REWARD, "sft"))}})),
 ))

@@ -1,0 +1,87 @@
+"""The nightly chain's folders: where each downstream stage of a night writes when the deployments chain it.
+
+    DATASET/nights/NIGHT/              the night's evolve run (storage/nights.py)
+    DATASET/chain/NIGHT/reward-data/   the reward data, then the reward models (train-reward writes into its data
+                                       folder, its default)
+    DATASET/chain/NIGHT/sft/           the SFT policy (model/)
+    DATASET/chain/NIGHT/ppo/           the PPO stage (local/policy/ is the policy it leaves)
+    DATASET/chain/NIGHT/eval/          the evaluation of the PPO policy
+
+A chained stage's parameters are written at deploy time and filled by the Prefect server when the upstream run
+completes (a deployment trigger, deployments/prefect.yaml), so the layout is also given here as Jinja: the
+server renders these expressions over the upstream flow run (`flow_run.parameters.params`, `flow_run.name`).
+Prefect's templates cannot call this module, so the expressions only cut and join path strings ('/' separated:
+the worker's paths are POSIX), and each folder is found from the upstream run's own folder: the chain root is
+the parent of a chained stage's folder; the dataset is two levels above the chain root.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evolforge.storage.ppo import PPOLayout
+
+CHAIN_DIR = "chain"
+NIGHTS_DIR = "nights"  # storage/nights.py NightlyFolder.nights_dir
+NIGHT_RUN_PREFIX = "night-"  # the nightly flow run's name: night-YYYY-MM-DD (flows/nightly.py)
+PPO_POLICY = PPOLayout("/x").policy.relative_to(Path("/x")).as_posix()  # local/policy
+
+
+def chain_root(dataset: str | Path, night: str) -> Path:
+    return Path(dataset) / CHAIN_DIR / night
+
+
+def stage_dir(dataset: str | Path, night: str, stage: str) -> Path:
+    """A chained stage's folder for a night (the chained deployments' triggers render exactly this)."""
+    return chain_root(dataset, night) / stage
+
+
+def night_run_name(night: str) -> str:
+    return NIGHT_RUN_PREFIX + night
+
+
+# --- the same layout as Jinja expressions over the upstream flow run (the text inside {{ }}) --------------------
+
+UP = "flow_run.parameters.params"  # the upstream run's parameters (every stage's flow takes one `params` model)
+
+
+def _parent(expr: str) -> str:
+    return f"({expr}).rstrip('/').rsplit('/', 1)[0]"
+
+
+def _last(expr: str) -> str:
+    return f"({expr}).rstrip('/').rsplit('/', 1)[-1]"
+
+
+def night_from_run() -> str:
+    """The night of a nightly run, from its name."""
+    return f"flow_run.name[{len(NIGHT_RUN_PREFIX)}:]"
+
+
+def night_folder_from_nightly() -> str:
+    return f"{UP}.dataset ~ '/{NIGHTS_DIR}/' ~ {night_from_run()}"
+
+
+def stage_dir_from_nightly(stage: str) -> str:
+    return f"{UP}.dataset ~ '/{CHAIN_DIR}/' ~ {night_from_run()} ~ '/{stage}'"
+
+
+def sibling(folder_expr: str, stage: str) -> str:
+    """Another chained stage's folder of the same night, from one chained stage's folder."""
+    return f"{_parent(folder_expr)} ~ '/{stage}'"
+
+
+def night_folder_from(folder_expr: str) -> str:
+    """The night's evolve folder, from a chained stage's folder (DATASET/chain/NIGHT/STAGE)."""
+    root = _parent(folder_expr)
+    return f"{_parent(_parent(root))} ~ '/{NIGHTS_DIR}/' ~ {_last(root)}"
+
+
+def ppo_policy(folder_expr: str) -> str:
+    return f"({folder_expr}).rstrip('/') ~ '/{PPO_POLICY}'"
+
+
+def template(expr: str) -> str:
+    """The parameter value: one expression, in parentheses, because the Prefect server turns a one-expression
+    value into `{{ expr | tojson }}` to keep its type, and `|` binds tighter than `~`."""
+    return "{{ (" + expr + ") }}"
