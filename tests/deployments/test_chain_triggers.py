@@ -1,9 +1,10 @@
 """The nightly chain (nightly -> reward-data -> train-reward -> sft -> ppo -> eval) as Prefect deployment triggers.
 
 Unit: every link's parameters, rendered the way the Prefect server renders them over the run before it,
-name the folders of storage/chain.py. Server (slow): `evolforge deploy` with two links on and the rest off; a
-completed reward-data run starts a train-reward run with the reward folder as its data, its completion starts
-an sft run with the night's folders, and the completed sft run (its link to ppo switched off) starts no ppo run.
+name the folders of storage/chain.py. Server (slow): `evolforge deploy` with three links on and two off; a
+completed nightly run starts reward-data with the night's folders, its completion starts train-reward with the
+reward folder as its data, that starts sft with the night's folders, and the completed sft run (its link to ppo
+switched off) starts no ppo run.
 The upstream runs are completed through the API (no worker): the server emits the same Completed event."""
 
 from __future__ import annotations
@@ -80,12 +81,6 @@ def _deployment(api: str, name: str) -> dict:
     return deps.json()[0]
 
 
-def _complete(api: str, deployment: dict, params: dict) -> str:
-    run = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run", json={"parameters": params},
-                     timeout=10).json()
-    return _finish(api, run["id"])
-
-
 def _finish(api: str, run_id: str) -> str:
     """Move the run to COMPLETED through the API: the server emits prefect.flow-run.Completed as for a worker's."""
     for state in ("RUNNING", "COMPLETED"):
@@ -112,19 +107,28 @@ def _wait_runs(api: str, deployment: dict, timeout: float = 90) -> list[dict]:
 def test_completed_run_triggers_the_next_stage_and_a_switched_off_link_does_not(prefect_server, tmp_path):
     env, api = prefect_server
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[schedule]\nchain = ["train-reward", "sft"]\n')  # reward-data, ppo, eval: off
+    cfg.write_text('[schedule]\nchain = ["reward-data", "train-reward", "sft"]\n')  # ppo, eval: off
     deploy = subprocess.run([sys.executable, "-m", "evolforge.cli", "deploy", "--config", str(cfg), "--pool",
                              "chain-pool", "--no-schedule"], env=env, capture_output=True, text=True, timeout=300)
     assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
     autos = httpx.post(f"{api}/automations/filter", json={}, timeout=10).json()
     enabled = {a["name"]: a["enabled"] for a in autos}
-    assert enabled == {"nightly -> reward-data": False, "reward-data -> train-reward": True,
+    assert enabled == {"nightly -> reward-data": True, "reward-data -> train-reward": True,
                        "train-reward -> sft": True, "sft -> ppo": False, "ppo -> eval": False}
 
-    reward_data, train, sft, ppo = (_deployment(api, n) for n in ("reward-data", "train-reward", "sft", "ppo"))
+    nightly, reward_data, train, sft, ppo = (_deployment(api, n) for n in
+                                             ("nightly", "reward-data", "train-reward", "sft", "ppo"))
     dataset, night = tmp_path / "ds", "2026-12-01"
     out = str(chain.stage_dir(dataset, night, "reward-data"))
-    _complete(api, reward_data, {"params": {"evolve_out": f"{dataset}/nights/{night}", "out": out}})
+    # a nightly run as the flow names it (flows/nightly.py); its dataset as the deployment sets it
+    run = httpx.post(f"{api}/deployments/{nightly['id']}/create_flow_run", timeout=10,
+                     json={"name": chain.night_run_name(night), "parameters": {"params": {"dataset": str(dataset)}}})
+    _finish(api, run.json()["id"])
+    runs = _wait_runs(api, reward_data)
+    assert len(runs) == 1, "no reward-data run after the nightly run completed"
+    assert runs[0]["parameters"] == {"params": {"evolve_out": f"{dataset}/nights/{night}", "out": out}}
+
+    _finish(api, runs[0]["id"])
     runs = _wait_runs(api, train)
     assert len(runs) == 1, "no train-reward run after the reward-data run completed"
     assert runs[0]["parameters"] == {"params": {"data": out}}
