@@ -21,6 +21,8 @@ reports: tasks/ppo/report.py; the files: storage/ppo.py.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import flow, task
 
 from evolforge.flows._report import progress_artifacts
@@ -35,9 +37,11 @@ __all__ = ["PPOParams", "ppo_flow"]
 
 
 @task(name="ppo-prompt-data")
-def prompt_data_task(evolved: str, out_dir: str, settings_json: str, tasks: str | None = None) -> dict:
+def prompt_data_task(evolved: str, out_dir: str, settings_json: str, tasks: str | None = None,
+                     irm: str | None = None) -> dict:
     settings = settings_from_json(settings_json)
-    return job.prompt_data(evolved, PPOLayout(out_dir), settings.ppo, tasks, settings.eval)
+    return job.prompt_data(evolved, PPOLayout(out_dir), settings.ppo, tasks, settings.eval,
+                           Path(irm) if irm else None, settings.reward)
 
 
 @task(name="ppo-initial-policy")
@@ -62,7 +66,7 @@ def ppo_flow(params: PPOParams) -> dict:
         lay, settings, log = run.folder, run.settings, run.logger
         cfg, evolved, irm, prm = job.resolve(params, settings.ppo)
         health = job.reward_health(params, irm, prm, log)
-        counts = prompt_data_task(str(evolved), str(lay.root), run.settings_json, params.tasks)
+        counts = prompt_data_task(str(evolved), str(lay.root), run.settings_json, params.tasks, str(irm))
         log.info("prompt data: %d train, %d test -> %s; ground truth by source: %s", counts["train"], counts["test"],
                  lay.data_dir, counts["ground_truth_sources"])
         policy = initial_policy_task(params, str(lay.root), run.settings_json) if job.needs_local_policy(cfg) else None

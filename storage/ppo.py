@@ -47,7 +47,9 @@ from evolforge.storage.reward_sets import RewardLayout
 
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 LINEAGE = pa.struct([("id", pa.string()), ("parent_id", pa.string()), ("seed_id", pa.string()),
-                     ("round", pa.int32()), ("operation", pa.string()), ("direction", pa.string())])
+                     ("round", pa.int32()), ("operation", pa.string()), ("direction", pa.string()),
+                     # the RLEIF IRM filter (reward.select_by_irm; null when off or for a synthesis task)
+                     ("irm_score", pa.float64()), ("irm_rank", pa.int32()), ("irm_selected", pa.bool_())])
 VERL_SCHEMA = pa.schema([
     ("data_source", pa.string()),
     ("prompt", pa.list_(MESSAGE)),

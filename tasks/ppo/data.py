@@ -18,7 +18,11 @@ One row per distinct evolved instruction (seeds + accepted evolutions), and one 
                     none            every other row: rA is the PRM alone
     extra_info    {split, index, question (the raw instruction or task statement, what the IRM scores), answer
                   (the evolve answer, or the task's reference answer / solution), domain, ground_truth_source,
-                  lineage: {id, parent_id, seed_id, round, operation, direction}}
+                  lineage: {id, parent_id, seed_id, round, operation, direction, irm_score, irm_rank,
+                  irm_selected (the last three null without an IRM selection)}}
+With an IRM selection (tasks/reward/selection.py, reward.select_by_irm) each evolved row's lineage also carries
+irm_score, irm_rank and irm_selected, and evolved training rows the IRM did not select are left out (counted as
+dropped.irm_selection); test rows and synthesis tasks are never filtered.
 The test split holds whole seed lineages (a stable hash of seed_id; a task carries its instruction's seed_id),
 so no evolution of a held-out seed, nor a task drawn from one, is trained on.
 """
@@ -36,6 +40,7 @@ from evolforge.tasks.text.answers import extract_answer
 
 KEEP_STATUS = {"seed", "accepted"}
 UNVERIFIED = ("exclude", "own_answer")  # ppo.unverified_ground_truth
+IRM_FIELDS = ("irm_score", "irm_rank", "irm_selected")  # lineage of the RLEIF IRM filter (tasks/reward/selection.py)
 SOURCES = ("synthesis_math", "synthesis_code", "own_answer", "none")  # where a row's ground truth comes from
 
 
@@ -99,7 +104,8 @@ def verl_row(rec: dict, split: str, index: int, answer_in_steps: bool = True,
         "extra_info": {
             "split": split, "index": index, "question": rec["instruction"], "answer": rec.get("answer") or "",
             "domain": domain, "ground_truth_source": source,
-            "lineage": {k: rec.get(k) for k in ("id", "parent_id", "seed_id", "round", "operation", "direction")},
+            "lineage": {**{k: rec.get(k) for k in ("id", "parent_id", "seed_id", "round", "operation", "direction")},
+                        **dict.fromkeys(IRM_FIELDS)},  # filled by an IRM selection (build_prompt_rows)
         },
     }
 
@@ -122,7 +128,8 @@ def task_records(tasks: list[dict]) -> tuple[list[dict], int]:
 
 def build_prompt_rows(records: list[dict], test_fraction: float = 0.1, split_seed: int = 42,
                       answer_in_steps: bool = True, tasks: list[dict] | None = None,
-                      unverified_ground_truth: str = "exclude") -> tuple[list[dict], list[dict], dict]:
+                      unverified_ground_truth: str = "exclude",
+                      selection: dict[str, dict] | None = None) -> tuple[list[dict], list[dict], dict]:
     """Evolved records (+ kept synthesized tasks) -> (train rows, test rows, counts). Drops eliminated or errored
     records, empty instructions and repeated instructions (the first occurrence is kept; tasks come first, so a
     verified task wins over an identical unverified instruction). `unverified_ground_truth`: "exclude" (evolved
@@ -132,7 +139,7 @@ def build_prompt_rows(records: list[dict], test_fraction: float = 0.1, split_see
     task_recs, unverifiable = task_records(tasks or [])
     seen: set[str] = set()
     kept = []
-    dropped = {"status": 0, "empty": 0, "duplicate": 0}
+    dropped = {"status": 0, "empty": 0, "duplicate": 0} | ({"irm_selection": 0} if selection is not None else {})
     for rec in task_recs + list(records):
         text = (rec.get("instruction") or "").strip()
         if (rec.get("status") or "seed") not in KEEP_STATUS:
@@ -148,7 +155,14 @@ def build_prompt_rows(records: list[dict], test_fraction: float = 0.1, split_see
     train, test = [], []
     for rec in kept:
         split, rows = ("test", test) if rec["seed_id"] in test_seeds else ("train", train)
-        rows.append(verl_row(rec, split, len(rows), answer_in_steps, unverified_ground_truth))
+        picked = None if selection is None or "_ground_truth" in rec else selection.get(str(rec.get("id")))
+        if picked is not None and split == "train" and not picked["irm_selected"]:
+            dropped["irm_selection"] += 1
+            continue
+        row = verl_row(rec, split, len(rows), answer_in_steps, unverified_ground_truth)
+        if picked is not None:
+            row["extra_info"]["lineage"].update(picked)
+        rows.append(row)
     sources = dict.fromkeys(SOURCES, 0)
     for r in train + test:
         sources[r["extra_info"]["ground_truth_source"]] += 1

@@ -40,6 +40,7 @@ from evolforge.tasks.ppo import verl as ppo_verl
 from evolforge.tasks.ppo.data import build_prompt_rows
 from evolforge.tasks.ppo.preflight import preflight
 from evolforge.tasks.ppo.stage import PPOParams, reward_models, sft_model_dir
+from evolforge.tasks.reward.selection import irm_selection
 from evolforge.tasks.text.ngrams import check_table
 
 
@@ -64,14 +65,22 @@ def reward_health(params: PPOParams, irm: Path, prm: Path, logger: logging.Logge
 
 
 def prompt_data(evolved: str | AnyPath, lay: store.PPOLayout, cfg: PPOSettings, tasks: str | None = None,
-                evals: EvalSettings | None = None) -> dict:
+                evals: EvalSettings | None = None, irm: Path | None = None,
+                reward: RewardSettings | None = None) -> dict:
     """The evolved instructions (+ the kept synthesized tasks) as verl prompt rows, split by seed lineage, the
     training rows decontaminated against the evaluation sets (`evals`; ppo.decontaminate), written to
-    data/train.parquet and data/test.parquet (and decontamination.json); returns the counts (tasks/ppo/data.py)."""
+    data/train.parquet and data/test.parquet (and decontamination.json); returns the counts (tasks/ppo/data.py).
+    With `irm` and reward.select_by_irm on, the IRM's selection of the evolved pool decides which evolved rows are
+    trained on (tasks/reward/selection.py; counts["irm_selection"], each row's lineage)."""
     kept = store.read_tasks(tasks) if tasks else None
+    records = store.read_evolved(evolved)
+    selection, picked = None, None
+    if irm is not None and reward is not None and reward.select_by_irm != "off":
+        selection, picked = irm_selection(records, irm, reward)
     train_rows, test_rows, counts = build_prompt_rows(
-        store.read_evolved(evolved), cfg.test_fraction, cfg.split_seed, cfg.answer_in_steps,
-        tasks=kept, unverified_ground_truth=cfg.unverified_ground_truth)
+        records, cfg.test_fraction, cfg.split_seed, cfg.answer_in_steps,
+        tasks=kept, unverified_ground_truth=cfg.unverified_ground_truth, selection=selection)
+    counts["irm_selection"] = picked
     if evals is not None and cfg.decontaminate != "off":
         train_rows, counts["decontamination"] = decontaminate(train_rows, test_rows, kept or [], cfg, evals)
         store.write_json(lay.decontamination, counts["decontamination"])

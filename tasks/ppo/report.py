@@ -68,6 +68,15 @@ def tables(local: dict | None) -> dict[str, tuple[list[dict], str]]:
     return out
 
 
+def _irm_line(sel: dict | None, dropped: int) -> str:
+    if not sel:
+        return "IRM selection (reward.select_by_irm): off, every evolved prompt is trained on."
+    rule = f"top {sel['share']:.0%}" if sel["mode"] == "share" else f"score >= {sel['threshold']}"
+    return (f"IRM selection ({rule}): {sel['selected']} of {sel['scored']} evolved instructions selected "
+            f"(mean IRM score {sel['score_mean']}); {dropped} training prompts left out; each row's lineage "
+            "carries irm_score / irm_rank / irm_selected.")
+
+
 def markdown(summary: dict) -> str:
     """The `ppo-summary` artifact: prompts, reward health, verl job, Ray job, GRPO steps and comparison."""
     job = summary["ray_job"]
@@ -79,6 +88,7 @@ def markdown(summary: dict) -> str:
              "Decontamination (n-gram overlap with the evaluation sets): " + ("; ".join(
                  f"{name} {r['checked']} checked, {r['overlapping']} overlapping, {r['dropped']} dropped"
                  for name, r in (summary["data"].get("decontamination") or {}).items()) or "not checked") + ".",
+             _irm_line(summary["data"].get("irm_selection"), summary["data"]["dropped"].get("irm_selection", 0)),
              f"verl {summary['verl']['algorithm']}: configuration `{summary['verl']['config']}`, command in "
              f"`{summary['paths']['submit']}`.",
              (f"Ray job ({job['kind']}): {job['submission_id']} at {job['address']}, {job['status']}"

@@ -176,3 +176,17 @@ def test_sft_flag_must_name_a_model(tmp_path, evolved, capsys):
                  "--sft", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "--sft" in err and "no transformers model there" in err and not out.exists()
+
+
+def test_flow_trains_on_the_irm_selection(tmp_path, evolved):
+    """reward.select_by_irm: the reward stage's IRM scores the evolved pool; the flow's training prompts are the
+    selected ones, each row's lineage and summary.json record the choice."""
+    out = tmp_path / "ppo"
+    summary = ppo_flow(PPOParams(evolved=str(evolved.parent.parent), reward_dir=str(shared_reward_models()), out=str(out),
+                                 local_steps=0, overrides={"ppo": {"policy_path": "/cluster/models/sft"},
+                                                           "reward": {"select_by_irm": "share", "select_share": 0.3}}))
+    sel = summary["data"]["irm_selection"]
+    assert sel["mode"] == "share" and sel["irm"] == str(shared_reward_models() / "models" / "irm")
+    assert 0 < sel["selected"] < sel["scored"] and summary["data"]["dropped"]["irm_selection"] > 0
+    lineage = [r["lineage"] for r in pq.read_table(PPOLayout(out).train).column("extra_info").to_pylist()]
+    assert lineage and all(x["irm_selected"] and x["irm_score"] is not None for x in lineage)

@@ -39,7 +39,9 @@ def test_verl_fields_and_values(data):
         info = row["extra_info"]
         assert info["question"] in row["prompt"][0]["content"] and "Step 1:" in row["prompt"][0]["content"]
         assert set(info) >= {"split", "index", "question", "answer", "lineage"}
-        assert set(info["lineage"]) == {"id", "parent_id", "seed_id", "round", "operation", "direction"}
+        assert set(info["lineage"]) == {"id", "parent_id", "seed_id", "round", "operation", "direction",
+                                        "irm_score", "irm_rank", "irm_selected"}  # IRM fields: null, no selection
+        assert info["lineage"]["irm_score"] is None
         assert "Eliminated" not in info["question"]
     for split, rows in (("train", train), ("test", test)):
         assert [r["extra_info"]["index"] for r in rows] == list(range(len(rows)))

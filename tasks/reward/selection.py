@@ -1,0 +1,55 @@
+"""The RLEIF loop's IRM filter: the trained IRM scores the evolved pool and a share or a threshold picks what PPO
+trains on (tasks/ppo/job.py prompt_data; the SFT stage does not use it yet).
+
+    select(ids, scores, mode, share, threshold)   per id: {irm_score, irm_rank, irm_selected}; mode "share" keeps
+                                                  the top reward.select_share of the pool (at least one), mode
+                                                  "threshold" every score >= reward.select_threshold
+    irm_selection(records, irm_dir, cfg)          the evolved records (seeds and accepted evolutions with an
+                                                  instruction) scored by the IRM (tasks/reward/scoring.py) and
+                                                  selected; returns (per-id selection, summary)
+
+Only the evolved pool is filtered: verified synthesis tasks carry checked ground truth and are never dropped by a
+learned score. The selection is recorded with each row (PPO: extra_info.lineage irm_score / irm_rank /
+irm_selected) and summarised in the stage's summary.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from evolforge.config.sections.reward import RewardSettings
+from evolforge.tasks.reward import scoring
+
+MODES = ("off", "share", "threshold")
+
+
+def select(ids: list[str], scores: list[float], mode: str, share: float, threshold: float) -> dict[str, dict]:
+    if mode not in MODES[1:]:
+        raise ValueError(f"IRM selection mode must be one of {MODES[1:]}, got {mode!r}")
+    order = sorted(range(len(ids)), key=lambda i: (-scores[i], str(ids[i])))  # ties: a stable order by id
+    keep = max(1, math.ceil(share * len(ids))) if ids else 0
+    out = {}
+    for rank, i in enumerate(order, start=1):
+        chosen = rank <= keep if mode == "share" else scores[i] >= threshold
+        out[str(ids[i])] = {"irm_score": round(float(scores[i]), 4), "irm_rank": rank, "irm_selected": bool(chosen)}
+    return out
+
+
+def irm_selection(records: list[dict], irm_dir: str | Path, cfg: RewardSettings) -> tuple[dict[str, dict], dict]:
+    """Score each evolved record's instruction with the IRM in `irm_dir` and select (reward.select_by_irm)."""
+    pool = {}
+    for r in records:
+        text = (r.get("instruction") or "").strip()
+        if text and (r.get("status") or "seed") in ("seed", "accepted") and r.get("id") is not None:
+            pool.setdefault(str(r["id"]), text)
+    ids = list(pool)
+    scores = scoring.score_instructions(irm_dir, [pool[i] for i in ids]) if ids else []
+    chosen = select(ids, scores, cfg.select_by_irm, cfg.select_share, cfg.select_threshold)
+    kept = [v["irm_score"] for v in chosen.values() if v["irm_selected"]]
+    summary = {"mode": cfg.select_by_irm, "share": cfg.select_share if cfg.select_by_irm == "share" else None,
+               "threshold": cfg.select_threshold if cfg.select_by_irm == "threshold" else None,
+               "irm": str(irm_dir), "scored": len(ids), "selected": len(kept),
+               "score_mean": round(sum(scores) / len(scores), 4) if scores else None,
+               "selected_min_score": min(kept) if kept else None}
+    return chosen, summary
