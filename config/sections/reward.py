@@ -105,9 +105,10 @@ class RewardSettings(Section):
     # --- the RLEIF loop's IRM filter (tasks/reward/selection.py): what SFT and PPO train on
     select_by_irm: Literal["off", "share", "threshold"] = Field(
         "off", description="The reward stage's trained IRM scores the evolved pool and picks which evolved prompts "
-        "the PPO stage trains on: share: the top `select_share`; threshold: every score >= `select_threshold`; off: "
-        "all. Verified synthesis tasks and held-out (test) lineages are never filtered. The scores and the choice are "
-        "recorded in each row's extra_info.lineage (irm_score, irm_rank, irm_selected).")
+        "the PPO stage (and the SFT stage, given --irm-dir) trains on: share: the top `select_share`; threshold: "
+        "every score >= `select_threshold`; off: all. Verified synthesis tasks and held-out (test) lineages are never "
+        "filtered. Recorded per row: PPO extra_info.lineage (irm_score, irm_rank, irm_selected); SFT "
+        "data/skipped.parquet (the score and rank of each unselected row).")
     select_share: float = Field(0.5, gt=0, le=1, description="select_by_irm = share: the share of the pool kept, best IRM scores first (at least one).")
     select_threshold: float = Field(0.5, ge=0, le=1, description="select_by_irm = threshold: the lowest IRM score (0..1, sigmoid of the reward) kept.")
 

@@ -1,5 +1,5 @@
 """The RLEIF loop's IRM filter: the trained IRM scores the evolved pool and a share or a threshold picks what PPO
-trains on (tasks/ppo/job.py prompt_data; the SFT stage does not use it yet).
+(tasks/ppo/job.py prompt_data) and SFT (tasks/sft/job.py prepare, with --irm-dir) train on.
 
     select(ids, scores, mode, share, threshold)   per id: {irm_score, irm_rank, irm_selected}; mode "share" keeps
                                                   the top reward.select_share of the pool (at least one), mode
@@ -10,7 +10,8 @@ trains on (tasks/ppo/job.py prompt_data; the SFT stage does not use it yet).
 
 Only the evolved pool is filtered: verified synthesis tasks carry checked ground truth and are never dropped by a
 learned score. The selection is recorded with each row (PPO: extra_info.lineage irm_score / irm_rank /
-irm_selected) and summarised in the stage's summary.
+irm_selected; SFT: the skip reason of an unselected row, with score and rank) and summarised in the stage's
+summary (data.irm_selection).
 """
 
 from __future__ import annotations

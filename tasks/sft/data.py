@@ -12,9 +12,10 @@ Sources (each optional but one):
   trajectory     a recorded agent conversation (the trajectories stage's sft.jsonl) whose reward is at least
                  sft.trajectory_min_reward: everything before the last assistant turn is the prompt, that turn the
                  completion.
-Left out, with the reason (data/skipped.parquet): answers not in step form, a seed lineage held out for evaluation
-(the PPO stage's test split over the same evolve run and tasks: tasks/eval/benchmarks.py held_out_seeds), a row
-sharing an n-gram with an evaluation set (sft.decontaminate = drop), repeats of a prompt already taken.
+Left out, with the reason (data/skipped.parquet): evolved rows the IRM did not select (reward.select_by_irm with
+--irm-dir: tasks/reward/selection.py; the reason holds the score and rank), answers not in step form, a seed
+lineage held out for evaluation (the PPO stage's test split over the same evolve run and tasks:
+tasks/eval/benchmarks.py held_out_seeds), a row sharing an n-gram with an evaluation set (sft.decontaminate = drop), repeats of a prompt already taken.
 """
 
 from __future__ import annotations
@@ -59,7 +60,13 @@ def _content(messages: list[dict], role: str) -> str:
     return next((m.get("content") or "" for m in messages if m.get("role") == role), "")
 
 
-def evolved_rows(view: list[dict], held_out: set[str], cfg: SFTSettings, out: Built) -> list[dict]:
+def user_text(view_row: dict) -> str:
+    """The instruction of an SFT-view row (its user turn)."""
+    return _content(view_row["messages"], "user")
+
+
+def evolved_rows(view: list[dict], held_out: set[str], cfg: SFTSettings, out: Built,
+                 selection: dict[str, dict] | None = None) -> list[dict]:
     rows = []
     for r in view:
         instruction, answer = _content(r["messages"], "user"), _content(r["messages"], "assistant")
@@ -72,6 +79,12 @@ def evolved_rows(view: list[dict], held_out: set[str], cfg: SFTSettings, out: Bu
             if steps is None:
                 out.skip(r["id"], "evolved", seed, f"not step form: {why}", answer)
                 continue
+        picked = (selection or {}).get(str(r["id"]))
+        if selection is not None and not (picked and picked["irm_selected"]):
+            why = (f"IRM score {picked['irm_score']} (rank {picked['irm_rank']} of {len(selection)})" if picked
+                   else "not in the scored pool")
+            out.skip(r["id"], "evolved", seed, f"not selected by the IRM: {why}", instruction)
+            continue
         rows.append({"id": str(r["id"]), "source": "evolved", "seed_id": seed, "domain": r.get("domain") or "general",
                      "prompt": [message(m["role"], m["content"]) for m in answer_messages(instruction, True)],
                      "completion": [message("assistant", answer.strip())]})
@@ -141,10 +154,11 @@ def decontaminate(tables: dict[str, list[dict]], index: NgramIndex | None, mode:
 
 
 def build(view: list[dict], tasks: list[dict], conversations: list[dict], held_out: set[str], cfg: SFTSettings,
-          index: NgramIndex | None) -> Built:
-    """Every source -> the rows to train on (deduplicated by prompt, seeded order, at most sft.max_rows)."""
+          index: NgramIndex | None, selection: dict[str, dict] | None = None) -> Built:
+    """Every source -> the rows to train on (deduplicated by prompt, seeded order, at most sft.max_rows); with an
+    IRM `selection` (id -> irm_selected ...), only the selected evolved rows."""
     out = Built()
-    tables = {"evolved": evolved_rows(view, held_out, cfg, out), "synthesis": task_rows(tasks, held_out, out),
+    tables = {"evolved": evolved_rows(view, held_out, cfg, out, selection), "synthesis": task_rows(tasks, held_out, out),
               "trajectories": trajectory_rows(conversations, cfg, out)}
     tables = decontaminate(tables, index, cfg.decontaminate, out)
     seen: set[str] = set()

@@ -3,8 +3,10 @@
     prepare(params, settings, folder)   the inputs read, the held-out seed lineages (the PPO stage's test split over
                                         the same evolve run and tasks), the evaluation sets' n-gram index, then
                                         data/train.parquet, data/skipped.parquet and decontamination.json (tasks/sft/
-                                        data.py). An output folder that has its rows keeps them: a resumed run
-                                        trains on exactly the rows its checkpoints were trained on.
+                                        data.py); with --irm-dir and reward.select_by_irm on, only the evolved rows
+                                        the IRM selects (tasks/reward/selection.py). An output folder that has its
+                                        rows keeps them: a resumed run trains on exactly the rows its checkpoints
+                                        were trained on.
     record_cost(folder, run_id, ...)    one ledger row for the training run: wall seconds, tokens trained on, cost
                                         = hours x sft.compute_usd_per_hour (0: local compute at $0)
 """
@@ -13,11 +15,13 @@ from __future__ import annotations
 
 from evolforge.config.settings import Settings
 from evolforge.storage import sft_sets as store
-from evolforge.storage.fs import exists
+from evolforge.storage.fs import exists, local_copy, location
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.ledger import LedgerWriter
+from evolforge.storage.reward_sets import META_FILE
 from evolforge.storage.synthesis_sets import read_kept_tasks
 from evolforge.tasks.eval.benchmarks import eval_index, held_out_seeds, own_problems
+from evolforge.tasks.reward.selection import irm_selection
 from evolforge.tasks.sft import data
 from evolforge.tasks.sft.stage import SFTParams, inputs
 
@@ -36,11 +40,17 @@ def prepare(params: SFTParams, settings: Settings, folder: store.SFTFolder) -> d
     held_out = held_out_seeds(evolved, tasks, settings.ppo)
     index = (eval_index(settings.eval, extra=own_problems(tasks, held_out))  # + the held-out verified tasks
              if settings.sft.decontaminate != "off" else None)
-    built = data.build(view, tasks, conversations, held_out, settings.sft, index)
+    selection, picked = None, None
+    if params.irm_dir and settings.reward.select_by_irm != "off":  # the PPO stage's rule over the same pool
+        pool = evolved or [{"id": r["id"], "status": "accepted", "instruction": data.user_text(r)} for r in view]
+        irm = local_copy(location(params.irm_dir), marker=META_FILE)  # a remote folder: downloaded (cached)
+        selection, picked = irm_selection(pool, irm, settings.reward)
+    built = data.build(view, tasks, conversations, held_out, settings.sft, index, selection)
     store.write_skipped(built.skipped, folder.skipped)
     store.write_json(folder.decontamination, built.decontamination)
     store.write_rows(built.rows, folder.train)  # last: its presence means the rows are complete
-    return {**built.counts(), "reused": False, "held_out_seeds": len(held_out), "decontamination": built.decontamination}
+    return {**built.counts(), "reused": False, "held_out_seeds": len(held_out), "decontamination": built.decontamination,
+            "irm_selection": picked}
 
 
 def record_cost(folder: store.SFTFolder, run_id: str, result: dict, usd_per_hour: float) -> None:

@@ -14,6 +14,7 @@ from evolforge.storage import chain
 from evolforge.storage.fs import is_url
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.layout import RunLayout
+from evolforge.storage.reward_sets import META_FILE
 from evolforge.storage.sft_sets import SFTFolder
 from evolforge.storage.synthesis_sets import SynthLayout
 from evolforge.storage.trajectory_sets import TrajectoryLayout
@@ -32,6 +33,9 @@ class SFTParams(StageParams):
                               "verified solutions of its kept code tasks are trained on.")
     trajectories: str | None = Field(None, description="The trajectories stage's output folder (its sft.jsonl): the "
                                      "successful recorded agent conversations are trained on.")
+    irm_dir: str | None = Field(None, description="The reward stage's trained IRM folder (REWARD_OUT/models/irm): "
+                                "with reward.select_by_irm on, its selection of the evolved pool decides which evolved "
+                                "rows are trained on (the PPO stage's rule); unselected rows are skipped with the score.")
     out: str = Field("runs/sft", description="Output folder (data/, checkpoints/, model/); running again over it "
                      "resumes from the last checkpoint.")
     base_model: str | None = Field(None, description="transformers folder to fine-tune (default: sft.base_model, else "
@@ -72,6 +76,9 @@ def check(params: SFTParams, settings: Settings) -> None:
     for name, path in found.items():
         if path and not input_exists(path):
             raise InputError(f"{path} not found: {hints[name]}")
+    if params.irm_dir and not input_exists(f"{params.irm_dir}/{META_FILE}"):
+        raise InputError(f"--irm-dir {params.irm_dir} is not a trained IRM folder (no {META_FILE}): pass the reward "
+                         "stage's models/irm (evolforge train-reward --out)")
     base = settings.sft.base_model
     if base and not (input_exists(f"{base}/config.json")):
         raise InputError(f"sft.base_model {base!r} is not a transformers model folder (no config.json)")
