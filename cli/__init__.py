@@ -6,6 +6,7 @@
     evolforge preflight [--base-url URL]      # one minimal request per configured model
     evolforge costs --out DIR [--by stage]    # totals from the cost ledger
     evolforge status --out DIR                # batches done / failed / pending, records, calls, cost
+    evolforge compare base=E1 sft=E2 rl=E3    # A/B of eval runs: pass@1 and paired changes in points
     (and one command per stage: synthesize, dedup, modules, trajectories, reward-data, train-reward, ppo, pipeline)
 
 The API key comes from EVOLFORGE_API_KEY, falling back to OPENAI_API_KEY.

@@ -34,7 +34,13 @@ def cmd_stage(args) -> int:
 
 
 def register(sub) -> None:
+    import importlib
+
     for stage in stages():
         p = sub.add_parser(stage.cli_name, help=stage.help, description=stage.help)
         add_param_flags(p, stage)
         p.set_defaults(fn=cmd_stage, stage=stage.name, fast_exit=stage.fast_exit)
+    for stage in stages():  # a stage's further commands (Stage.commands), after every stage's own
+        for ref in stage.commands:
+            module, _, attr = ref.partition(":")
+            getattr(importlib.import_module(module), attr)(sub)

@@ -79,6 +79,9 @@ class Stage:
     fast_exit: bool = False  # the CLI process ends without the interpreter's teardown once done (cli/common.py)
     present: Callable[[dict, Any], str] | None = None  # present(result, params): what the CLI prints at the end
     deployment: Deployment | None = None
+    # further CLI commands of the stage that are not its flow ("module:function", function(sub) adds the command,
+    # e.g. eval's `compare`); the stage's own package owns them, cli/stages.py registers them
+    commands: tuple[str, ...] = ()
 
     @property
     def cli_name(self) -> str:

@@ -105,6 +105,7 @@ STAGE = register(Stage(
         Table("metrics", "metrics.json", ("benchmark", "domain", "problems", "pass@1", "pass@1_ci95"),
               "pass@k per benchmark and domain with Wilson 95% intervals"),
     ),
+    commands=("evolforge.tasks.eval.compare_command:register",),  # evolforge compare: the A/B of eval runs
     deployment=Deployment("Evaluate a policy: pass@k on held-out verified tasks, HumanEval and a math set.",
                           ("evolforge", "eval"),
                           trigger=Trigger("ppo", {"params": {  # the policy the PPO run left
