@@ -32,7 +32,10 @@ class LocalPolicy:
         self.tok.padding_side = "left"
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        gpu = torch.cuda.is_available()  # a GPU when there is one (bf16 where supported), else the CPU in fp32
+        dtype = torch.bfloat16 if gpu and torch.cuda.is_bf16_supported() else torch.float32
+        self.device = "cuda" if gpu else "cpu"
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(self.device).eval()
 
     def _text(self, prompt: dict) -> str:
         if "raw" in prompt:
@@ -47,7 +50,7 @@ class LocalPolicy:
         for i in range(0, len(prompts), cfg.batch_size):
             batch = prompts[i:i + cfg.batch_size]
             enc = self.tok([self._text(p) for p in batch], return_tensors="pt", padding=True,
-                           add_special_tokens="raw" in batch[0])
+                           add_special_tokens="raw" in batch[0]).to(self.device)
             sample = n > 1
             with torch.inference_mode():
                 gen = self.model.generate(**enc, max_new_tokens=cfg.max_new_tokens, do_sample=sample,
