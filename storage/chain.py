@@ -3,7 +3,8 @@
     DATASET/nights/NIGHT/              the night's evolve run (storage/nights.py)
     DATASET/chain/NIGHT/reward-data/   the reward data, then the reward models (train-reward writes into its data
                                        folder, its default)
-    DATASET/chain/NIGHT/sft/           the SFT policy (model/)
+    DATASET/chain/NIGHT/sft/           the SFT policy (model/), its rows selected by the night's IRM
+                                       (reward-data/models/irm) when reward.select_by_irm is on
     DATASET/chain/NIGHT/ppo/           the PPO stage (local/policy/ is the policy it leaves)
     DATASET/chain/NIGHT/eval/          the evaluation of the PPO policy
 
@@ -75,6 +76,11 @@ def night_folder_from(folder_expr: str) -> str:
     """The night's evolve folder, from a chained stage's folder (DATASET/chain/NIGHT/STAGE)."""
     root = _parent(folder_expr)
     return f"{_parent(_parent(root))} ~ '/{NIGHTS_DIR}/' ~ {_last(root)}"
+
+
+def reward_model(folder_expr: str, kind: str) -> str:
+    """A trained reward model's folder (irm or prm) inside the night's reward folder (train-reward's models/KIND)."""
+    return f"({folder_expr}).rstrip('/') ~ '/models/{kind}'"
 
 
 def ppo_policy(folder_expr: str) -> str:

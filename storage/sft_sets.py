@@ -3,6 +3,7 @@
     SFT_OUT/
       data/train.parquet        the rows trained on (SFT_SCHEMA: TRL's conversational prompt-completion form)
       data/skipped.parquet      rows left out, with the reason (not step form, held-out lineage, eval overlap, ...)
+      data/rejection_samples.parquet  every rejection sample (sft.rejection_samples) with its verdict and reason
       data/README.md            the dataset card of data/ (config `train`; storage/cards.py)
       base_policy/              the base policy as a transformers folder (converted from the GGUF when no
                                 sft.base_model is set)
@@ -17,7 +18,7 @@
       summary.json, stage.json, ledger/, logs/   (storage/folder.py); the ledger holds one row for the training run
 
 Format of data/train.parquet (SFT_SCHEMA), one row per training example:
-    id, source (evolved | synthesis_code | trajectory), seed_id, domain,
+    id, source (evolved | synthesis_code | rejection_sampled | trajectory), seed_id, domain,
     prompt      list of {role, content, tool_calls (JSON text or null), tool_call_id}: the conversation before the
                 answer (an evolved row: the step-by-step answer prompt around the instruction)
     completion  list of one such message: the assistant's answer the loss is computed on
@@ -71,6 +72,7 @@ class SFTFolder(StageFolder):
     data_dir = property(lambda self: self.root / "data")
     train = property(lambda self: self.data_dir / "train.parquet")
     skipped = property(lambda self: self.data_dir / "skipped.parquet")
+    rejection_samples = property(lambda self: self.data_dir / "rejection_samples.parquet")
     base_policy = property(lambda self: self.root / "base_policy")
     checkpoints = property(lambda self: self.root / "checkpoints")
     model = property(lambda self: self.root / "model")
@@ -125,6 +127,15 @@ def write_rows(rows: list[dict], path: Path) -> Path:
 
 def write_skipped(rows: list[dict], path: Path) -> Path:
     return write_table_atomic(pa.Table.from_pylist(rows, schema=SKIPPED_SCHEMA), path)
+
+
+REJECTION_SCHEMA = pa.schema([("task_id", pa.string()), ("seed_id", pa.string()), ("kind", pa.string()),
+                              ("sample", pa.int32()), ("completion", pa.string()), ("verified", pa.bool_()),
+                              ("reason", pa.string())])
+
+
+def write_rejection_samples(rows: list[dict], path: Path) -> Path:
+    return write_table_atomic(pa.Table.from_pylist(rows, schema=REJECTION_SCHEMA), path)
 
 
 def read_rows(path: Path) -> list[dict]:

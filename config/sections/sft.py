@@ -27,6 +27,18 @@ class SFTSettings(Section):
     decontaminate: Literal["drop", "report", "off"] = Field(
         "drop", description="Rows sharing an n-gram (eval.ngram words) with an evaluation set (HumanEval, eval.math_file) "
         "are dropped (drop), only counted (report), or not checked (off). Counted per table in summary.json.")
+    # --- rejection sampling (RFT / STaR): the policy's own verified answers to the training tasks
+    rejection_samples: int = Field(0, ge=0, le=64, description="Answers sampled from the policy being fine-tuned for "
+                                   "each kept synthesis task outside the held-out lineages (k of rejection sampling); "
+                                   "a sample is kept only when verified (math: its final answer equals the task's "
+                                   "majority-verified answer and it is in step form; code: it passes the task's tests "
+                                   "in the sandbox). 0: off, and kept math tasks give no rows (no worked solution).")
+    rejection_keep: int = Field(1, ge=1, le=64, description="Most distinct verified samples kept per task.")
+    rejection_temperature: float = Field(0.7, gt=0, le=2, description="Sampling temperature of rejection sampling.")
+    rejection_top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling of rejection sampling.")
+    rejection_max_new_tokens: int = Field(256, ge=8, description="Completion token cap of a rejection sample.")
+    rejection_batch_size: int = Field(16, ge=1, description="Tasks per batched generate call of rejection sampling "
+                                      "(each with rejection_samples sequences).")
     # --- training (WizardMath's published SFT: 3 epochs, lr 2e-5, warmup 0.03)
     epochs: float = Field(3.0, gt=0, description="Passes over the training rows (num_train_epochs).")
     max_steps: int = Field(0, ge=0, description="Optimizer steps; overrides epochs when > 0.")

@@ -31,7 +31,7 @@ from evolforge.tasks.text.ngrams import NgramIndex, check_table
 from evolforge.tasks.text.steps import steps_or_reason
 from evolforge.tasks.trajectories.wire_messages import text_and_images
 
-SOURCES = ("evolved", "synthesis_code", "trajectory")
+SOURCES = ("evolved", "synthesis_code", "rejection_sampled", "trajectory")
 
 
 @dataclass
@@ -91,21 +91,35 @@ def evolved_rows(view: list[dict], held_out: set[str], cfg: SFTSettings, out: Bu
     return rows
 
 
-def task_rows(tasks: list[dict], held_out: set[str], out: Built) -> list[dict]:
+def task_rows(tasks: list[dict], held_out: set[str], out: Built,
+              sampled: dict[str, list[str]] | None = None) -> list[dict]:
+    """Kept synthesis tasks -> rows: a code task's reference solution, and every task's verified rejection samples
+    (`sampled`: task_id -> the policy's own verified answers, tasks/sft/rejection.py)."""
     rows = []
     for t in tasks:
-        seed = t.get("seed_id") or t.get("task_id")
+        seed, tid = t.get("seed_id") or t.get("task_id"), str(t["task_id"])
         if seed in held_out:
-            out.skip(t["task_id"], f"synthesis_{t.get('kind')}", seed, "held-out lineage: its seed is evaluated")
-        elif t.get("kind") == "code" and (t.get("solution") or "").strip() and (t.get("entry_point") or "").strip():
-            prompt = SOLVE_CODE.format(entry_point=t["entry_point"], statement=t["statement"])
-            rows.append({"id": str(t["task_id"]), "source": "synthesis_code", "seed_id": seed, "domain": "code",
-                         "prompt": [message("user", prompt)],
+            out.skip(tid, f"synthesis_{t.get('kind')}", seed, "held-out lineage: its seed is evaluated")
+            continue
+        before = len(rows)
+        code = t.get("kind") == "code" and (t.get("entry_point") or "").strip()
+        statement = (t.get("statement") or "").strip()
+        prompt = ([message("user", SOLVE_CODE.format(entry_point=t["entry_point"], statement=statement))] if code
+                  else [message(m["role"], m["content"]) for m in answer_messages(statement, True)])
+        if code and (t.get("solution") or "").strip():
+            rows.append({"id": tid, "source": "synthesis_code", "seed_id": seed, "domain": "code", "prompt": prompt,
                          "completion": [message("assistant", f"```python\n{t['solution'].strip()}\n```")]})
-        else:
-            out.skip(t["task_id"], f"synthesis_{t.get('kind')}", seed,
-                     "no stored worked solution: the synthesis stage keeps a math task's verified answer, not steps"
-                     if t.get("kind") == "math" else "no verified solution")
+        for j, answer in enumerate((sampled or {}).get(tid, [])):
+            rows.append({"id": f"{tid}/rs{j}", "source": "rejection_sampled", "seed_id": seed,
+                         "domain": "code" if code else "math", "prompt": prompt,
+                         "completion": [message("assistant", answer)]})
+        if len(rows) == before:
+            out.skip(tid, f"synthesis_{t.get('kind')}", seed,
+                     ("no verified sample: none of the policy's answers passed the check (sft.rejection_samples)"
+                      if sampled is not None else
+                      "no stored worked solution: the synthesis stage keeps a math task's verified answer, not steps "
+                      "(sft.rejection_samples > 0 samples verified answers)") if t.get("kind") == "math" else
+                     "no verified solution")
     return rows
 
 
@@ -154,17 +168,21 @@ def decontaminate(tables: dict[str, list[dict]], index: NgramIndex | None, mode:
 
 
 def build(view: list[dict], tasks: list[dict], conversations: list[dict], held_out: set[str], cfg: SFTSettings,
-          index: NgramIndex | None, selection: dict[str, dict] | None = None) -> Built:
-    """Every source -> the rows to train on (deduplicated by prompt, seeded order, at most sft.max_rows); with an
-    IRM `selection` (id -> irm_selected ...), only the selected evolved rows."""
+          index: NgramIndex | None, selection: dict[str, dict] | None = None,
+          sampled: dict[str, list[str]] | None = None) -> Built:
+    """Every source -> the rows to train on (deduplicated by prompt, or by prompt and answer for a task's several
+    answers, seeded order, at most sft.max_rows); with an IRM `selection` (id -> irm_selected ...), only the selected
+    evolved rows; with `sampled` (rejection sampling), the tasks' verified samples."""
     out = Built()
-    tables = {"evolved": evolved_rows(view, held_out, cfg, out, selection), "synthesis": task_rows(tasks, held_out, out),
+    tables = {"evolved": evolved_rows(view, held_out, cfg, out, selection),
+              "synthesis": task_rows(tasks, held_out, out, sampled),
               "trajectories": trajectory_rows(conversations, cfg, out)}
     tables = decontaminate(tables, index, cfg.decontaminate, out)
     seen: set[str] = set()
     for rows in tables.values():
         for r in rows:
-            key = " ".join(row_text({"prompt": r["prompt"], "completion": []}).lower().split())
+            key = " ".join(row_text({"prompt": r["prompt"], "completion": r["completion"] if r["source"] in
+                                     ("synthesis_code", "rejection_sampled") else []}).lower().split())
             if key in seen:
                 out.skip(r["id"], r["source"], r["seed_id"], "repeated prompt")
                 continue

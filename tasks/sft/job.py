@@ -4,9 +4,11 @@
                                         the same evolve run and tasks), the evaluation sets' n-gram index, then
                                         data/train.parquet, data/skipped.parquet and decontamination.json (tasks/sft/
                                         data.py); with --irm-dir and reward.select_by_irm on, only the evolved rows
-                                        the IRM selects (tasks/reward/selection.py). An output folder that has its
-                                        rows keeps them: a resumed run trains on exactly the rows its checkpoints
-                                        were trained on.
+                                        the IRM selects (tasks/reward/selection.py); with sft.rejection_samples,
+                                        the base policy's verified answers to the training tasks (tasks/sft/
+                                        rejection.py, every sample in data/rejection_samples.parquet). An output
+                                        folder that has its rows keeps them: a resumed run trains on exactly the
+                                        rows its checkpoints were trained on.
     record_cost(folder, run_id, ...)    one ledger row for the training run: wall seconds, tokens trained on, cost
                                         = hours x sft.compute_usd_per_hour (0: local compute at $0)
 """
@@ -20,9 +22,10 @@ from evolforge.storage.inputs import input_exists
 from evolforge.storage.ledger import LedgerWriter
 from evolforge.storage.reward_sets import META_FILE
 from evolforge.storage.synthesis_sets import read_kept_tasks
+from evolforge.tasks.core.progress import StepProgress
 from evolforge.tasks.eval.benchmarks import eval_index, held_out_seeds, own_problems
 from evolforge.tasks.reward.selection import irm_selection
-from evolforge.tasks.sft import data
+from evolforge.tasks.sft import data, rejection, train
 from evolforge.tasks.sft.stage import SFTParams, inputs
 
 
@@ -45,12 +48,31 @@ def prepare(params: SFTParams, settings: Settings, folder: store.SFTFolder) -> d
         pool = evolved or [{"id": r["id"], "status": "accepted", "instruction": data.user_text(r)} for r in view]
         irm = local_copy(location(params.irm_dir), marker=META_FILE)  # a remote folder: downloaded (cached)
         selection, picked = irm_selection(pool, irm, settings.reward)
-    built = data.build(view, tasks, conversations, held_out, settings.sft, index, selection)
+    sampled, rejection = None, None
+    if settings.sft.rejection_samples and tasks:  # the policy's own verified answers (RFT)
+        sampled, rejection = rejection_sample(tasks, held_out, settings, folder)
+    built = data.build(view, tasks, conversations, held_out, settings.sft, index, selection, sampled)
     store.write_skipped(built.skipped, folder.skipped)
     store.write_json(folder.decontamination, built.decontamination)
     store.write_rows(built.rows, folder.train)  # last: its presence means the rows are complete
     return {**built.counts(), "reused": False, "held_out_seeds": len(held_out), "decontamination": built.decontamination,
-            "irm_selection": picked}
+            "irm_selection": picked, "rejection_sampling": rejection}
+
+
+def rejection_sample(tasks: list[dict], held_out: set[str], settings: Settings,
+                     folder: store.SFTFolder) -> tuple[dict[str, list[str]], dict]:
+    """sft.rejection_samples answers of the base policy per training task, verified (tasks/sft/rejection.py);
+    every sample with its verdict goes to data/rejection_samples.parquet. Returns (task_id -> kept answers, counts)."""
+    from evolforge.tasks.eval.policy import LocalPolicy
+
+    cfg = settings.sft
+    todo = rejection.training_tasks(tasks, held_out)
+    policy = LocalPolicy(train.base_policy(cfg, settings.ppo, folder), rejection.sampling_settings(cfg))
+    progress = StepProgress("rejection sampling", len(todo), "tasks")
+    rows, kept = rejection.sample(todo, policy, cfg, settings.sandbox, on_batch=lambda k: progress.update(advance=k))
+    progress.finish()
+    store.write_rejection_samples(rows, folder.rejection_samples)
+    return kept, rejection.counts(rows, kept)
 
 
 def record_cost(folder: store.SFTFolder, run_id: str, result: dict, usd_per_hour: float) -> None:

@@ -128,5 +128,7 @@ STAGE = register(Stage(
                           ("evolforge", "sft"),
                           trigger=Trigger("train-reward", {"params": {
                               "evolve_out": chain.template(chain.night_folder_from(_REWARD)),
+                              # the night's trained IRM: with reward.select_by_irm on, it selects the evolved rows
+                              "irm_dir": chain.template(chain.reward_model(_REWARD, "irm")),
                               "out": chain.template(chain.sibling(_REWARD, "sft"))}})),
 ))
