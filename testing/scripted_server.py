@@ -7,12 +7,18 @@ a resumed run can be compared with an uninterrupted one. A request's stage is
 recognised by the MARKER_* constants of the stages' prompt modules
 (tasks/*/prompts.py), which their prompt templates are built from. Faults are scripted
 per request with `server.script(...)`: a queue of actions consumed one per
-request ("429", "503", "500", "hang", "401", "404", "400", "malformed",
+request ("429", "503", "500", "hang", "401", "404", "400", "400rf" (a 400 naming
+response_format), "malformed",
 "truncated", "close", "ok"), then `default`.
 
 Every request is logged (`server.requests`) with a hash of its body and whether
 a full reply was sent, so tests can prove from the server side that no
-completed call was repeated.
+completed call was repeated, and the `response_format` it carried.
+
+Structured outputs: the Equal judge asked for a json_schema gets `{"verdict": ...}`; `server.reject_formats`
+(a set of response_format types, e.g. {"json_schema", "json_object"}) answers a request carrying one of them
+with `server.reject_format_status` (400) and an error naming the field, as an endpoint without structured
+outputs does.
 
 Run standalone: python testing/scripted_server.py --port 8099 [--log FILE]
 """
@@ -90,7 +96,10 @@ def reply_for(body: dict, judge_verdict: str = "Not Equal") -> str:
     msgs = body.get("messages") or []
     prompt = msgs[-1]["content"] if msgs else ""
     h = hashlib.sha1(prompt.encode()).hexdigest()[:6]
+    fmt = (body.get("response_format") or {}).get("type")
     if evolve_prompts.MARKER_EQUAL_JUDGE in prompt:
+        if fmt == "json_schema" and judge_verdict in ("Equal", "Not Equal"):
+            return json.dumps({"verdict": judge_verdict})
         return judge_verdict
     reward = reward_reply(prompt)
     if reward is not None:
@@ -103,7 +112,7 @@ def reply_for(body: dict, judge_verdict: str = "Not Equal") -> str:
         rng = random.Random(int(hashlib.sha1(prompt.encode()).hexdigest(), 16))
         words = " ".join(rng.choice(VOCAB) for _ in range(14))
         return f"{words.capitalize()} {h}?"
-    if body.get("response_format", {}).get("type") == "json_object":
+    if fmt in ("json_object", "json_schema"):
         return '```json\n{"ok": true, "id": "%s"}\n```' % h
     return f"Step 1: Read the task carefully {h}.\nStep 2: Work out the result.\nThe answer is: 42"
 
@@ -259,6 +268,9 @@ class ScriptedServer:
         self.preflight_action = "ok"
         self.probes: list[dict] = []
         self.unknown_models: set[str] = set()  # a probe naming one of these is answered 404 (model not found)
+        # response_format types this server refuses (HTTP reject_format_status, an error naming the field)
+        self.reject_formats: set[str] = set()
+        self.reject_format_status = 400
         # module-DAG prompts (see module_reply): a module whose replies are corrupted, the share of module
         # replies that are schema faults, a max_tokens under which replies are truncated, and extra latency
         # per module id (on top of `latency`)
@@ -308,13 +320,24 @@ class ScriptedServer:
                         outer.probes.append(entry)
                     return self._act(action, body, entry)
                 with outer.lock:
-                    action = outer.actions.popleft() if outer.actions else outer.default
+                    scripted = bool(outer.actions)
+                    action = outer.actions.popleft() if scripted else outer.default
                 if outer.poison and outer.poison.encode() in raw:
                     action = "500"
+                fmt = body.get("response_format") if isinstance(body.get("response_format"), dict) else None
                 entry = {"key": key, "action": action, "completed": False, "t": time.time(),
-                         "auth": self.headers.get("authorization", "")}
+                         "auth": self.headers.get("authorization", ""), "response_format": fmt,
+                         "model": body.get("model")}
                 with outer.lock:
                     outer.requests.append(entry)
+                if fmt and fmt.get("type") in outer.reject_formats:
+                    entry["action"] = f"reject-{fmt.get('type')}"
+                    if scripted:  # the scripted action was not used: it stays for the next request
+                        with outer.lock:
+                            outer.actions.appendleft(action)
+                    return self._json(outer.reject_format_status, {"error": {
+                        "message": f"response_format type {fmt.get('type')!r} is not supported by this server",
+                        "type": "invalid_request_error", "param": "response_format"}})
                 if outer.latency:
                     time.sleep(outer.latency)
                 if outer.module_latency:
@@ -331,6 +354,9 @@ class ScriptedServer:
                     return self._json(int(action), {"error": {"message": f"scripted {action}"}}, headers)
                 if action in ("400", "401", "404"):
                     return self._json(int(action), {"error": {"message": f"scripted {action}", "type": "invalid"}})
+                if action == "400rf":  # a 400 that names the structured-output field
+                    return self._json(400, {"error": {"message": "scripted 400: invalid response_format schema",
+                                                      "type": "invalid"}})
                 if action == "hang":
                     time.sleep(outer.hang_seconds)
                     return self._json(200, completion(body, reply_for(body)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from evolforge.config.sections._base import Section
@@ -29,6 +31,21 @@ class GatewaySettings(Section):
         False, description="Send the API key over plain http to a host that is not loopback (a trusted private "
         "network). Off: a key goes over http only to 127.0.0.0/8, ::1 or localhost, and a run against another "
         "http host with a key set stops at start with an error naming this setting. https is always allowed.",
+    )
+    structured_outputs: Literal["json_schema", "json_object", "prompt"] = Field(
+        "json_schema", description="How a call that expects JSON (module outputs, the Equal judge, IRM rankings, PRM "
+        "step labels and scores, synthesis proposals and repairs) asks for it, at best. json_schema: "
+        "`response_format: {type: json_schema, json_schema: {name, schema, strict: true}}` with the stage's pydantic "
+        "schema (vLLM, OpenAI and llama-server honour it; llama-server turns it into a grammar, so the embedded model "
+        "returns JSON of that shape). json_object: `{type: json_object}`, any JSON object. prompt: no response_format, "
+        "the prompt describes the JSON and the reply is parsed tolerantly. An endpoint that rejects the field (HTTP "
+        "400 or 422 naming it) gets the next one at once; the one that worked is remembered per endpoint and model "
+        "for the rest of the process and the downgrade is logged once (docs/structured-outputs.md).",
+    )
+    schema_string_lengths: Literal["auto", "keep", "drop"] = Field(
+        "auto", description="Whether the json_schema sent keeps the schemas' string lengths (minLength / maxLength): "
+        "llama-server and vLLM turn them into the grammar (no empty strings, no string that runs to the token cap), "
+        "OpenAI's strict mode refuses them. auto: keep them for the embedded model only; keep; drop.",
     )
     fail_fast_after: int = Field(
         3, ge=1, description="After this many consecutive calls exhaust their retries on connection errors, "

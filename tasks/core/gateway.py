@@ -12,6 +12,9 @@
   connection errors and malformed bodies, honouring Retry-After;
 - no retry on 400/401/403/404/422: those fail at once with `GatewayError`,
   whose message names the base URL, the model and the likely fix;
+- structured outputs (tasks/core/structured.py): a JSON call passes its reply's pydantic model and goes out
+  with `response_format` json_schema (strict); an endpoint that rejects the field gets json_object, then no
+  field (the prompt describes the JSON), and the mode that worked is remembered per endpoint and model;
 - fail fast: when the endpoint is unreachable for `fail_fast_after`
   consecutive calls, every further call raises `EndpointDown` at once;
 - one cost-ledger row per attempt; a journal (see storage/journal.py) replays
@@ -42,6 +45,7 @@ import httpx
 from evolforge.config.settings import Settings
 from evolforge.storage.journal import CallJournal
 from evolforge.storage.ledger import LedgerWriter
+from evolforge.tasks.core import structured
 from evolforge.tasks.core.json_parse import JSONParseFailure, extract_json
 from evolforge.tasks.core.keys import (  # noqa: F401 - re-exported: the gateway's key API
     API_KEY_ENV,
@@ -130,6 +134,7 @@ class GatewayStats:
     replayed: int = 0
     failures: int = 0
     json_failures: int = 0
+    format_downgrades: int = 0  # requests an endpoint rejected for their response_format (sent again without it)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **kw: int) -> None:
@@ -138,7 +143,8 @@ class GatewayStats:
                 setattr(self, k, getattr(self, k) + v)
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("calls", "attempts", "retries", "replayed", "failures", "json_failures")}
+        return {k: getattr(self, k) for k in ("calls", "attempts", "retries", "replayed", "failures", "json_failures",
+                                                  "format_downgrades")}
 
 
 def call_key(stage: str, model: str, messages: list[dict], params: dict, task_id: str, purpose: str = "") -> str:
@@ -223,9 +229,12 @@ class Gateway:
         top_p: float | None = None,
         max_tokens: int | None = None,
         json_mode: bool = False,
+        schema: type | None = None,
         journal: CallJournal | None = None,
         model: str | None = None,
     ) -> CallResult:
+        """One chat completion. `json_mode`: the reply is JSON; `schema` (a pydantic model): the reply is JSON of
+        that model's shape (response_format json_schema, strict; see tasks/core/structured.py)."""
         model = model or self.model_for(stage)
         params: dict[str, Any] = {}
         if temperature is not None:
@@ -234,8 +243,13 @@ class Gateway:
             params["top_p"] = top_p
         if max_tokens is not None:
             params["max_tokens"] = self.max_tokens_for(max_tokens)
-        if json_mode:
-            params["response_format"] = {"type": "json_object"}
+        if json_mode or schema is not None:
+            # the best format the call may use: the journal key is computed with it, whatever the endpoint takes
+            best = self.cfg.structured_outputs if schema is not None else \
+                structured.lower_mode(self.cfg.structured_outputs, "json_object")
+            fmt = structured.response_format(best, schema, keep_lengths=self._keep_lengths(model))
+            if fmt is not None:
+                params["response_format"] = fmt
         key = call_key(stage, model, messages, params, task_id, purpose)
         if journal is not None:
             cached = journal.get(key)
@@ -250,7 +264,8 @@ class Gateway:
         return result
 
     def chat_json(self, stage: str, messages: list[dict], *, expect: type | tuple = dict, **kw) -> tuple[Any, CallResult]:
-        """A JSON-mode call; returns (parsed or None, result). Unparseable output is counted, not raised."""
+        """A JSON call (pass `schema=` the reply's pydantic model for a schema-constrained one); returns
+        (parsed or None, result). Unparseable output is counted, not raised; the caller validates the shape."""
         res = self.chat(stage, messages, json_mode=True, **kw)
         try:
             return extract_json(res.text, expect), res
@@ -308,21 +323,43 @@ class Gateway:
     def close(self) -> None:
         self._client.close()
 
+    def structured_mode(self, model: str | None = None, stage: str = "judge") -> str:
+        """The response_format mode a schema call to `model` goes out with now (json_schema, json_object, prompt)."""
+        model = model or self.model_for(stage)
+        remembered = structured.remembered_mode(self.base_url, model)
+        best = self.cfg.structured_outputs
+        return structured.lower_mode(best, remembered) if remembered else best
+
+    def _keep_lengths(self, model: str) -> bool:
+        how = self.cfg.schema_string_lengths
+        return how == "keep" or (how == "auto" and model in self.embedded_models)
+
     # ---------------------------------------------------------------- internals
     def _call_with_retries(self, stage: str, model: str, messages: list[dict], params: dict, task_id: str) -> CallResult:
         attempts_allowed = self.cfg.max_retries + 1
         last_err: Exception | None = None
         last_status: int | None = None
         self.stats.add(calls=1)
-        for attempt in range(1, attempts_allowed + 1):
+        requested = params.get("response_format")
+        mode = structured.mode_of(requested)
+        if requested is not None:  # a mode this endpoint and model took before, when lower than the asked one
+            remembered = structured.remembered_mode(self.base_url, model)
+            mode = structured.lower_mode(mode, remembered) if remembered else mode
+        rejected: list[tuple[str, str]] = []  # (mode, why) the endpoint refused in this call
+        sent = 0  # requests of this call (the ledger's attempt number); a format downgrade spends no retry
+        attempt = 0
+        while attempt < attempts_allowed:
+            attempt += 1
+            sent += 1
             if self._down_reason:
                 raise EndpointDown(self._down_reason)
             retry_after: float | None = None
             status: int | None = None
+            body_params = structured.with_format(params, _format_for(mode, requested)) if requested else params
             t0 = time.perf_counter()
             with self._slot():
                 try:
-                    text, finish, pt, ct = _unpack(self._post({"model": model, "messages": messages, **params}))
+                    text, finish, pt, ct = _unpack(self._post({"model": model, "messages": messages, **body_params}))
                 except StatusError as e:
                     status = e.status_code
                     retry_after = _retry_after(e.response)
@@ -334,16 +371,26 @@ class Gateway:
                 else:
                     latency = time.perf_counter() - t0
                     cost, source = self.prices.cost(model, pt, ct)
-                    self._record(stage, task_id, model, attempt, "ok", 200, pt, ct, cost, source, latency, None)
+                    self._record(stage, task_id, model, sent, "ok", 200, pt, ct, cost, source, latency, None)
                     self.stats.add(attempts=1)
                     self._mark_reachable()
-                    return CallResult(text, model, pt, ct, finish, latency, attempt)
+                    if rejected:
+                        structured.remember_mode(self.base_url, model, mode, rejected[0][0], rejected[0][1])
+                    return CallResult(text, model, pt, ct, finish, latency, sent)
             latency = time.perf_counter() - t0
             self.stats.add(attempts=1)
             outcome = _outcome(err, status)
             cost, source = self.prices.cost(model, 0, 0)
-            self._record(stage, task_id, model, attempt, outcome, status, None, None, cost, source, latency, _short(err))
+            self._record(stage, task_id, model, sent, outcome, status, None, None, cost, source, latency, _short(err))
             last_err, last_status = err, status
+            if requested is not None and mode != "prompt" and structured.rejects_format(status, str(err)):
+                # the endpoint does not take this response_format: the same call at once with the next mode
+                rejected.append((mode, f"HTTP {status}: {_short(err)}"))
+                mode = structured.next_mode(mode)
+                self.stats.add(format_downgrades=1)
+                self._mark_reachable()
+                attempt -= 1
+                continue
             if status is not None and status not in RETRYABLE_STATUS:
                 self.stats.add(failures=1)
                 raise GatewayError(
@@ -436,6 +483,15 @@ class Gateway:
                     "Finished batches are checkpointed; start the endpoint and run again to resume."
                 )
                 log.error(self._down_reason)
+
+
+def _format_for(mode: str, requested: dict | None) -> dict | None:
+    """The response_format sent in `mode`, from the one the call asked for."""
+    if requested is None or mode == "prompt":
+        return None
+    if mode == "json_object" or structured.mode_of(requested) == "json_object":
+        return {"type": "json_object"}
+    return requested
 
 
 def _unpack(resp: Any) -> tuple[str, str | None, int | None, int | None]:
