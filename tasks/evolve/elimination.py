@@ -2,7 +2,9 @@
 
 An evolution fails when
   1. `no_information_gain`: the judge finds it Equal to its parent (same constraints
-     and requirements, same depth and breadth) -- see `parse_equal_verdict`;
+     and requirements, same depth and breadth) -- see `parse_equal_reply`: the call asks
+     for `EqualVerdict` ({"verdict": "Equal" | "Not Equal"}, response_format json_schema)
+     and a prompt-only reply is read as text by `parse_equal_verdict`;
   2. `sorry_short_answer`: the answer contains "sorry" and is under 80 words;
   3. `answer_only_punctuation`: the answer is only punctuation and stop words;
   4. `copies_prompt_words`: the instruction copies words of the evolving prompt
@@ -16,7 +18,11 @@ from __future__ import annotations
 
 import re
 import string
+from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from evolforge.tasks.core.json_parse import JSONParseFailure, extract_json
 from evolforge.tasks.evolve.prompts import FORBIDDEN_COPIES
 
 RULE_EQUAL = "no_information_gain"
@@ -61,6 +67,25 @@ def parse_equal_verdict(text: str) -> str | None:
     if re.search(r"\bequal\b|\bsame\b", low):
         return "equal"
     return None
+
+
+class EqualVerdict(BaseModel):
+    """The schema the Equal judge's call asks for (the published prompt's two answers, as JSON)."""
+
+    model_config = ConfigDict(extra="forbid")
+    verdict: Literal["Equal", "Not Equal"]
+
+
+EQUAL_JUDGE_MAX_TOKENS = 16  # {"verdict": "Not Equal"} is about 8 tokens; the text reply 2-3
+
+
+def parse_equal_reply(text: str) -> str | None:
+    """'equal', 'not_equal' or None: the schema's JSON when the reply is that, else the text reading."""
+    try:
+        verdict = EqualVerdict.model_validate(extract_json(text, dict)).verdict
+        return "equal" if verdict == "Equal" else "not_equal"
+    except (JSONParseFailure, ValidationError):
+        return parse_equal_verdict(text or "")
 
 
 def instruction_rule(instruction: str) -> str | None:

@@ -121,8 +121,8 @@ def evolve_record(
             return _eliminate(evo, rule)
     if cfg.equal_check:
         verdict_res = call("judge", prompts.equal_messages(parent_text, evo.instruction), "equal",
-                           max_tokens=8, temperature=0.0)
-        verdict = rules.parse_equal_verdict(verdict_res.text)
+                           max_tokens=rules.EQUAL_JUDGE_MAX_TOKENS, temperature=0.0, schema=rules.EqualVerdict)
+        verdict = rules.parse_equal_reply(verdict_res.text)
         evo.judge_verdict = verdict or "unparseable"
         if verdict == "equal" or (verdict is None and cfg.unparseable_verdict == "eliminate"):
             return _eliminate(evo, rules.RULE_EQUAL)

@@ -52,8 +52,8 @@ from evolforge.tasks.modules.prompts import (
     removed_line,
     trace_line,
 )
-from evolforge.tasks.modules.schema import validate_reply
-from evolforge.tasks.text.scores import parse_score
+from evolforge.tasks.modules.schema import reply_model, validate_reply
+from evolforge.tasks.text.scores import JudgeScore, parse_score
 
 STAGE = "modules"              # ledger stage of the module calls
 JUDGE_STAGE = "modules-judge"  # ledger stage of the contribution judge
@@ -136,7 +136,8 @@ def run_module(item: Item, module_id: str, inputs: dict[str, str], tag: str = ""
     try:
         while True:
             res = gw.chat(STAGE, messages, task_id=task_id, purpose=f"module-{module_id}", model=run.model,
-                          temperature=spec.temperature, max_tokens=budget, json_mode=True, journal=item.journal)
+                          temperature=spec.temperature, max_tokens=budget, journal=item.journal,
+                          schema=reply_model(spec.output, tuple(spec.dependencies)))
             run.calls += 1
             run.max_tokens = gw.max_tokens_for(budget)
             if res.finish_reason == "length":
@@ -231,7 +232,7 @@ def judge(item: Item, answer: str, purpose: str) -> tuple[float | None, str | No
     try:
         parsed, res = item.gw.chat_json(
             JUDGE_STAGE, judge_messages(item.question, answer, cfg.aggregation), expect=(dict, int, float, str),
-            task_id=f"{item.task}-{purpose}", purpose=purpose, model=item.judge_model,
+            schema=JudgeScore, task_id=f"{item.task}-{purpose}", purpose=purpose, model=item.judge_model,
             temperature=cfg.judge_temperature, max_tokens=cfg.judge_max_tokens, journal=item.journal)
     except GatewayError as e:
         if not is_rejected_record(e):

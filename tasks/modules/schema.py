@@ -4,18 +4,24 @@ What counts as a valid output (`validate_reply`): the reply holds one JSON objec
 recovered, tasks/core/json_parse.py) with
   - type: exactly the module's output type;
   - content: steps / concepts / alternatives: a non-empty list of non-empty strings; entities: an object of
-    string -> string; verdict: {"ok": true|false, "issues": [strings]}; result: a non-empty string or a number;
+    string -> string, or a list of {"name", "what"} pairs (the form the wire schema asks for); verdict: {"ok": true|false, "issues": [strings]}; result: a non-empty string or a number;
     final: a non-empty string;
   - confidence: a number from 0 to 1 (not a boolean);
   - dependencies: a list of ids, each one of the module's own dependencies (the inputs it used).
 Unknown extra keys are ignored. Anything else is invalid, with a short reason that the re-ask quotes.
+
+`reply_model(type, deps)` is the schema a module's call asks for (response_format json_schema, tasks/core/
+structured.py): strict (no extra keys, every key required), `type` fixed, `dependencies` drawn from the module's
+own inputs, and bounded lists and strings, so a grammar-constrained small model can meet it within its token cap.
+It is stricter than `validate_reply` (which also takes what a prompt-only reply may say).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from functools import lru_cache
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, create_model, field_validator
 
 from evolforge.tasks.core.json_parse import JSONParseFailure, extract_json
 
@@ -56,6 +62,14 @@ class EntitiesOutput(_Output):
     type: Literal["entities"]
     content: dict[StrictStr, StrictStr]
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _pairs(cls, v: Any) -> Any:
+        """[{"name": "n", "what": "w"}, ...] (the wire schema's form) -> {"n": "w", ...}."""
+        if isinstance(v, list) and all(isinstance(p, dict) and set(p) == {"name", "what"} for p in v):
+            return {p["name"]: p["what"] for p in v}
+        return v
+
 
 class VerdictOutput(_Output):
     type: Literal["verdict"]
@@ -93,12 +107,51 @@ SCHEMAS: dict[str, type[_Output]] = {
 CONTENT_FORM = {
     "steps": '["first step", "second step", ...]',
     "concepts": '["concept", "another concept", ...]',
-    "entities": '{"entity name": "what it is", ...}',
+    "entities": '[{"name": "entity name", "what": "what it is"}, ...]',
     "verdict": '{"ok": true or false, "issues": ["problem found", ...]}',
     "result": "the result: a number, or a short string",
     "alternatives": '["one way to put it", "another way", ...]',
     "final": '"the final answer, as a string"',
 }
+
+
+# ------------------------------------------------------------------------------ the schema a module call asks for
+WIRE_MAX_ITEMS = 6  # list contents: at most this many entries
+WIRE_MAX_CHARS = 240  # one string of a content (dropped on the wire for endpoints that refuse lengths)
+WireText = Annotated[str, Field(min_length=1, max_length=WIRE_MAX_CHARS)]
+WireList = Annotated[list[WireText], Field(min_length=1, max_length=WIRE_MAX_ITEMS)]
+
+
+class WireEntity(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Annotated[str, Field(min_length=1, max_length=80)]
+    what: WireText
+
+
+class WireVerdict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ok: bool
+    issues: Annotated[list[WireText], Field(max_length=WIRE_MAX_ITEMS)]
+
+
+WIRE_CONTENT: dict[str, Any] = {
+    "steps": WireList, "concepts": WireList, "alternatives": WireList,
+    "entities": Annotated[list[WireEntity], Field(min_length=1, max_length=WIRE_MAX_ITEMS)],
+    "verdict": WireVerdict, "result": Union[WireText, float], "final": WireText,
+}
+
+
+@lru_cache(maxsize=256)
+def reply_model(output_type: str, deps: tuple[str, ...]) -> type[BaseModel]:
+    """The strict schema of one module's reply: {type, content, confidence, dependencies} (see the module doc)."""
+    dep = Literal[deps] if deps else str  # type: ignore[valid-type]
+    return create_model(
+        f"module_{output_type}_reply", __config__=ConfigDict(extra="forbid"),
+        type=(Literal[output_type], ...),  # type: ignore[valid-type]
+        content=(WIRE_CONTENT[output_type], ...),
+        confidence=(float, Field(ge=0, le=1)),
+        dependencies=(list[dep], Field(max_length=len(deps))),  # type: ignore[valid-type]
+    )
 
 
 def _short_errors(err: ValidationError) -> str:

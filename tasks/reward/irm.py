@@ -29,6 +29,7 @@ from evolforge.tasks.evolve.elimination import is_empty
 from evolforge.tasks.evolve.evolution import choose_operation, clean_evolved
 from evolforge.tasks.evolve.prompts import evolve_messages
 from evolforge.tasks.reward.prompts import labels_for, rank_messages
+from evolforge.tasks.reward.schemas import ranking_model
 
 RANKING_KEYS = ("ranking", "rank", "ranked", "order", "best_to_worst", "rankings", "result")
 SCORE_KEYS = ("scores", "score", "ratings", "quality")
@@ -148,7 +149,7 @@ def rank_group(row: dict, gw: Gateway, settings: Settings, journal: CallJournal 
         seeded_rng(cfg.seed, row["id"], "order", attempt).shuffle(shown)
         parsed, _ = gw.chat_json(
             "judge", rank_messages([(labels[j], group["versions"][shown[j]]) for j in range(n)], cfg.ask_scores),
-            expect=(dict, list),
+            expect=(dict, list), schema=ranking_model(tuple(labels), cfg.ask_scores),
             task_id=task_id, purpose=f"irm-rank-{attempt}", temperature=cfg.judge_temperature,
             max_tokens=cfg.judge_max_tokens, journal=journal)
         group["calls"] += 1

@@ -30,6 +30,7 @@ from evolforge.storage.journal import CallJournal
 from evolforge.tasks.core.gateway import Gateway
 from evolforge.tasks.modules.run import label_with_modules
 from evolforge.tasks.reward.prompts import continue_messages, score_messages, step_label_messages, strict_steps_messages
+from evolforge.tasks.reward.schemas import JudgeScore, step_labels_model
 from evolforge.tasks.text.answers import answers_match, extract_answer
 from evolforge.tasks.text.scores import parse_score
 from evolforge.tasks.text.steps import steps_or_reason
@@ -77,6 +78,7 @@ class LabelFailure(Exception):
 
 def _judge_labels(problem, steps, gw, settings, task_id, journal):
     parsed, _ = gw.chat_json("judge", step_label_messages(problem, steps), expect=(dict, list), task_id=task_id,
+                             schema=step_labels_model(len(steps)),
                              purpose="prm-labels", temperature=settings.reward.judge_temperature,
                              max_tokens=settings.reward.judge_max_tokens, journal=journal)
     if parsed is None:
@@ -91,7 +93,7 @@ def _judge_labels(problem, steps, gw, settings, task_id, journal):
 def _decorl_labels(problem, steps, gw, settings, task_id, journal):
     def score(subset: list[str], purpose: str) -> float:
         parsed, _ = gw.chat_json("judge", score_messages(problem, subset), expect=(dict, int, float, str),
-                                 task_id=task_id, purpose=purpose, temperature=settings.reward.judge_temperature,
+                                 schema=JudgeScore, task_id=task_id, purpose=purpose, temperature=settings.reward.judge_temperature,
                                  max_tokens=settings.reward.judge_max_tokens, journal=journal)
         s = parse_score(parsed)
         if s is None:

@@ -39,6 +39,7 @@ from evolforge.tasks.core.gateway import Gateway
 from evolforge.tasks.sandbox.run import run_python_tests
 from evolforge.tasks.synthesis import checks as chk
 from evolforge.tasks.synthesis import prompts as P
+from evolforge.tasks.synthesis.schemas import CodeProposal, CodeRepair, MathProposal
 
 _SANDBOX_SLOTS: dict[int, threading.BoundedSemaphore] = {}
 _SLOTS_LOCK = threading.Lock()
@@ -116,15 +117,16 @@ def synthesize_task(seed: dict, kind: str, gateway: Gateway, settings: Settings,
     task = SynthTask(task_id=f"t-{seed['id']}-{kind}", seed_id=seed.get("seed_id") or seed["id"], kind=kind)
     spent = {"usd": 0.0}
 
-    def call(stage: str, text: str, purpose: str, json_mode: bool, **kw):
+    def call(stage: str, text: str, purpose: str, schema, **kw):
+        """One model call; `schema` (a pydantic model) makes it a JSON call of that shape, None a text one."""
         _over_time(settings, t0)
         if cfg.budget_usd_per_task and spent["usd"] > cfg.budget_usd_per_task:
             raise Budget(f"over the cost budget (${cfg.budget_usd_per_task})")
         model = gateway.model_for("synthesize" if stage == "repair" else stage)
         kw.setdefault("max_tokens", cfg.max_new_tokens)
-        if json_mode:
+        if schema is not None:
             parsed, res = gateway.chat_json(stage, P.msg(text), task_id=task.task_id, purpose=purpose,
-                                            journal=journal, model=model, **kw)
+                                            journal=journal, model=model, schema=schema, **kw)
         else:
             parsed, res = None, gateway.chat(stage, P.msg(text), task_id=task.task_id, purpose=purpose,
                                              journal=journal, model=model, **kw)
@@ -147,7 +149,7 @@ def synthesize_task(seed: dict, kind: str, gateway: Gateway, settings: Settings,
 
 def _code(seed, task: SynthTask, call, settings: Settings, seen, seen_lock, t0: float) -> None:
     cfg = settings.synthesis
-    prop, _ = call("synthesize", P.PROPOSE_CODE.format(instruction=seed["instruction"]), "propose", True,
+    prop, _ = call("synthesize", P.PROPOSE_CODE.format(instruction=seed["instruction"]), "propose", CodeProposal,
                    temperature=cfg.temperature)
     keys = ("statement", "entry_point", "solution", "tests")
     if not isinstance(prop, dict) or not all(isinstance(prop.get(k), str) and prop[k].strip() for k in keys):
@@ -184,7 +186,7 @@ def _code(seed, task: SynthTask, call, settings: Settings, seen, seen_lock, t0: 
             return
         fix, _ = call("repair", P.REPAIR_CODE.format(statement=task.statement, solution=task.solution,
                                                      tests=task.tests, failure=task.attempts[-1]["failure"]),
-                      f"repair-{attempt + 1}", True, temperature=0.2)
+                      f"repair-{attempt + 1}", CodeRepair, temperature=0.2)
         task.repairs += 1
         if not isinstance(fix, dict):
             task.attempts[-1]["changed"] = "nothing (unparseable repair)"
@@ -203,14 +205,14 @@ def _code(seed, task: SynthTask, call, settings: Settings, seen, seen_lock, t0: 
     solves = []
     for k in range(cfg.solver_attempts):
         _, res = call("solver", P.SOLVE_CODE.format(entry_point=task.entry_point, statement=task.statement),
-                      f"solve-{k}", False, temperature=cfg.solver_temperature)
+                      f"solve-{k}", None, temperature=cfg.solver_temperature)
         solves.append(chk.extract_code(res.text))
     passes = sum(_sandbox(settings, code, task.tests, task, f"solver-{k}", t0).passed for k, code in enumerate(solves))
     _label(task, passes, cfg.solver_attempts)
 
 
 def _math(seed, task: SynthTask, call, cfg) -> None:
-    prop, _ = call("synthesize", P.PROPOSE_MATH.format(instruction=seed["instruction"]), "propose", True,
+    prop, _ = call("synthesize", P.PROPOSE_MATH.format(instruction=seed["instruction"]), "propose", MathProposal,
                    temperature=cfg.temperature)
     if not isinstance(prop, dict) or not isinstance(prop.get("problem"), str) or not prop["problem"].strip():
         task.reject_reason = "proposal is not a JSON object with problem, steps and answer"
@@ -223,7 +225,7 @@ def _math(seed, task: SynthTask, call, cfg) -> None:
     task.answer = str(prop.get("answer")).strip()
     answers = []
     for k in range(cfg.solver_attempts):
-        _, res = call("solver", P.SOLVE_MATH.format(problem=task.statement), f"solve-{k}", False,
+        _, res = call("solver", P.SOLVE_MATH.format(problem=task.statement), f"solve-{k}", None,
                       temperature=cfg.solver_temperature)
         answers.append(chk.final_answer(res.text))
     task.attempts.append({"phase": "solver", "answers": answers, "reference": ref})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from pydantic import BaseModel, ConfigDict, Field
+
 
 def parse_score(value: object) -> float | None:
     """{"score": 7}, {"rating": "8/10"}, 6.5 or "7 out of 10" -> the score; None when absent, not a number,
@@ -15,3 +17,12 @@ def parse_score(value: object) -> float | None:
     if isinstance(raw, bool) or not isinstance(raw, (int, float)):
         return None
     return float(raw) if 0.0 <= raw <= 10.0 else None
+
+
+class JudgeScore(BaseModel):
+    """The schema a judge's 0-10 score call asks for (response_format json_schema): {"score": an integer 0-10}.
+    An integer keeps a grammar-constrained model inside the range (llama-server enforces integer bounds, not
+    number bounds); `parse_score` still reads any number a prompt-only reply gives."""
+
+    model_config = ConfigDict(extra="forbid")
+    score: int = Field(ge=0, le=10)
