@@ -37,13 +37,14 @@ def prefect_defaults(params=None):
     (Prefect reads its settings when first imported: a server found later is applied as a settings context)."""
     prefect_env()
     from evolforge.cli.prefect_server import attach
+    from evolforge.config.sections.runtime import RunnerSettings
     from evolforge.config.settings import ConfigError
 
     try:
-        mode = params.settings().runner.prefect_server if hasattr(params, "settings") else "reuse"
+        runner = params.settings().runner if hasattr(params, "settings") else RunnerSettings()
     except ConfigError:  # reported by the flow itself, in its own words
-        mode = "ephemeral"
-    url = attach(mode)
+        runner = RunnerSettings(prefect_server="ephemeral")
+    url = attach(runner.prefect_server, port=runner.prefect_port)
     if not url:
         return contextlib.nullcontext()
     from prefect.settings import PREFECT_API_URL, temporary_settings

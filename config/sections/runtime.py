@@ -71,6 +71,10 @@ class RunnerSettings(Section):
         "running, so later commands start their first model call in about a second instead of waiting for a server "
         "(its URL and pid are kept in PREFECT_HOME/evolforge-server.json; `evolforge server stop` stops it). "
         "ephemeral: Prefect's temporary server for the one command, gone when it ends.")
+    prefect_port: int = Field(
+        4200, ge=0, le=65535, description="The port a local Prefect server started by `runner.prefect_server = "
+        "\"reuse\"` listens on when it is free (else the next free port above it; the `Prefect UI:` line a command "
+        "prints names the one taken), so the UI keeps its address across restarts. 0: any free port.")
 
 
 class StorageSettings(Section):

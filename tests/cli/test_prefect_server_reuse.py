@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from evolforge.testing.net import free_port
 from evolforge.testing.scripted_server import ScriptedServer
 
 
@@ -43,7 +44,8 @@ def _alive(pid: int) -> bool:
 def test_commands_reuse_one_background_server_and_stop_it(tmp_path):
     home = tmp_path / "prefect-home"
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL",)}
-    env.update(PREFECT_HOME=str(home), EVOLFORGE__RUNNER__PREFECT_SERVER="reuse", PREFECT_LOGGING_LEVEL="INFO")
+    env.update(PREFECT_HOME=str(home), EVOLFORGE__RUNNER__PREFECT_SERVER="reuse", PREFECT_LOGGING_LEVEL="INFO",
+               EVOLFORGE__RUNNER__PREFECT_PORT=str(free_port()))  # not 4200: a user's own server may be there
     seeds = tmp_path / "seeds.jsonl"
     seeds.write_text("".join(json.dumps({"id": f"s{i}", "instruction": f"List {i + 2} rivers of country {i}."}) + "\n"
                              for i in range(4)))

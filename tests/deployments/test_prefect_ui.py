@@ -1,7 +1,7 @@
 """The Prefect UI shows a run as a user wants it: a real Prefect server, an evolve flow run against it, and headless
-Chromium (Debian's chromium + chromedriver, driven by selenium) on the UI: the run page lists the artifacts, the
-summary artifact renders its tables and the plots artifact its images. Screenshots stay in the test's tmp folder
-(EVOLFORGE_UI_SCREENSHOTS=DIR copies them there too)."""
+Chromium (Debian's chromium + chromedriver, driven by selenium: testing/browser.py) on the UI: the run page lists
+the artifacts, the summary artifact renders its tables and the plots artifact its images. Screenshots stay in the
+test's tmp folder (EVOLFORGE_UI_SCREENSHOTS=DIR copies them there too)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,18 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
+from evolforge.testing import browser
 from evolforge.testing.scripted_server import ScriptedServer
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra)")
 pytestmark = [
-    pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
-                       reason="headless Chromium is absent: apt-get install chromium chromium-driver (make setup tries)"),
+    pytest.mark.skipif(bool(browser.available()), reason=browser.available() or ""),
     # a Prefect server, a flow run and a browser: about 35 s here, so CI runs it (what the UI shows is a feature)
 ]
+wait_for = browser.wait_for
 
 TAB = "//*[normalize-space(.)='Artifacts' and not(*[normalize-space(.)='Artifacts'])]"  # the innermost element
 RUN_FLOW = """
@@ -34,32 +31,6 @@ s = evolve_flow(EvolveParams(seeds=sys.argv[1], out=sys.argv[2], rounds=2, base_
                              overrides={"evol_instruct": {"batch_size": 3}, "gateway": {"backoff_base_seconds": 0}}))
 print("RESULT " + json.dumps({"run_id": s["run_id"]}))
 """
-
-
-def browser():
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    opts = Options()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1500,1300", "--force-color-profile=srgb"):
-        opts.add_argument(arg)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)  # no driver download: Debian's
-
-
-def wait_for(driver, check, what: str, timeout: float = 90):
-    """The SPA renders after its API calls: poll until `check(driver)` is truthy."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if value := check(driver):
-                return value
-        except Exception:  # noqa: BLE001  elements come and go while the SPA renders
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"the Prefect UI did not show {what} in {timeout}s; page text: "
-                         + driver.find_element("tag name", "body").text[:1500])
 
 
 def artifacts_of(api: str, run_id: str) -> dict[str, dict]:
@@ -84,8 +55,7 @@ def test_run_page_lists_artifacts_and_renders_summary_and_plots(prefect_server, 
 
     shots = tmp_path / "screenshots"
     shots.mkdir()
-    driver = browser()
-    try:
+    with browser.chromium() as driver:
         # the run page's Artifacts tab lists every artifact of the run by key (the tab shows once the run's
         # state has loaded: click it then, as a user does)
         driver.get(f"{ui}/runs/flow-run/{run_id}")
@@ -118,8 +88,6 @@ def test_run_page_lists_artifacts_and_renders_summary_and_plots(prefect_server, 
             "the three plots as images")
         assert all(src == "data:image/png;base64," for _, src in sizes)
         driver.save_screenshot(str(shots / "prefect-plots-artifact.png"))
-    finally:
-        driver.quit()
     if os.environ.get("EVOLFORGE_UI_SCREENSHOTS"):
         shutil.copytree(shots, os.environ["EVOLFORGE_UI_SCREENSHOTS"], dirs_exist_ok=True)
     print("screenshots:", shots)
