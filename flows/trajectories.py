@@ -2,7 +2,8 @@
 token-level samples.
 
 PROXY_OUT (records/, events/ of `evolforge proxy`) -> finished sessions (a finish event, idle for
-proxy.session_idle_seconds, or an ancestor's finish event; others skipped unless include_unfinished) ->
+proxy.session_idle_seconds, or an ancestor's finish event; others skipped unless include_unfinished) -> with
+--roles, only the calls of the agents named ->
     OUT/sft.jsonl            TRL SFTTrainer conversations: messages (OpenAI form, tool calls) + tools
     OUT/data/train-00000-of-00001.parquet
                              transitions, one row per call: prompt, completion, the session reward (GRPO /
@@ -40,9 +41,10 @@ __all__ = ["TrajectoriesParams", "trajectories_flow"]
 
 
 @task(name="trajectories-collect")
-def collect_task(proxy_out: str, out: str, rewards: str | None, include_unfinished: bool, settings_json: str) -> dict:
+def collect_task(proxy_out: str, out: str, rewards: str | None, include_unfinished: bool, settings_json: str,
+                 roles: list[str] | None = None) -> dict:
     return collect(proxy_out, out, idle_seconds=settings_from_json(settings_json).proxy.session_idle_seconds,
-                   rewards_file=rewards, include_unfinished=include_unfinished)
+                   rewards_file=rewards, include_unfinished=include_unfinished, roles=roles)
 
 
 @task(name="trajectories-dedup")
@@ -65,7 +67,8 @@ def trajectories_flow(params: TrajectoriesParams) -> dict:
     with stage_run("trajectories", params) as run:
         lay, out, sj = run.folder, params.out, run.settings_json
         with progress_artifacts("trajectories-progress", "trajectories "):  # sessions, then token samples
-            counts = collect_task(params.proxy_out, out, params.rewards, params.include_unfinished, sj)["counts"]
+            counts = collect_task(params.proxy_out, out, params.rewards, params.include_unfinished, sj,
+                                  params.roles)["counts"]
             run.logger.info("trajectories: %d records, %d sessions (%d exported)", counts.get("records", 0),
                             counts.get("sessions", 0), counts.get("sessions_exported", 0))
             dedup_task(out, params.dedup, sj)

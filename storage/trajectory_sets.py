@@ -70,6 +70,7 @@ from evolforge.storage.fs import (
     scratch_dir,
     unlink,
 )
+from evolforge.storage.proxy_sets import ProxyLayout, iter_records
 
 
 class TrajectoryLayout(StageFolder):
@@ -299,6 +300,19 @@ class RecordSpool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def recorded_roles(proxy_out: AnyPath, stop_when: set[str] | None = None) -> set[str]:
+    """The agent roles the proxy's records carry (a record's `role`: X-Evolforge-Role / X-OpenForge-Role), read
+    record by record; with `stop_when`, the reading stops as soon as every role in it has been seen."""
+    seen: set[str] = set()
+    for rec in iter_records(ProxyLayout(proxy_out)):
+        role = rec.get("role")
+        if isinstance(role, str) and role:
+            seen.add(role)
+            if stop_when is not None and stop_when <= seen:
+                break
+    return seen
 
 
 # ---------------------------------------------------------------- tokenizers converted from GGUF, cached

@@ -48,12 +48,14 @@ REWARD_PRECEDENCE = "the rewards file wins over the proxy's reward events when b
 
 
 def collect(proxy_out: str, out: str, *, idle_seconds: float, rewards_file: str | None = None,
-            include_unfinished: bool = False, now: float | None = None) -> dict:
+            include_unfinished: bool = False, now: float | None = None, roles: list[str] | None = None) -> dict:
     """Step 1: the recording proxy's records (PROXY_OUT) -> work/conversations.jsonl, work/transitions.jsonl,
     work/skipped.jsonl and work/collect.json (counts, how sessions finished, rewards), which it also returns.
     `now` (default: the clock) decides which sessions were idle for `idle_seconds`; unfinished sessions are
-    skipped unless `include_unfinished`. FileNotFoundError for a PROXY_OUT without records or a missing
-    rewards file."""
+    skipped unless `include_unfinished`. With `roles`, only the calls recorded with one of those agent roles
+    are exported (the others are left out before a session's conversations are built, so one agent's turns
+    never join another's conversation); a session with none of them is skipped as `role_not_selected`.
+    FileNotFoundError for a PROXY_OUT without records or a missing rewards file."""
     proxy = _proxy_of(proxy_out, rewards_file)
     lay = TrajectoryLayout(out)
     ensure_dir(lay.work_dir)
@@ -65,9 +67,9 @@ def collect(proxy_out: str, out: str, *, idle_seconds: float, rewards_file: str 
     with RecordSpool() as spool:
         tally.counts["records"] = spool.add(iter_records(proxy))
         _export_sessions(spool, events, file_rewards, lay, tally, idle_seconds=idle_seconds,
-                         include_unfinished=include_unfinished, now=now)
+                         include_unfinished=include_unfinished, now=now, roles=_role_set(roles))
     result = _collect_result(proxy, tally, events, file_rewards, rewards_file, idle_seconds=idle_seconds,
-                             include_unfinished=include_unfinished, now=now, started=t0)
+                             include_unfinished=include_unfinished, now=now, started=t0, roles=_role_set(roles))
     write_json_atomic(lay.work_collect, result)
     return result
 
@@ -80,6 +82,7 @@ class _Tally:
     failed: Counter = field(default_factory=Counter)            # failed model calls by HTTP status
     finished: Counter = field(default_factory=Counter)          # sessions by how they finished (or "unfinished")
     rewards: Counter = field(default_factory=Counter)           # exported sessions by reward and its source
+    by_role: Counter = field(default_factory=Counter)           # calls of the finished sessions by agent role
     seen_sessions: set[str] = field(default_factory=set)
 
 
@@ -103,10 +106,12 @@ def _proxy_of(proxy_out: str, rewards_file: str | None) -> ProxyLayout:
 
 
 def _export_sessions(spool: RecordSpool, events: dict, file_rewards: dict[str, float], lay: TrajectoryLayout,
-                     tally: _Tally, *, idle_seconds: float, include_unfinished: bool, now: float) -> None:
+                     tally: _Tally, *, idle_seconds: float, include_unfinished: bool, now: float,
+                     roles: set[str] | None = None) -> None:
     """Takes the spooled records, the proxy's events and the rewards file's rewards; decides how each session
-    finished, skips the unfinished ones (unless `include_unfinished`) and exports the others (`_export_session`),
-    streaming the rows into the work/ files; gives nothing but what it counts in `tally`."""
+    finished, skips the unfinished ones (unless `include_unfinished`), keeps only the calls of `roles` (when
+    given) and exports the others (`_export_session`), streaming the rows into the work/ files; gives nothing
+    but what it counts in `tally`."""
     c = tally.counts
     sessions = spool.sessions()
     status = finished_by(sessions, events, idle_seconds, now)
@@ -129,11 +134,32 @@ def _export_sessions(spool: RecordSpool, events: dict, file_rewards: dict[str, f
                              f"ago, under proxy.session_idle_seconds ({idle_seconds:g}), and no finish event"})
                 c["sessions_skipped_unfinished"] += 1
                 continue
+            records = spool.records_of(s.session)  # one session's records in memory
+            tally.by_role.update(str(r.get("role") or "(none)") for r in records)
+            if roles is not None:
+                kept = [r for r in records if r.get("role") in roles]
+                c["calls_role_not_selected"] += len(records) - len(kept)
+                if not kept:
+                    out.skipped({"kind": "session", "session": s.session, "record_id": None, "call_index": None,
+                                 "reason": "role_not_selected", "detail": f"{len(records)} records, roles "
+                                 f"{_role_list(records)}; --roles selects {', '.join(sorted(roles))}"})
+                    c["sessions_skipped_role"] += 1
+                    continue
+                records = kept
             reward = session_reward(s.session, events, file_rewards)
             ctx = SessionContext(s.session, s.parent_session, root_of(s.session, parents), fin, reward)
-            _export_session(spool.records_of(s.session), s, ctx, out, tally)  # one session's records in memory
+            _export_session(records, s, ctx, out, tally)
     progress.update(c["sessions"])
     progress.finish(f"{c['sessions_exported']} exported")
+
+
+def _role_set(roles: list[str] | None) -> set[str] | None:
+    picked = {r.strip() for r in roles or () if r and r.strip()}
+    return picked or None
+
+
+def _role_list(records: list[dict]) -> str:
+    return ", ".join(sorted({str(r.get("role") or "(none)") for r in records}))
 
 
 def _export_session(records: list[dict], s: SpooledSession, ctx: SessionContext, out: _Writers,
@@ -169,7 +195,7 @@ def _export_session(records: list[dict], s: SpooledSession, ctx: SessionContext,
 
 def _collect_result(proxy: ProxyLayout, tally: _Tally, events: dict, file_rewards: dict[str, float],
                     rewards_file: str | None, *, idle_seconds: float, include_unfinished: bool, now: float,
-                    started: float) -> dict:
+                    started: float, roles: set[str] | None = None) -> dict:
     """Takes what collect counted and read; gives work/collect.json's content (publish reads it)."""
     rewards, seen = tally.rewards, tally.seen_sessions
     return {
@@ -183,6 +209,10 @@ def _collect_result(proxy: ProxyLayout, tally: _Tally, events: dict, file_reward
                                                      "file_overrode_event", "several_reward_events")},
                     "file_sessions_not_in_proxy_out": len(set(file_rewards) - seen),
                     "event_sessions_not_in_proxy_out": len({s for s, e in events.items() if e.rewards} - seen)},
+        "roles": {"selected": sorted(roles) if roles else None,
+                  "calls_by_role": dict(sorted(tally.by_role.items())),
+                  "calls_left_out": tally.counts.get("calls_role_not_selected", 0),
+                  "sessions_left_out": tally.counts.get("sessions_skipped_role", 0)},
         "seconds": round(time.perf_counter() - started, 3),
     }
 
@@ -332,6 +362,7 @@ def publish(out: str, tokens: bool = True) -> dict:
             "with_several_conversations": counts.get("sessions_with_several_conversations", 0),
             "include_unfinished": collected["include_unfinished"], "idle_seconds": collected["idle_seconds"]},
         "rewards": collected["rewards"],
+        "roles": collected.get("roles") or {"selected": None},
         "calls": {"records": counts.get("records", 0), "model_calls": counts.get("model_calls", 0),
                   "other_routes": counts.get("other_route_calls", 0),
                   "completions_route": counts.get("completions_route_calls", 0),

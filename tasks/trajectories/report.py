@@ -21,8 +21,14 @@ from evolforge.tasks.report.plots import COLORS, empty_plot, finite, hist, png
 def summary_rows(summary: dict) -> list[dict]:
     """The `trajectories-summary` table: sessions, rewards, conversations, transitions, drops and token samples."""
     s, r, tok = summary["sessions"], summary["rewards"], summary["tokens"] or {}
+    roles = summary.get("roles") or {}
+    picked = [{"what": f"calls of other agents left out (--roles {','.join(roles['selected'])})",
+               "count": roles.get("calls_left_out", 0)},
+              {"what": "sessions without a selected agent's call", "count": roles.get("sessions_left_out", 0)}
+              ] if roles.get("selected") else []
     return [
         {"what": "sessions exported", "count": s["exported"]},
+        *picked,
         {"what": "sessions skipped (unfinished)", "count": s["skipped_unfinished"]},
         {"what": "sessions with a reward", "count": r["with_reward"]},
         {"what": "sessions without a reward", "count": r["without_reward"]},
@@ -45,8 +51,17 @@ def markdown(summary: dict, proxy_out: str, out: str) -> str:
         f"Rewards: {r['with_reward']} with, {r['without_reward']} without ({r['precedence']}; "
         f"{r['file_overrode_event']} event rewards overridden by the file).",
         f"Calls: {summary['calls']['failed_skipped']} failed skipped {summary['calls']['failed_by_status']}.",
+        *_roles_line(summary.get("roles") or {}),
         f"Token drift: {tok.get('drifted', 0)} of {tok.get('with_upstream_ids', 0)} samples with upstream token ids "
         f"(rate {tok.get('drift_rate')}).", "", f"Files: `{out}`"])
+
+
+def _roles_line(roles: dict) -> list[str]:
+    if not roles.get("selected"):
+        return []
+    return [f"Agents: only {', '.join(roles['selected'])} exported (--roles); calls by role "
+            f"{roles.get('calls_by_role')}, {roles.get('calls_left_out', 0)} calls of other agents and "
+            f"{roles.get('sessions_left_out', 0)} sessions without a selected agent's call left out."]
 
 
 def trajectory_calls(calls_per_session: list[int], prompt_tokens: list, completion_tokens: list,
@@ -91,6 +106,7 @@ def card(summary: dict, settings: dict, models: list[dict]) -> dict:
     dedup = settings.get("dedup", {})
     gen = {"session_idle_seconds": summary["sessions"].get("idle_seconds"),
            "include_unfinished": summary["sessions"].get("include_unfinished"),
+           "roles": (summary.get("roles") or {}).get("selected"),
            "dedup": {**dedup, "enabled": (summary.get("duplicates") or {}).get("enabled")}}
     s, r = summary["sessions"], summary["rewards"]
     facts = {"stage": "trajectories", "evolforge_version": __version__, "proxy_out": summary.get("proxy_out"),
@@ -108,7 +124,8 @@ def card(summary: dict, settings: dict, models: list[dict]) -> dict:
                     f"{r.get('with_reward')} with a reward and {r.get('without_reward')} without; "
                     f"{summary['conversations']['exported']} conversations, {summary['transitions']['exported']} "
                     f"transitions; {(summary.get('duplicates') or {}).get('dropped', 0)} duplicate prompts dropped; "
-                    f"{summary['calls']['failed_skipped']} failed calls skipped.",
+                    f"{summary['calls']['failed_skipped']} failed calls skipped." +
+                    "".join(f" {x}" for x in _roles_line(summary.get("roles") or {})),
                     "", "The SFT conversations are `sft.jsonl` (TRL SFTTrainer's conversational form, tool calls "
                     "included). A card's configs share one file format, so it is not a config here; load it with:",
                     "", "```python", f'load_dataset("json", data_files="{summary.get("out")}/sft.jsonl", '

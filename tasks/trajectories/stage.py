@@ -7,8 +7,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from evolforge.config.settings import Settings
-from evolforge.storage.trajectory_sets import TrajectoryLayout
-from evolforge.tasks.core.checks import check_file, check_folder, check_out_dir
+from evolforge.storage.trajectory_sets import TrajectoryLayout, recorded_roles
+from evolforge.tasks.core.checks import InputError, check_file, check_folder, check_out_dir
 from evolforge.tasks.core.params import StageParams
 from evolforge.tasks.core.stages import Deployment, Stage, Table, register
 
@@ -27,14 +27,36 @@ class TrajectoriesParams(StageParams):
     dedup: bool = Field(True, description="Drop conversations whose first user message duplicates another "
                         "session's ([dedup] methods). Off keeps every rollout of a prompt (e.g. GRPO groups).")
     tokens: bool = Field(True, description="Write the token-level samples (loads the tokenizer).")
+    roles: list[str] | None = Field(None, description="Export only the calls of these agents (the role the proxy "
+                                    "recorded from X-Evolforge-Role / X-OpenForge-Role), e.g. planner,coder: in a "
+                                    "multi-agent session the other agents' calls, and calls without a role, are left "
+                                    "out. Each role named must occur in the proxy folder's records.")
 
 
 def check(params: TrajectoriesParams, settings: Settings) -> None:
-    """The proxy folder holds records/, the rewards file (when given) exists, the output folder can be written."""
+    """The proxy folder holds records/, the rewards file (when given) exists, every role of --roles occurs in the
+    records, the output folder can be written."""
     check_folder(params.proxy_out, "proxy folder", "records",
                  " (pass the folder of a recording proxy: evolforge proxy --out)")
     check_file(params.rewards, "rewards file")
+    if params.roles is not None:
+        check_roles(params.proxy_out, params.roles)
     check_out_dir(params.out)
+
+
+def check_roles(proxy_out: str, roles: list[str]) -> None:
+    """Every role named was recorded: a role no call carries (a typo, another proxy folder) is an InputError naming
+    the roles that were recorded. Reads the records until it has seen every role named (all of them when one is
+    missing)."""
+    wanted = {r.strip() for r in roles if r and r.strip()}
+    if not wanted:
+        raise InputError("--roles names no role: pass agent roles separated by commas, e.g. --roles planner,coder")
+    seen = recorded_roles(proxy_out, stop_when=wanted)  # all of them when one is missing: it read every record
+    missing = wanted - seen
+    if missing:
+        raise InputError(f"--roles {','.join(sorted(missing))}: no call in {proxy_out} was recorded with "
+                         f"{'that role' if len(missing) == 1 else 'those roles'} (roles recorded: "
+                         f"{', '.join(sorted(seen)) or 'none: no call carried X-Evolforge-Role'})")
 
 
 STAGE = register(Stage(
