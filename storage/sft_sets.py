@@ -20,8 +20,12 @@
 Format of data/train.parquet (SFT_SCHEMA), one row per training example:
     id, source (evolved | synthesis_code | rejection_sampled | trajectory), seed_id, domain,
     prompt      list of {role, content, tool_calls (JSON text or null), tool_call_id}: the conversation before the
-                answer (an evolved row: the step-by-step answer prompt around the instruction)
-    completion  list of one such message: the assistant's answer the loss is computed on
+                answer (an evolved row: the step-by-step answer prompt around the instruction; a trajectory row:
+                every message of the recorded conversation before that assistant turn)
+    completion  list of one such message: the assistant's answer the loss is computed on (a trajectory row: one
+                assistant turn, its tool calls in the OpenAI form {id, type, function: {name, arguments}})
+    tools       the JSON tool schemas the agent offered (a trajectory row), or null
+A trajectory row's id is CONVERSATION_ID/I, I the turn's index in the conversation's messages.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_cal
                      ("tool_call_id", pa.string())])
 SFT_SCHEMA = pa.schema([
     ("id", pa.string()), ("source", pa.string()), ("seed_id", pa.string()), ("domain", pa.string()),
-    ("prompt", pa.list_(MESSAGE)), ("completion", pa.list_(MESSAGE)),
+    ("prompt", pa.list_(MESSAGE)), ("completion", pa.list_(MESSAGE)), ("tools", pa.string()),
 ])
 SKIPPED_SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("seed_id", pa.string()),
                             ("reason", pa.string()), ("text", pa.string())])
@@ -139,7 +143,8 @@ def write_rejection_samples(rows: list[dict], path: Path) -> Path:
 
 
 def read_rows(path: Path) -> list[dict]:
-    return read_parquet(path).to_pylist()
+    """The rows of data/train.parquet (one written before the `tools` column reads with tools None)."""
+    return [{"tools": None, **r} for r in read_parquet(path).to_pylist()]
 
 
 def read_table_rows(path: str | Path, columns: list[str] | None = None) -> list[dict]:

@@ -11,8 +11,8 @@ from evolforge.config.sections._base import Section
 
 class SFTSettings(Section):
     """Supervised fine-tuning (WizardMath: SFT on step-by-step answers before PPO). What is trained on: the evolve
-    run's SFT view (answers in 'Step 1: ... Step 2: ...' form only), verified synthesis solutions, successful proxy
-    trajectories; never a seed lineage held out for evaluation (ppo.test_fraction / ppo.split_seed: the one split
+    run's SFT view (answers in 'Step 1: ... Step 2: ...' form only), verified synthesis solutions, the assistant turns
+    of successful proxy trajectories; never a seed lineage held out for evaluation (ppo.test_fraction / ppo.split_seed: the one split
     SFT, PPO and eval share) and, by default, never a row that shares an 8-gram with an evaluation set."""
 
     # --- data
@@ -23,6 +23,10 @@ class SFTSettings(Section):
     min_steps: int = Field(2, ge=1, description="Fewest steps an evolved answer needs to count as step form.")
     trajectory_min_reward: float = Field(1.0, description="A proxy trajectory counts as successful at a reward of at "
                                          "least this (a trajectory without a reward never does).")
+    trajectory_min_turns: int = Field(1, ge=1, description="A proxy trajectory (one conversation of a session) is "
+                                      "trained on only with at least this many assistant turns (a turn with text or "
+                                      "tool calls); each of its assistant turns is then one row, the conversation "
+                                      "before it the prompt, the loss on that turn only.")
     max_rows: int = Field(0, ge=0, description="Train on at most this many rows (0: all), taken in a seeded order.")
     decontaminate: Literal["drop", "report", "off"] = Field(
         "drop", description="Rows sharing an n-gram (eval.ngram words) with an evaluation set (HumanEval, eval.math_file) "

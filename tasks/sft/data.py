@@ -10,8 +10,9 @@ Sources (each optional but one):
                  a verified final answer but no stored worked solution: they are skipped with that reason (no
                  answer is written by hand).
   trajectory     a recorded agent conversation (the trajectories stage's sft.jsonl) whose reward is at least
-                 sft.trajectory_min_reward: everything before the last assistant turn is the prompt, that turn the
-                 completion.
+                 sft.trajectory_min_reward and that has at least sft.trajectory_min_turns assistant turns: one row
+                 per assistant turn, everything before that turn the prompt, the turn (text and tool calls) the
+                 completion, so the loss falls on every assistant turn and on nothing else.
 Left out, with the reason (data/skipped.parquet): evolved rows the IRM did not select (reward.select_by_irm with
 --irm-dir: tasks/reward/selection.py; the reason holds the score and rank), answers not in step form, a seed
 lineage held out for evaluation (the PPO stage's test split over the same evolve run and tasks:
@@ -29,6 +30,7 @@ from evolforge.tasks.evolve.prompts import answer_messages
 from evolforge.tasks.synthesis.prompts import SOLVE_CODE
 from evolforge.tasks.text.ngrams import NgramIndex, check_table
 from evolforge.tasks.text.steps import steps_or_reason
+from evolforge.tasks.trajectories.samples import tool_call
 from evolforge.tasks.trajectories.wire_messages import text_and_images
 
 SOURCES = ("evolved", "synthesis_code", "rejection_sampled", "trajectory")
@@ -124,28 +126,47 @@ def task_rows(tasks: list[dict], held_out: set[str], out: Built,
 
 
 def trajectory_rows(conversations: list[dict], cfg: SFTSettings, out: Built) -> list[dict]:
+    """Successful recorded conversations -> one row per assistant turn: the messages before the turn are the prompt,
+    the turn (its text and tool calls) the completion, so every assistant turn is learnt once and the system, user
+    and tool turns only ever sit in prompts. A conversation is successful at a reward of at least
+    sft.trajectory_min_reward and with at least sft.trajectory_min_turns assistant turns (a turn with text or tool
+    calls; an empty one is never a completion)."""
     rows = []
     for c in conversations:
-        cid = c.get("conversation_id") or c.get("session")
+        cid = str(c.get("conversation_id") or c.get("session"))
         reward = c.get("reward")
-        msgs = c.get("messages") or []
-        last = max((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), default=None)
+        conv = [_turn(m) for m in (c.get("messages") or []) if isinstance(m, dict)]
+        turns = [i for i, m in enumerate(conv) if m["role"] == "assistant" and (m["content"] or m["tool_calls"])]
         if reward is None or float(reward) < cfg.trajectory_min_reward:
             out.skip(cid, "trajectory", None, f"not successful: reward {reward} < {cfg.trajectory_min_reward}"
                      if reward is not None else "not successful: no reward")
-        elif last is None or not (msgs[last].get("content") or msgs[last].get("tool_calls")):
+        elif not turns:
             out.skip(cid, "trajectory", None, "no assistant turn to learn")
+        elif len(turns) < cfg.trajectory_min_turns:
+            out.skip(cid, "trajectory", None, f"too few assistant turns: {len(turns)} < {cfg.trajectory_min_turns} "
+                     "(sft.trajectory_min_turns)")
         else:
-            # a text policy: a turn's images (TRL multimodal parts in sft.jsonl) are left out, its text kept
-            conv = [message(m.get("role"), text_and_images(m.get("content"))[0], m.get("tool_calls"),
-                            m.get("tool_call_id")) for m in msgs[:last + 1]]
-            rows.append({"id": str(cid), "source": "trajectory", "seed_id": None, "domain": "agent",
-                         "prompt": conv[:-1], "completion": conv[-1:]})
+            tools = c.get("tools") if isinstance(c.get("tools"), str) else None
+            for i in turns:
+                rows.append({"id": f"{cid}/{i}", "source": "trajectory", "seed_id": None, "domain": "agent",
+                             "prompt": conv[:i], "completion": [conv[i]], "tools": tools})
     return rows
 
 
+def _turn(m: dict) -> dict:
+    """A recorded message as SFT_SCHEMA stores it. A text policy: a turn's images (TRL multimodal parts in sft.jsonl)
+    are left out, its text kept; tool calls in the OpenAI form (arguments a JSON string), whatever their shape."""
+    calls = m.get("tool_calls")
+    calls = [tool_call(tc, i) for i, tc in enumerate(calls) if isinstance(tc, dict)] if isinstance(calls, list) else None
+    call_id = m.get("tool_call_id")
+    return message(str(m.get("role") or "user"), text_and_images(m.get("content"))[0], calls,
+                   str(call_id) if call_id is not None else None)
+
+
 def row_text(row: dict) -> str:
-    return "\n".join((m.get("content") or "") for m in row["prompt"] + row["completion"])
+    """A row's text: its messages' contents and tool calls (what decontamination and the repeat check read)."""
+    return "\n".join((m.get("content") or "") + (f"\n{m['tool_calls']}" if m.get("tool_calls") else "")
+                     for m in row["prompt"] + row["completion"])
 
 
 def decontaminate(tables: dict[str, list[dict]], index: NgramIndex | None, mode: str,

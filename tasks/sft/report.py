@@ -21,9 +21,9 @@ from evolforge.tasks.report.card import as_yaml, card_cost, card_models
 from evolforge.tasks.report.plots import COLORS, empty_plot, png
 from evolforge.tasks.sft.stage import SFTParams
 
-CARD_KEYS = ("require_steps", "min_steps", "trajectory_min_reward", "max_rows", "decontaminate", "epochs", "max_steps",
-             "learning_rate", "warmup_ratio", "lr_scheduler", "batch_size", "gradient_accumulation_steps", "max_length",
-             "completion_only_loss", "seed", "lora", "lora_r", "lora_alpha")
+CARD_KEYS = ("require_steps", "min_steps", "trajectory_min_reward", "trajectory_min_turns", "max_rows", "decontaminate",
+             "epochs", "max_steps", "learning_rate", "warmup_ratio", "lr_scheduler", "batch_size",
+             "gradient_accumulation_steps", "max_length", "completion_only_loss", "seed", "lora", "lora_r", "lora_alpha")
 
 
 def summarize(params: SFTParams, prepared: dict, trained: dict | None, folder: store.SFTFolder) -> dict:

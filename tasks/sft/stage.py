@@ -31,8 +31,11 @@ class SFTParams(StageParams):
                                    "seed lineages.")
     tasks: str | None = Field(None, description="The synthesis stage's output folder (or its tasks table): the "
                               "verified solutions of its kept code tasks are trained on.")
-    trajectories: str | None = Field(None, description="The trajectories stage's output folder (its sft.jsonl): the "
-                                     "successful recorded agent conversations are trained on.")
+    trajectories: str | None = Field(None, description="The trajectories stage's output folder (its sft.jsonl): "
+                                     "every assistant turn of the successful recorded agent conversations is trained "
+                                     "on (reward >= sft.trajectory_min_reward, at least --min-turns assistant turns).")
+    min_turns: int | None = Field(None, ge=1, description="Fewest assistant turns a recorded conversation needs to be "
+                                  "trained on (default: sft.trajectory_min_turns, 1).")
     irm_dir: str | None = Field(None, description="The reward stage's trained IRM folder (REWARD_OUT/models/irm): "
                                 "with reward.select_by_irm on, its selection of the evolved pool decides which evolved "
                                 "rows are trained on (the PPO stage's rule); unselected rows are skipped with the score.")
@@ -48,7 +51,10 @@ class SFTParams(StageParams):
     retrain: bool = Field(False, description="Train again even when the output folder holds a finished model.")
 
     def stage_overrides(self) -> dict[str, Any]:
-        return overrides_from(self, "sft", ("base_model", "epochs", "max_steps", "learning_rate", "lora"))
+        own = overrides_from(self, "sft", ("base_model", "epochs", "max_steps", "learning_rate", "lora"))
+        if self.min_turns is not None:
+            own.setdefault("sft", {})["trajectory_min_turns"] = self.min_turns
+        return own
 
 
 def inputs(params: SFTParams) -> dict[str, str | None]:
@@ -110,11 +116,12 @@ STAGE = register(Stage(
               "the evolve run's records: with the tasks, they fix the held-out seed lineages (PPO's test split)"),
         Table("tasks", "(--tasks)", ("task_id", "seed_id", "kind", "statement", "entry_point", "solution", "tests"),
               "kept synthesized tasks: code solutions verified by their tests"),
-        Table("trajectories", "(--trajectories)/sft.jsonl", ("messages", "reward", "conversation_id"),
-              "recorded agent conversations; those with reward >= sft.trajectory_min_reward are kept"),
+        Table("trajectories", "(--trajectories)/sft.jsonl", ("messages", "tools", "reward", "conversation_id"),
+              "recorded agent conversations; those with reward >= sft.trajectory_min_reward and at least "
+              "sft.trajectory_min_turns assistant turns give one row per assistant turn"),
     ),
     outputs=(
-        Table("train", "data/train.parquet", ("id", "source", "seed_id", "domain", "prompt", "completion"),
+        Table("train", "data/train.parquet", ("id", "source", "seed_id", "domain", "prompt", "completion", "tools"),
               "the rows trained on (TRL conversational prompt-completion)"),
         Table("skipped", "data/skipped.parquet", ("id", "source", "seed_id", "reason", "text"),
               "rows left out, with the reason"),

@@ -4,6 +4,7 @@
                                        the CPU in fp32
     base_policy(cfg, ppo, folder)      the policy to fine-tune: sft.base_model, else the base policy (SmolLM2-135M-
                                        Instruct converted once from its GGUF into OUT/base_policy)
+    sft_dataset(rows, tok)             the rows in the form the policy's chat template renders (tool calls kept)
     train(folder, base, cfg, ...)      SFTTrainer on the conversational prompt-completion rows (loss on the answer
                                        only), checkpoints every sft.save_steps in OUT/checkpoints and resumes from
                                        the last one, optional LoRA (peft; merged into OUT/model, the adapter kept in
@@ -15,6 +16,7 @@ The trainer's optimizer steps are live progress (tasks/core/progress.py: the CLI
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -49,11 +51,29 @@ def base_policy(cfg: SFTSettings, ppo: PPOSettings, folder: store.SFTFolder) -> 
     return prepare_policy(find_policy_gguf(ppo.policy_gguf), folder.base_policy)
 
 
-def sft_dataset(rows: list[dict]):
+def sft_dataset(rows: list[dict], tok):
+    """The rows as TRL's conversational prompt-completion dataset, in the form the policy's chat template renders:
+    tool calls with parsed arguments and the tool schemas as `tools` when the template renders them; when it does
+    not (SmolLM2's template, the tiny test policy's), each call as `<tool_call>{"name", "arguments"}</tool_call>`
+    text in the assistant turn and the schemas as a `# Tools` block in the system message, the rendering the
+    trajectories stage's token samples use (tasks/trajectories/tokens.py), so a turn that only called tools still
+    has its calls to learn. Each message is one `datasets.Json` value: arrow would merge the different shapes of
+    tool arguments into one struct, filling every call with the other tools' keys as nulls."""
     import datasets
 
-    return datasets.Dataset.from_list([{"prompt": store.chat_messages(r["prompt"]),
-                                        "completion": store.chat_messages(r["completion"])} for r in rows])
+    from evolforge.tasks.trajectories.tokens import ChatRenderer
+
+    renderer = ChatRenderer(tok, str(getattr(tok, "name_or_path", "") or "the policy's tokenizer"))
+    out = []
+    for r in rows:
+        tools = json.loads(r["tools"]) if r.get("tools") else None
+        prompt, tools_arg, _, _ = renderer.template_messages(store.chat_messages(r["prompt"]), tools or None)
+        completion = renderer.template_messages(store.chat_messages(r["completion"]), None)[0]
+        out.append({"prompt": prompt, "completion": completion,
+                    "tools": json.dumps(tools_arg, ensure_ascii=False) if tools_arg else None})
+    features = datasets.Features({"prompt": datasets.List(datasets.Json()), "completion": datasets.List(datasets.Json()),
+                                  "tools": datasets.Value("string")})
+    return datasets.Dataset.from_list(out, features=features)
 
 
 def _lora(cfg: SFTSettings):
@@ -110,7 +130,7 @@ def train(folder: store.SFTFolder, base: Path, cfg: SFTSettings, progress: StepP
         dataloader_num_workers=0, disable_tqdm=True, activation_checkpointing=False)
     counter: dict = {}
     extra = [_step_counter(counter)] + ([trainer_callback(progress)] if progress else []) + list(callbacks or [])
-    trainer = SFTTrainer(model=model, args=args, train_dataset=sft_dataset(rows), processing_class=tok,
+    trainer = SFTTrainer(model=model, args=args, train_dataset=sft_dataset(rows, tok), processing_class=tok,
                          peft_config=_lora(cfg) if cfg.lora else None, callbacks=extra)
     resume = folder.last_checkpoint()
     t0 = time.perf_counter()
@@ -120,7 +140,9 @@ def train(folder: store.SFTFolder, base: Path, cfg: SFTSettings, progress: StepP
            if "loss" in h and "step" in h]
     store.write_jsonl(folder.train_log, log)
     tokens = next((int(h["num_tokens"]) for h in reversed(trainer.state.log_history) if "num_tokens" in h), None)
-    meta = {"base_model": str(base), "trainer": "trl.SFTTrainer", "rows": len(rows), "steps": trainer.state.global_step,
+    # TRL drops a row max_length left without a completion token (a prompt that fills it): counted, not hidden
+    meta = {"base_model": str(base), "trainer": "trl.SFTTrainer", "rows": len(rows),
+            "rows_cut_by_max_length": len(rows) - len(trainer.train_dataset), "steps": trainer.state.global_step,
             "epochs": round(float(trainer.state.epoch or 0), 3), "train_loss": round(float(result.training_loss), 4),
             "learning_rate": cfg.learning_rate, "lora": cfg.lora, "device": plan["device"], "dtype": plan["dtype"],
             "completion_only_loss": cfg.completion_only_loss, "data": str(folder.train),

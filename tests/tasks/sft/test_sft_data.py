@@ -64,13 +64,14 @@ def test_code_solutions_and_successful_trajectories_are_kept_math_tasks_are_not_
                                                                        {"role": "assistant", "content": "z"}]}]
     built = build([], tasks, convs, set(), _cfg(decontaminate="off"), None)
     by_id = {r["id"]: r for r in built.rows}
-    assert set(by_id) == {"c1", "ok#0", "img#0"}
-    assert by_id["img#0"]["prompt"][0]["content"] == "what is this?"  # a text policy: the image is left out
+    assert set(by_id) == {"c1", "ok#0/2", "ok#0/4", "img#0/1"}  # a trajectory row per assistant turn
+    assert by_id["img#0/1"]["prompt"][0]["content"] == "what is this?"  # a text policy: the image is left out
     assert by_id["c1"]["completion"][0]["content"] == "```python\ndef add(a, b):\n    return a + b\n```"
-    traj = by_id["ok#0"]
+    traj = by_id["ok#0/4"]
     assert traj["completion"][0]["content"] == "There is a.txt." and len(traj["prompt"]) == 4
     decoded = chat_messages(traj["prompt"])
     assert decoded[2]["tool_calls"][0]["function"]["name"] == "ls" and decoded[3]["tool_call_id"] == "1"
+    assert chat_messages(by_id["ok#0/2"]["completion"])[0]["tool_calls"][0]["function"]["name"] == "ls"
     reasons = {s["id"]: s["reason"] for s in built.skipped}
     assert reasons["m1"].startswith("no stored worked solution")
     assert reasons["bad#0"].startswith("not successful") and reasons["none#0"] == "not successful: no reward"

@@ -64,7 +64,7 @@ def test_loss_is_on_the_answer_tokens_only(tmp_path, tiny):
 
     settings, folder = _prepared(tmp_path, tiny, max_steps=1)
     tok = AutoTokenizer.from_pretrained(tiny)
-    rows = train.sft_dataset(read_rows(folder.train))
+    rows = train.sft_dataset(read_rows(folder.train), tok)
     trainer = SFTTrainer(model=str(tiny), args=SFTConfig(output_dir=str(tmp_path / "t"), use_cpu=True, report_to="none",
                                                          max_length=512, completion_only_loss=True),
                          train_dataset=rows, processing_class=tok)
