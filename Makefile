@@ -51,3 +51,22 @@ bench: setup
 
 clean:
 	rm -rf runs/quickstart .pytest_cache
+
+# The documentation site (mkdocs-material; mkdocs.yml, docs/, its generated pages: docs/hooks/evolforge_docs.py).
+#   make docs        serve it on http://127.0.0.1:8000, rebuilt on every change
+#   make docs-build  build it into build/site/ with --strict (what CI runs after the tests)
+# The `docs` extra of pyproject.toml is installed into the venv the first time.
+.PHONY: docs docs-build
+DOCS_ADDR ?= 127.0.0.1:8000
+
+$(VENV)/.docs-installed: pyproject.toml | setup
+	$(BIN)/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['docs']))" > $(VENV)/docs-requirements.txt
+	$(BIN)/python -m pip install -q -r $(VENV)/docs-requirements.txt
+	touch $@
+
+# NO_MKDOCS_2_WARNING: mkdocs-material's banner about its end of life (May 2027), on every build
+docs: setup $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr $(DOCS_ADDR)
+
+docs-build: setup $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
