@@ -6,6 +6,12 @@ Script (both APIs, as for chat): a request with tools whose last user text conta
 or thinking part, then two tool calls (get_weather for Paris and for Oslo); after tool results it answers
 "It is sunny in Paris and cold in Oslo."; anything else is echoed ("Echo: <last user text>", with
 " [N image(s)]" when the last user turn carried images).
+
+The agent CLIs' script (`shell_call`, `cli_answer`; chat upstreams use it too, testing/chat_upstream.py): a
+request whose last user text asks to run CLI_COMMAND and that offers a shell tool (Claude Code's Bash, Codex's
+shell / shell_command / exec_command) gets one call of that tool running CLI_COMMAND, in the arguments that tool
+takes; after its result the answer is "The command printed CLI_MARKER." when the result shows the marker (the
+CLI really ran it), else "The command failed: <result>".
 """
 
 from __future__ import annotations
@@ -28,6 +34,47 @@ def _tokens(obj) -> int:
     return max(1, len(json.dumps(obj)) // 4)
 
 
+# ------------------------------------------------------------------ the agent CLIs' script
+CLI_MARKER = "evolforge-ok"
+CLI_COMMAND = f"echo {CLI_MARKER}"
+CLI_PROMPT = f"Run the shell command `{CLI_COMMAND}` and tell me what it printed."
+SHELL_ARGUMENTS = {  # each CLI's shell tool, and its arguments for running CLI_COMMAND
+    "Bash": {"command": CLI_COMMAND, "description": "Print the marker"},  # Claude Code
+    "shell": {"command": ["bash", "-lc", CLI_COMMAND]},  # Codex
+    "shell_command": {"command": CLI_COMMAND},  # Codex
+    "exec_command": {"cmd": CLI_COMMAND},  # Codex (unified exec)
+}
+
+
+def tool_names(tools) -> list[str]:
+    """The names of the tools a request offers, in any of the three APIs' forms."""
+    names = []
+    for t in tools if isinstance(tools, list) else ():
+        if isinstance(t, dict):
+            fn = t.get("function") if isinstance(t.get("function"), dict) else t
+            if isinstance(fn.get("name"), str):
+                names.append(fn["name"])
+    return names
+
+
+def shell_call(tools, last_user_text: str) -> tuple[str, dict] | None:
+    """(tool name, arguments) of the shell call the CLI script makes, or None when it makes none."""
+    if CLI_COMMAND not in last_user_text:
+        return None
+    name = next((n for n in SHELL_ARGUMENTS if n in tool_names(tools)), None)
+    return (name, SHELL_ARGUMENTS[name]) if name else None
+
+
+def cli_answer(tool_output: str) -> str:
+    if CLI_MARKER in tool_output:
+        return f"The command printed {CLI_MARKER}."
+    return f"The command failed: {tool_output[:200]}"
+
+
+def is_cli_conversation(body: dict) -> bool:
+    return CLI_COMMAND in json.dumps(body)
+
+
 # ------------------------------------------------------------------ Responses API
 def _responses_last(body: dict) -> tuple[str, str, int]:
     """(kind of the last input item: user | tool_output, its text, images in it)."""
@@ -36,8 +83,11 @@ def _responses_last(body: dict) -> tuple[str, str, int]:
         return "user", inp, 0
     items = inp if isinstance(inp, list) else []
     last = items[-1] if items else {}
-    if last.get("type") == "function_call_output":
-        return "tool_output", str(last.get("output")), 0
+    if last.get("type") in ("function_call_output", "custom_tool_call_output"):
+        out = last.get("output")
+        if isinstance(out, list):
+            out = " ".join(str(p.get("text", "")) for p in out if isinstance(p, dict))
+        return "tool_output", str(out), 0
     content = last.get("content")
     if isinstance(content, str):
         return "user", content, 0
@@ -48,6 +98,13 @@ def _responses_last(body: dict) -> tuple[str, str, int]:
 
 def responses_output(body: dict) -> list[dict]:
     kind, text, images = _responses_last(body)
+    shell = shell_call(body.get("tools"), text) if kind == "user" else None
+    if shell:
+        return [{"type": "function_call", "id": "fc_shell", "call_id": "call_shell", "name": shell[0],
+                 "arguments": json.dumps(shell[1]), "status": "completed"}]
+    if kind == "tool_output" and is_cli_conversation(body):
+        return [{"type": "message", "id": "msg_0", "status": "completed", "role": "assistant",
+                 "content": [{"type": "output_text", "text": cli_answer(text), "annotations": []}]}]
     if kind == "user" and body.get("tools") and "CALL_TOOLS" in text:
         out = [{"type": "reasoning", "id": "rs_0", "summary": [{"type": "summary_text",
                                                                 "text": "The user wants two cities."}]}]
@@ -120,20 +177,30 @@ def responses_events(body: dict, rid: str) -> list[bytes]:
 
 # ------------------------------------------------------------------ Messages API
 def _messages_last(body: dict) -> tuple[str, str, int]:
-    msgs = body.get("messages") or []
+    msgs = [m for m in body.get("messages") or [] if m.get("role") != "system"]  # Claude Code's system turns
     last = msgs[-1] if msgs else {}
     content = last.get("content")
     if isinstance(content, str):
         return "user", content, 0
     blocks = content if isinstance(content, list) else []
-    if any(b.get("type") == "tool_result" for b in blocks):
-        return "tool_output", "", 0
+    results = [b for b in blocks if b.get("type") == "tool_result"]
+    if results:
+        inner = [r.get("content") for r in results]
+        text = " ".join(c if isinstance(c, str) else " ".join(str(x.get("text", "")) for x in c if isinstance(x, dict))
+                        for c in inner if isinstance(c, (str, list)))
+        return "tool_output", text, 0
     text = " ".join(b.get("text", "") for b in blocks if b.get("type") == "text")
     return "user", text, sum(b.get("type") == "image" for b in blocks)
 
 
 def messages_content(body: dict) -> tuple[list[dict], str]:
     kind, text, images = _messages_last(body)
+    shell = shell_call(body.get("tools"), text) if kind == "user" else None
+    if shell:
+        return [{"type": "text", "text": "Running it."},
+                {"type": "tool_use", "id": "toolu_shell", "name": shell[0], "input": shell[1]}], "tool_use"
+    if kind == "tool_output" and is_cli_conversation(body):
+        return [{"type": "text", "text": cli_answer(text)}], "end_turn"
     if kind == "user" and body.get("tools") and "CALL_TOOLS" in text:
         blocks = [{"type": "thinking", "thinking": "The user wants two cities.", "signature": "sig-0"},
                   {"type": "text", "text": "Checking both."}]

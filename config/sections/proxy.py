@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from evolforge.config.sections._base import HostNames, Section, WebOrigins
 
 
 class ProxySettings(Section):
-    """`evolforge proxy`: forwards every call unchanged to `upstream`, records it, groups calls into sessions."""
+    """`evolforge proxy`: forwards every call unchanged to `upstream`, records it, groups calls into sessions
+    (or, with `translate`, maps Messages / Responses API calls to chat completions for a chat-only upstream)."""
 
     upstream: str = Field("", description="The model endpoint calls are forwarded to, e.g. http://gpu-box:8000/v1 "
                           "(an OpenAI-compatible base URL ending in /v1). Empty: the embedded model.")
@@ -39,4 +42,22 @@ class ProxySettings(Section):
                                         "finished at export time (or when the agent POSTs /s/{session}/finish).")
     flush_seconds: float = Field(1.0, ge=0, description="Records on an object store are flushed within this window "
                                  "(local folders: every record at once).")
-
+    translate: Literal["off", "messages", "responses", "both"] = Field(
+        "off", description="For an upstream that speaks only chat completions (vLLM's or SGLang's OpenAI server, "
+        "llama-cpp-python, most hosted OpenAI-compatible APIs): which APIs the proxy translates to chat completions "
+        "and back, requests, replies and streams alike (tasks/proxy/translate.py). \"off\" (default): every API "
+        "passes through to the upstream as sent. \"messages\": Anthropic Messages API calls (POST /v1/messages: "
+        "Claude Code, the anthropic SDK) go upstream as POST /v1/chat/completions; \"responses\": OpenAI Responses "
+        "API calls (POST /v1/responses: Codex, the OpenAI Agents SDK) do; \"both\": both. The record keeps what the "
+        "client sent and received (request, response) and the chat call actually made upstream under `translation`. "
+        "messages/count_tokens and models still pass through.")
+    translate_model: str = Field("", description="With `translate`: the model name sent upstream in place of the "
+                                 "client's (e.g. Claude Code asks for claude-* names a vLLM server does not serve). "
+                                 "Empty (default): the client's model name as sent. The ledger prices the model "
+                                 "the upstream reports.")
+    translate_history: int = Field(256, ge=0, le=100_000, description="With `translate` of the Responses API: how "
+                                   "many translated responses the proxy keeps in memory (the most recent; never on "
+                                   "disk) so that a later call's previous_response_id is expanded into the "
+                                   "conversation it continues (a chat upstream keeps no state). A call naming a "
+                                   "response no longer kept gets a 400 previous_response_not_found; 0 keeps none. "
+                                   "Responses created with store=false are not kept.")
