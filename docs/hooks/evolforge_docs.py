@@ -164,7 +164,11 @@ def _section_markdown(title: str, model: type, values: Any, env_path: list[str] 
     if doc and not doc.startswith(model.__name__ + "("):
         lines += [" ".join(doc.split()), ""]
     module = model.__module__.removeprefix("evolforge.").replace(".", "/") + ".py"
-    lines += [f"Defined in `{module}` (`{model.__name__}`).", ""]
+    where = f"Defined in `{module}` (`{model.__name__}`)."
+    if env_path:
+        where += (f" From the environment: `EVOLFORGE__{'__'.join(p.upper() for p in env_path)}__KEY=value` (the key in"
+                  " capitals; a value parses as JSON when it can).")
+    lines += [where, ""]
     rows, long_defaults, nested = [], [], []
     for name, field in model.model_fields.items():
         sub, how = _model_of(field.annotation)
@@ -196,14 +200,12 @@ def _section_markdown(title: str, model: type, values: Any, env_path: list[str] 
         limits = _constraints(field)
         if limits:
             description += f" ({limits})"
-        env = "EVOLFORGE__" + "__".join(p.upper() for p in [*env_path, name]) if env_path else ""
-        rows.append(f"| `{name}` | {_cell(_type_name(field.annotation))} | {_cell(shown)} | "
-                    f"{f'`{env}`' if env else ''} | {_cell(description)} |")
+        rows.append(f"| `{name}` | {_cell(_type_name(field.annotation))} | {_cell(shown)} | {_cell(description)} |")
         if sub is not None:
             sub_title = f"[[{key}]]" if how == "list" else f'[{key}."NAME"]'
             nested.append((sub_title, sub, None, None))
     if rows:
-        lines += ["| key | type | default | environment | description |", "|---|---|---|---|---|", *rows, ""]
+        lines += ["| key | type | default | description |", "|---|---|---|---|", *rows, ""]
     for name, text in long_defaults:
         lines += [f"Default of `{name}`:", "", "```json", text, "```", ""]
     for sub_title, sub, sub_values, sub_env in nested:
