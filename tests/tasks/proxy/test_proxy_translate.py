@@ -508,3 +508,71 @@ def test_responses_request_maps_items_custom_and_shell_tools_and_back():
     assert out[0]["input"] == "P" and out[1]["action"] == {"type": "exec", "command": ["pwd"]}
     assert translate.chat_to_responses({**part, "tool_calls": None, "content": "x", "finish_reason": "length"},
                                        tr, "r")["status"] == "incomplete"
+
+
+# ------------------------------------------------------------------ the embedded model's llama-server, chat only
+
+
+@pytest.mark.slow
+@pytest.mark.embedded
+def test_both_sdks_translated_to_the_embedded_llama_servers_chat_completions(tmp_path):
+    """The real SDKs, the real server: every call goes to llama-server's /v1/chat/completions, plain, streamed and
+    a tool-result turn. (The 135M model's chat template has no tools: llama-server makes it no tool calls, even
+    with tool_choice required, so the turns before the result are the client's own.)"""
+    from evolforge.tasks.core import llama_server
+    from evolforge.tasks.core.embedded_model import embedded_server
+
+    settings = make_settings(embedded={"server": "llama-server"}, proxy={"translate": "both"})
+    if not llama_server.find_binary(settings.embedded):
+        pytest.skip("llama-server is not built here: evolforge serve-model --build")
+    alias = settings.embedded.alias
+    greedy = {"temperature": 0}
+    ask = "What is the weather in Paris?"
+    with embedded_server(settings.embedded, tmp_path) as up, \
+            running_proxy(settings, up, str(tmp_path / "rec"), {alias}) as url:
+        ant = _anthropic(url, "smol-ant")
+        msgs: list = [{"role": "user", "content": "Name one colour."}]
+        plain = ant.messages.create(model=alias, max_tokens=12, messages=msgs, extra_body=greedy)
+        with ant.messages.stream(model=alias, max_tokens=12, messages=msgs, extra_body=greedy) as s:
+            streamed = s.get_final_message()
+        turn = [{"role": "user", "content": ask},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                                   "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}]
+        with ant.messages.stream(model=alias, max_tokens=16, messages=turn, tools=AN_TOOLS, extra_body=greedy) as s:
+            after = s.get_final_message()
+        oai = _oai(url, "smol-resp")
+        r_plain = oai.responses.create(model=alias, input="Name one colour.", max_output_tokens=12, temperature=0)
+        r_text = "".join(e.delta for e in oai.responses.create(model=alias, input="Name one colour.",
+                                                                max_output_tokens=12, temperature=0, stream=True)
+                         if e.type == "response.output_text.delta")
+        items = [{"role": "user", "content": ask},
+                 {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+                 {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]
+        r_after = oai.responses.create(model=alias, input=items, tools=FN_TOOLS, max_output_tokens=16, temperature=0)
+        r_next = oai.responses.create(model=alias, previous_response_id=r_after.id, input="And in Oslo?",
+                                      max_output_tokens=8, temperature=0)
+        recs = _records(ProxyLayout(tmp_path / "rec"), 7, timeout=30)
+    text = "".join(b.text for b in plain.content if b.type == "text")
+    assert text and text == "".join(b.text for b in streamed.content if b.type == "text")  # greedy: the same
+    after_text = "".join(b.text for b in after.content if b.type == "text")
+    assert after_text and after.stop_reason in ("end_turn", "max_tokens")
+    assert r_plain.output_text and r_plain.output_text == r_text
+    assert r_after.output_text and r_next.output_text
+    assert [r["route"] for r in recs] == ["messages"] * 3 + ["responses"] * 4
+    assert all(r["status"] == 200 and r["error"] is None for r in recs), [r["error"] for r in recs]
+    assert all(r["translation"]["path"] == "chat/completions" and r["translation"]["status"] == 200 for r in recs)
+    assert recs[0]["response"]["content"] == text and recs[3]["response"]["content"] == r_plain.output_text
+    assert recs[2]["response"]["content"] == after_text and recs[2]["stream"]
+    tool_turn = [{"role": "user", "content": ask},
+                 {"role": "assistant", "content": None, "tool_calls": [{"id": "toolu_1", "type": "function", "function": {
+                     "name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+                 {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"}]
+    assert recs[2]["translation"]["request"]["messages"] == tool_turn
+    chain = recs[6]["translation"]["request"]["messages"]  # previous_response_id: the earlier turns, then this input
+    assert chain[:3] == [{**m, "tool_calls": [{**m["tool_calls"][0], "id": "call_1"}]} if m["role"] == "assistant"
+                         else {**m, "tool_call_id": "call_1"} if m["role"] == "tool" else m for m in tool_turn]
+    assert chain[3] == {"role": "assistant", "content": r_after.output_text}
+    assert chain[4] == {"role": "user", "content": "And in Oslo?"}
+    led = read_ledger(tmp_path / "rec")
+    assert led.height == 7 and (led["cost_usd"] == 0.0).all() and (led["completion_tokens"] > 0).all()
