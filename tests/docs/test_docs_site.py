@@ -184,3 +184,4 @@ def test_the_site_builds_strict(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert (tmp_path / "site" / "configuration" / "index.html").exists()
     assert (tmp_path / "site" / "reference" / "tasks.core.stages" / "index.html").exists()
+

@@ -6,6 +6,7 @@ file points at notes outside the repository.
   command whose `--help` exits 0 (the installed command's entry point, in a fresh process) and lists every flag
   the README gives it; the same for every `evolforge ...` shown inline (the stages table); and the installed
   `evolforge` itself answers `--help`;
+- the same for every `evolforge ...` the docs pages (docs/*.md) show;
 - the stages table names every stage of the registry (tasks/core/stages.py) by its command;
 - every relative link and image resolves to a file of the repository, every `#anchor` to a heading.
 """
@@ -146,6 +147,30 @@ def test_every_readme_command_is_a_real_cli_command():
         missing = sorted(f for f in flags if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", out))
         if missing:
             problems.append(f"evolforge {sub}: flags not in its --help: {missing}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_command_in_the_guides_is_a_real_cli_command():
+    """Every `evolforge ...` of the docs pages (code blocks and inline) names a command whose --help exits 0 and
+    lists the flags the page gives it (an upper-case word such as CMD is a placeholder)."""
+    uses: dict[str, dict[str, str]] = {}
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        lines = [c for c in shell_commands(text)
+                 if split_command(c)[0] in ("evolforge", ".venv/bin/evolforge")]
+        for line in lines + inline_evolforge_commands(text):
+            for sub, flags in evolforge_uses([line]).items():
+                if not sub.isupper():
+                    uses.setdefault(sub, {}).update({f: page.name for f in flags} or {"": page.name})
+    helps = helps_of(sorted(uses))
+    problems = []
+    for sub, flags in sorted(uses.items()):
+        code, out = helps[sub]
+        if code != 0:
+            problems.append(f"evolforge {sub} ({sorted(set(flags.values()))}): --help exited {code}")
+            continue
+        problems += [f"evolforge {sub} {f} ({page}): not in its --help" for f, page in flags.items()
+                     if f and not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", out)]
     assert not problems, "\n".join(problems)
 
 
