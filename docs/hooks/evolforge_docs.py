@@ -503,9 +503,10 @@ def package_search_path() -> str:
     link = folder / "evolforge"
     if not (link.is_symlink() and link.resolve() == ROOT):
         folder.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(ROOT, target_is_directory=True)
+        fresh = folder / f".evolforge-{os.getpid()}"
+        fresh.unlink(missing_ok=True)
+        fresh.symlink_to(ROOT, target_is_directory=True)
+        os.replace(fresh, link)  # atomic: a build running beside this one sees the old link or the new one
     return str(folder)
 
 
