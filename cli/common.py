@@ -161,7 +161,18 @@ def run_stage(stage, params) -> int:
     except Exception as e:
         return failed(stage.cli_name, e, out)
     print(stage.present(result, params) if stage.present else json.dumps(result, indent=2, default=str)[:6000])
-    return 0
+    return kept_nothing(stage, result)
+
+
+def kept_nothing(stage, result) -> int:
+    """1, with one line saying so, when the stage kept nothing (its descriptor's `kept` count is 0), else 0."""
+    if not (stage.kept and isinstance(result, dict) and result.get(stage.kept) == 0):
+        return 0
+    reasons = result.get("rejections") or {}
+    top = "; ".join(f"{n} x {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
+    print(f"evolforge {stage.cli_name}: kept nothing ({stage.kept} = 0)" + (f"; rejected: {top}" if top else ""),
+          file=sys.stderr)
+    return 1
 
 
 def run_flow(fn, params, out: str | None = None) -> int:

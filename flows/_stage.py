@@ -9,7 +9,10 @@
 
 `stage_run` loads the settings from the parameters (a bad config fails first), runs the stage's input check
 (tasks/<stage>/checks.py; before anything is created, the same check the CLI runs), creates the output folder
-and writes its stage.json marker (storage/folder.py), and gives the run its id (the Prefect flow run's).
+and writes its stage.json marker (storage/folder.py), and gives the run its id (the Prefect flow run's). When
+the endpoint's pre-flight (`run.endpoint`: one minimal call per model) fails, that is a PreflightError (a user
+error: one line, exit 2) and an output folder this run created is removed again: nothing is left that would
+make the corrected command a resume of "a run started from other inputs".
 `finish_stage` adds the run id, folder, cost (from the folder's ledger) and wall time to the summary, draws the
 plots (OUT/plots/*.png and a markdown artifact), writes the dataset card, summary.json and the finished
 stage.json with the counts, and creates the stage's table and markdown artifacts. A plot or card that cannot be
@@ -34,10 +37,11 @@ from evolforge.flows._params import endpoint_label, model_endpoint
 from evolforge.flows._report import attach_card, attach_plots
 from evolforge.flows._runners import build_task_runner
 from evolforge.storage.folder import BatchedSet, StageFolder
-from evolforge.storage.fs import AnyPath, exists, write_json_atomic
+from evolforge.storage.fs import AnyPath, exists, location, remove_tree, write_json_atomic
 from evolforge.storage.ledger import read_ledger
 from evolforge.tasks.core.batch import close_gateways, gateway_for
-from evolforge.tasks.core.gateway import Gateway
+from evolforge.tasks.core.checks import PreflightError
+from evolforge.tasks.core.gateway import Gateway, GatewayError
 from evolforge.tasks.core.reporting import cost_summary
 from evolforge.tasks.core.stages import Stage, get
 
@@ -65,6 +69,7 @@ class StageRun:
     logger: Any
     endpoint_: Endpoint | None = field(default=None, repr=False)
     runner_: Any = field(default=None, repr=False)
+    preflight_failed: bool = False  # the endpoint's pre-flight failed (nothing was worked on)
 
     @property
     def settings_json(self) -> str:
@@ -88,7 +93,11 @@ class StageRun:
             with model_endpoint(self.settings, self.folder) as base_url, \
                     build_task_runner(self.settings.runner) as runner:
                 gw = gateway_for(self.settings, base_url, self.run_id, self.folder.root)
-                gw.check_reachable(roles, tuple(sorted(models)))
+                try:
+                    gw.check_reachable(roles, tuple(sorted(models)))
+                except GatewayError as e:  # a wrong endpoint, model or key: the user's to fix, before any work
+                    self.preflight_failed = True
+                    raise PreflightError(str(e)) from None
                 self.logger.info("model endpoint %s%s", gw.describe(), f"; {log}" if log else "")
                 self.endpoint_ = Endpoint(base_url, endpoint_label(self.settings, base_url), runner, gw)
                 self.runner_ = runner
@@ -138,9 +147,17 @@ def stage_run(name: str, params: BaseModel) -> Iterator[StageRun]:
     settings = params.settings()  # a bad config fails here, before anything is read or created
     if stage.check is not None:
         stage.check(params, settings)  # the same check the CLI runs, before anything is created
-    folder = stage.folder(stage.out_of(params)).ensure()
+    out = stage.out_of(params)
+    fresh = out is not None and not exists(location(out))
+    folder = stage.folder(out).ensure()
     folder.start_marker(stage.name)
-    yield StageRun(stage, params, settings, folder, flow_run.id or f"local-{int(time.time())}", time.time(), logger)
+    run = StageRun(stage, params, settings, folder, flow_run.id or f"local-{int(time.time())}", time.time(), logger)
+    try:
+        yield run
+    except PreflightError:
+        if fresh and run.preflight_failed:  # made by this run, whose own pre-flight failed before any work
+            remove_tree(location(out))
+        raise
 
 
 def batch_totals(batches: list[dict]) -> dict:

@@ -51,7 +51,8 @@ def pipeline_flow(params: PipelineParams = PipelineParams()) -> dict:
             ran["train-reward"] = train_reward_flow(TrainRewardParams(data=str(lay.stage("reward-data")), **common))
         if params.ppo:
             ran["ppo"] = ppo_flow(PPOParams(evolved=evolved, tasks=tasks, reward_dir=str(lay.stage("train-reward")),
-                                            out=str(lay.stage("ppo")), **common))
+                                            out=str(lay.stage("ppo")), ignore_reward_health=params.ignore_reward_health,
+                                            **common))
 
         done, ledgers = report.done(ran), report.ledgers(lay, ran)
         finish_stage(run, report.summarize(lay, ran, done, ledgers), cost=False, counts={"stages": len(ran)},

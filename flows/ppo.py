@@ -65,7 +65,7 @@ def ppo_flow(params: PPOParams) -> dict:
     with stage_run("ppo", params) as run:
         lay, settings, log = run.folder, run.settings, run.logger
         cfg, evolved, irm, prm = job.resolve(params, settings.ppo)
-        health = job.reward_health(params, irm, prm, log)
+        health = job.reward_health(params, irm, prm, log, settings.reward)
         counts = prompt_data_task(str(evolved), str(lay.root), run.settings_json, params.tasks, str(irm))
         log.info("prompt data: %d train, %d test -> %s; ground truth by source: %s", counts["train"], counts["test"],
                  lay.data_dir, counts["ground_truth_sources"])

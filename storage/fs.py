@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import tempfile
 import uuid
@@ -267,6 +268,22 @@ def unlink(p: AnyPath) -> None:
             os.unlink(Path(p).name, dir_fd=dfd)
     finally:
         os.close(dfd)
+
+
+def remove_tree(p: AnyPath) -> None:
+    """Delete a folder and everything in it (nothing when it is missing); a local link at its name is deleted
+    itself, never followed."""
+    if is_remote(p):
+        fs, path = fs_path(p)
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(path, recursive=True)
+        fs.invalidate_cache()
+        return
+    path = Path(p)
+    if path.is_symlink():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
 
 
 def exists(p: AnyPath) -> bool:

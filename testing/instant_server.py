@@ -17,9 +17,10 @@ import argparse
 import asyncio
 import json
 
+from evolforge.testing.scripted_server import MODELS as MODEL_IDS
 from evolforge.testing.scripted_server import completion, reply_for  # noqa: E402
 
-MODELS = json.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]}).encode()
+MODELS = json.dumps({"object": "list", "data": [{"id": m, "object": "model"} for m in MODEL_IDS]}).encode()
 
 
 STREAM = {"chunks": 8, "delay": 0.01}

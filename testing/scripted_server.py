@@ -36,6 +36,7 @@ import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from evolforge.config.sections.gateway import ModelMap
 from evolforge.tasks.core.gateway import PREFLIGHT_PROMPT
 from evolforge.tasks.evolve import prompts as evolve_prompts
 from evolforge.tasks.modules import prompts as module_prompts
@@ -47,6 +48,10 @@ orbit enzyme ledger canyon sonnet circuit falcon recipe theorem lantern vaccine 
 parliament saddle cobalt tariff monsoon archive pixel lattice meadow cipher drought crater bakery
 turbine ballot coral sparrow voltage census magnet compass velvet pepper summit cactus beacon""".split()
 
+
+# what GET /models lists (the server answers any model name): its own, and the embedded model's name, which
+# every run without --model sends (the input check refuses a model the endpoint does not list)
+MODELS = ("scripted", ModelMap().default)
 
 SYNTH_GOOD = "def add_numbers(a, b):\n    return a + b\n"
 SYNTH_BAD = "def add_numbers(a, b):\n    return a - b\n"
@@ -268,6 +273,7 @@ class ScriptedServer:
         self.preflight_action = "ok"
         self.probes: list[dict] = []
         self.unknown_models: set[str] = set()  # a probe naming one of these is answered 404 (model not found)
+        self.models: list[str] = list(MODELS)  # what GET /models lists
         # response_format types this server refuses (HTTP reject_format_status, an error naming the field)
         self.reject_formats: set[str] = set()
         self.reject_format_status = 400
@@ -300,7 +306,7 @@ class ScriptedServer:
 
             def do_GET(self):
                 if self.path.rstrip("/").endswith("/models"):
-                    self._json(200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+                    self._json(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in outer.models]})
                 else:
                     self._json(404, {"error": {"message": "not found"}})
 

@@ -47,6 +47,11 @@ class GatewaySettings(Section):
         "llama-server and vLLM turn them into the grammar (no empty strings, no string that runs to the token cap), "
         "OpenAI's strict mode refuses them. auto: keep them for the embedded model only; keep; drop.",
     )
+    check_model_list: bool = Field(
+        True, description="Before a run, check that the endpoint's model list (GET /models) names every model the "
+        "[models] section gives (the input check stops with the list and the flag to set, before anything is "
+        "written). Off: for an endpoint that serves models it does not list.",
+    )
     fail_fast_after: int = Field(
         3, ge=1, description="After this many consecutive calls exhaust their retries on connection errors, "
         "the endpoint is declared down and the run stops with one clear error.",

@@ -66,7 +66,9 @@ class RewardSettings(Section):
     max_instructions: int = Field(0, ge=0, description="Use at most this many instructions of the evolve run (0: all).")
     seed: int = Field(42, description="Seed of the RNGs that pick version operations and the judge's presentation order.")
     # --- health checks (RLEIF, on a sample before PPO)
-    health_policy: Literal["warn", "stop"] = Field("warn", description="Failed health checks: warn, or stop (training refuses to start).")
+    health_policy: Literal["warn", "stop"] = Field("warn", description="Failed health checks: warn (training and the "
+                                                   "PPO stage go on and say so), or stop (training refuses to start; "
+                                                   "the PPO stage refuses unless --ignore-reward-health).")
     health_sample: int = Field(100, ge=1, description="Scores sampled per distribution for the health checks.")
     healthy_mean_low: float = Field(0.4, ge=0, le=1, description="Healthy IRM / PRM score mean: at least this.")
     healthy_mean_high: float = Field(0.7, ge=0, le=1, description="Healthy IRM / PRM score mean: at most this.")

@@ -50,6 +50,11 @@ class PriceBook:
         return (pt * inp + ct * out) / 1e6, DATABASE
 
 
+def has_price(pricing: PricingSettings, model: str) -> bool:
+    """Whether a call to `model` gets a cost: a config override or the genai-prices database knows it."""
+    return model in pricing.overrides or _database_price(model, pricing.provider_id or None) is not None
+
+
 @lru_cache(maxsize=256)
 def _database_price(model: str, provider_id: str | None) -> tuple[float, float] | None:
     """USD per million (input, output) tokens from genai-prices, or None."""

@@ -78,6 +78,7 @@ class Stage:
     cli_hidden: tuple[str, ...] = ()  # parameters the CLI does not offer (set by other commands, or Python only)
     fast_exit: bool = False  # the CLI process ends without the interpreter's teardown once done (cli/common.py)
     present: Callable[[dict, Any], str] | None = None  # present(result, params): what the CLI prints at the end
+    kept: str | None = None  # the summary key counting what the stage kept: 0 of it makes the command fail (exit 1)
     deployment: Deployment | None = None
     # further CLI commands of the stage that are not its flow ("module:function", function(sub) adds the command,
     # e.g. eval's `compare`); the stage's own package owns them, cli/stages.py registers them

@@ -25,6 +25,8 @@ class PipelineParams(EndpointParams):
     synthesize: bool = Field(True, description="Synthesize verified tasks from the evolved instructions.")
     reward: bool = Field(True, description="Make reward-model data and train the IRM and PRM.")
     ppo: bool = Field(False, description="Run the PPO stage (verl config / Ray job and the local GRPO smoke run).")
+    ignore_reward_health: bool = Field(False, description="The PPO stage runs even though the trained reward models "
+                                       "fail the reward stage's health checks (as reward.health_policy = \"warn\").")
 
     def stage_overrides(self) -> dict[str, Any]:
         return {"evol_instruct": {"rounds": self.rounds}} if self.rounds is not None else {}
@@ -36,6 +38,10 @@ def check(params: PipelineParams, settings: Settings) -> None:
     there). The later stages check their inputs when they start, once the earlier stages made them."""
     check_rows(params.seeds, settings.input.instruction_field, "seed file", settings.input.max_chars)
     check_out_dir(params.out)
+    if params.synthesize:
+        from evolforge.tasks.synthesis.stage import check_budget
+
+        check_budget(settings)
     if params.ppo and is_url(params.out):
         raise InputError(f"the PPO stage needs a local (or shared, mounted) output folder, not {params.out}: choose "
                          "another --out, or leave the PPO stage off")

@@ -55,12 +55,16 @@ def resolve(params: PPOParams, cfg: PPOSettings | None = None) -> tuple[PPOSetti
     return cfg, evolved, local_copy(irm, marker=META_FILE), local_copy(prm, marker=META_FILE)
 
 
-def reward_health(params: PPOParams, irm: Path, prm: Path, logger: logging.Logger | logging.LoggerAdapter) -> dict:
-    """The pre-flight's verdict (RewardStageUnhealthy unless the reward stage is healthy or ignore_reward_health);
-    a run that goes on despite an unhealthy reward stage logs a warning."""
-    health = preflight(params.reward_dir, irm, prm, params.ignore_reward_health)
+def reward_health(params: PPOParams, irm: Path, prm: Path, logger: logging.Logger | logging.LoggerAdapter,
+                  reward: RewardSettings | None = None) -> dict:
+    """The pre-flight's verdict (RewardStageUnhealthy unless the reward stage is healthy, ignore_reward_health is
+    set or reward.health_policy is "warn"); a run that goes on despite an unhealthy reward stage logs a warning."""
+    reward = reward or params.settings().reward
+    ignore = params.ignore_reward_health or reward.health_policy == "warn"
+    health = preflight(params.reward_dir, irm, prm, ignore)
     if health["overridden"]:
-        logger.warning("reward stage NOT healthy, running anyway (ignore_reward_health): %s", health["reason"])
+        why = "--ignore-reward-health" if params.ignore_reward_health else 'reward.health_policy = "warn"'
+        logger.warning("reward stage NOT healthy, running anyway (%s): %s", why, health["reason"])
     return health
 
 

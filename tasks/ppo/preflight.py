@@ -7,7 +7,8 @@ the reward-data flow's data report (with "model": null), then the train-reward f
 the model report's (the checks on the trained models' scores, which is what PPO consumes); a file without a
 model report means the model checks never ran, and a missing or unreadable file is no verdict either. PPO on
 an unhealthy reward (an overfit IRM, a PRM that does not tell steps apart) burns a cluster for nothing, so the
-stage refuses to start unless `ignore_reward_health` is set; missing model folders are never overridable.
+stage refuses to start with reward.health_policy = "stop" unless `ignore_reward_health` (--ignore-reward-health)
+is set; with "warn" it goes on and says so. Missing model folders are never overridable.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def health_verdict(health: dict | None, path: str) -> tuple[bool, str]:
     return False, "trained reward models fail the health checks: " + "; ".join(model.get("problems") or ["?"])
 
 
+def ignores_health(params, settings) -> bool:
+    """Whether PPO runs on an unhealthy reward stage: --ignore-reward-health, or reward.health_policy = "warn"."""
+    return bool(getattr(params, "ignore_reward_health", False)) or settings.reward.health_policy == "warn"
+
+
 def preflight(reward_dir: str | Path, irm_dir: Path, prm_dir: Path, ignore_health: bool = False) -> dict:
     """Raise RewardStageUnhealthy unless the models exist and health.json says healthy (or ignore_health)."""
     problems = [p for p in (_model_folder_problem(Path(irm_dir), "IRM"), _model_folder_problem(Path(prm_dir), "PRM")) if p]
@@ -56,6 +62,7 @@ def preflight(reward_dir: str | Path, irm_dir: Path, prm_dir: Path, ignore_healt
         health, verdict, why = None, False, str(e)
     if not verdict and not ignore_health:
         raise RewardStageUnhealthy(f"PPO refused to start: {why}. Fix the reward models (see the health checks in "
-                                   "the README, 'Reward models and PPO'), or set ignore_reward_health=True to run anyway.")
+                                   "the README, 'Reward models and PPO'), or run anyway with --ignore-reward-health "
+                                   "(flow parameter ignore_reward_health) or reward.health_policy = \"warn\"")
     return {"healthy": verdict, "overridden": not verdict, "reason": why, "health": health,
             "irm_dir": str(irm_dir), "prm_dir": str(prm_dir)}

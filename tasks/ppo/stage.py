@@ -33,7 +33,8 @@ class PPOParams(StageParams):
     out: str = Field("runs/ppo", description="Output folder of this stage.")
     irm_dir: str | None = Field(None, description="IRM folder (default: reward_dir / ppo.irm_subdir).")
     prm_dir: str | None = Field(None, description="PRM folder (default: reward_dir / ppo.prm_subdir).")
-    ignore_reward_health: bool = Field(False, description="Run even though the reward stage's health checks failed.")
+    ignore_reward_health: bool = Field(False, description="Run even though the reward stage's health checks failed "
+                                       "(reward.health_policy = \"warn\" does the same; \"stop\" refuses).")
     ray_address: str | None = Field(None, description="Ray dashboard address (Jobs API) to submit the job to, e.g. http://head:8265 (default: ppo.ray_address, else $RAY_ADDRESS; none: print the command).")
     ray_job: Literal["verl_ppo", "grpo_smoke"] | None = Field(None, description="What the Ray job runs (default: ppo.ray_job): verl_ppo, the verl PPO trainer; grpo_smoke, the GRPO smoke run on the cluster.")
     ray_wait_seconds: float | None = Field(None, ge=0, description="Wait this long for the job to finish and fetch its log (default: ppo.ray_wait_seconds; 0: submit and return).")
@@ -96,10 +97,10 @@ def check(params: PPOParams, settings: Settings) -> None:
     check_out_dir(params.out)
     irm, prm = reward_models(params, cfg)
     if not (is_url(irm) or is_url(prm)):
-        from evolforge.tasks.ppo.preflight import RewardStageUnhealthy, preflight
+        from evolforge.tasks.ppo.preflight import RewardStageUnhealthy, ignores_health, preflight
 
         try:
-            preflight(params.reward_dir, irm, prm, params.ignore_reward_health)
+            preflight(params.reward_dir, irm, prm, ignores_health(params, settings))
         except RewardStageUnhealthy as e:
             raise InputError(str(e)) from None
 

@@ -7,7 +7,7 @@ from pydantic import Field
 
 from evolforge.config.settings import Settings
 from evolforge.storage.synthesis_sets import SynthLayout
-from evolforge.tasks.core.checks import check_endpoint, check_out_dir, check_rows
+from evolforge.tasks.core.checks import check_endpoint, check_out_dir, check_priced, check_rows
 from evolforge.tasks.core.params import EndpointParams
 from evolforge.tasks.core.stages import Deployment, Stage, Table, register
 
@@ -20,10 +20,20 @@ class SynthesizeParams(EndpointParams):
     out: str = Field("runs/synthesize", description="Output folder; running again over it resumes.")
 
 
+ROLES = ("synthesize", "solver")  # the [models] roles the stage calls
+
+
+def check_budget(settings: Settings) -> None:
+    """With a USD budget per task, the stage's models have a price (else every task is over the budget)."""
+    check_priced(settings, ROLES, settings.synthesis.budget_usd_per_task, "synthesis.budget_usd_per_task")
+
+
 def check(params: SynthesizeParams, settings: Settings) -> None:
-    """The seed file holds a usable instruction, the output folder can be written, the endpoint answers."""
+    """The seed file holds a usable instruction, the output folder can be written, the stage's models have a price
+    when a task has a USD budget, the endpoint answers."""
     check_rows(params.seeds, settings.input.instruction_field, "seed file", settings.input.max_chars)
     check_out_dir(params.out)
+    check_budget(settings)
     check_endpoint(settings)
 
 
@@ -43,6 +53,7 @@ STAGE = register(Stage(
         Table("cost_per_task", "cost_per_task.parquet", ("task_id", "calls", "tokens", "usd", "wall_seconds",
                                                           "sandbox_seconds"), "what each task cost, by phase"),
     ),
+    kept="kept",
     deployment=Deployment("Verified task synthesis (sandboxed test-and-repair loop, solver check, cost per task).",
                           ("evolforge", "synthesize")),
 ))

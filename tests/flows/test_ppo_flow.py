@@ -36,12 +36,13 @@ def test_flow_refuses_an_unhealthy_reward_stage(tmp_path, evolved):
         (rm / "models" / name / "config.json").write_text("{}")
     (rm / "health.json").write_text(json.dumps({"data": {"passed": True}, "model": {
         "passed": False, "problems": ["only 3% of PRM scores are under 0.5: the PRM does not tell steps apart"]}}))
-    with pytest.raises(Exception, match="PPO refused to start.*does not tell steps apart"):
-        ppo_flow(PPOParams(evolved=str(evolved), reward_dir=str(rm), out=str(tmp_path / "ppo"), local_steps=0))
+    with pytest.raises(Exception, match="PPO refused to start.*does not tell steps apart.*--ignore-reward-health"):
+        ppo_flow(PPOParams(evolved=str(evolved), reward_dir=str(rm), out=str(tmp_path / "ppo"), local_steps=0,
+                           overrides={"reward": {"health_policy": "stop"}}))
     assert not (tmp_path / "ppo").exists()  # nothing was started
 
 
-def test_command_refuses_bad_inputs_before_anything_starts(tmp_path, evolved, capsys):
+def test_command_refuses_bad_inputs_before_anything_starts(tmp_path, evolved, capsys, monkeypatch):
     """The stage's check (tasks/ppo/stage.py) runs before Prefect: an unhealthy reward stage, a remote output
     folder and contradicting job settings are one line and exit status 2, and nothing is created."""
     rm = tmp_path / "rm"
@@ -51,6 +52,7 @@ def test_command_refuses_bad_inputs_before_anything_starts(tmp_path, evolved, ca
     (rm / "health.json").write_text(json.dumps({"data": {"passed": True}, "model": {
         "passed": False, "problems": ["IRM overfit: mean over 0.9"]}}))
     out = tmp_path / "ppo"
+    monkeypatch.setenv("EVOLFORGE__REWARD__HEALTH_POLICY", "stop")  # "warn" (the default) goes on
     args = ["ppo", "--evolved", str(evolved), "--reward-dir", str(rm)]
     for extra, says in ((["--out", str(out)], "PPO refused to start: trained reward models fail the health checks: "
                                                 "IRM overfit"),
