@@ -394,7 +394,7 @@ def stage_facts_markdown(name: str) -> str:
     from evolforge.tasks.core.stages import get
 
     st = get(name)
-    lines = [f"!!! abstract \"`evolforge {st.cli_name}`: {_cell(st.help)}\"", "",
+    lines = [f"??? abstract \"`evolforge {st.cli_name}`: {_cell(st.help)} (reads, writes, deployment)\"", "",
              f"    From the stage registry (`{st.flow.split(':')[0].removeprefix('evolforge.').replace('.', '/')}.py`"
              f", `tasks/*/stage.py`). Flags: [`evolforge {st.cli_name} --help`](commands.md#evolforge-{st.cli_name}).",
              ""]
