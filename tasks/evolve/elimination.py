@@ -76,7 +76,9 @@ class EqualVerdict(BaseModel):
     verdict: Literal["Equal", "Not Equal"]
 
 
-EQUAL_JUDGE_MAX_TOKENS = 16  # {"verdict": "Not Equal"} is about 8 tokens; the text reply 2-3
+# {"verdict": "Not Equal"} is about 8 tokens, but a grammar-constrained small model may spell it a character at a
+# time with whitespace between the keys (24 tokens measured on the embedded model); a text reply takes 2-3
+EQUAL_JUDGE_MAX_TOKENS = 64
 
 
 def parse_equal_reply(text: str) -> str | None:

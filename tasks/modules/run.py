@@ -137,7 +137,7 @@ def run_module(item: Item, module_id: str, inputs: dict[str, str], tag: str = ""
         while True:
             res = gw.chat(STAGE, messages, task_id=task_id, purpose=f"module-{module_id}", model=run.model,
                           temperature=spec.temperature, max_tokens=budget, journal=item.journal,
-                          schema=reply_model(spec.output, tuple(spec.dependencies)))
+                          schema=reply_model(spec.output, tuple(spec.dependencies), gw.max_tokens_for(budget)))
             run.calls += 1
             run.max_tokens = gw.max_tokens_for(budget)
             if res.finish_reason == "length":

@@ -12,7 +12,8 @@ Unknown extra keys are ignored. Anything else is invalid, with a short reason th
 
 `reply_model(type, deps)` is the schema a module's call asks for (response_format json_schema, tasks/core/
 structured.py): strict (no extra keys, every key required), `type` fixed, `dependencies` drawn from the module's
-own inputs, and bounded lists and strings, so a grammar-constrained small model can meet it within its token cap.
+own inputs, and lists and strings bounded by the call's token budget, so a grammar-constrained small model closes
+its JSON within its token cap.
 It is stricter than `validate_reply` (which also takes what a prompt-only reply may say).
 """
 
@@ -24,6 +25,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, create_model, field_validator
 
 from evolforge.tasks.core.json_parse import JSONParseFailure, extract_json
+from evolforge.tasks.core.structured import char_budget
 
 Text = Annotated[StrictStr, Field(min_length=1)]
 
@@ -116,40 +118,46 @@ CONTENT_FORM = {
 
 
 # ------------------------------------------------------------------------------ the schema a module call asks for
-WIRE_MAX_ITEMS = 6  # list contents: at most this many entries
-WIRE_MAX_CHARS = 240  # one string of a content (dropped on the wire for endpoints that refuse lengths)
-WireText = Annotated[str, Field(min_length=1, max_length=WIRE_MAX_CHARS)]
-WireList = Annotated[list[WireText], Field(min_length=1, max_length=WIRE_MAX_ITEMS)]
+WIRE_MAX_ITEMS = 6  # list contents: at most this many entries (fewer when the token budget is small)
+RESULT_MAX_CHARS = 60  # a result is a number or a short string
+# a confidence in tenths: llama-server's grammar enforces an enum but not a number's range (a 135M model said 10)
+CONFIDENCE_VALUES = [0, *(round(i / 10, 1) for i in range(1, 10)), 1]
 
 
-class WireEntity(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: Annotated[str, Field(min_length=1, max_length=80)]
-    what: WireText
+def _text(max_chars: int) -> Any:
+    return Annotated[str, Field(min_length=1, max_length=max(8, max_chars))]
 
 
-class WireVerdict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    ok: bool
-    issues: Annotated[list[WireText], Field(max_length=WIRE_MAX_ITEMS)]
+@lru_cache(maxsize=512)
+def reply_model(output_type: str, deps: tuple[str, ...], max_tokens: int = 512) -> type[BaseModel]:
+    """The strict schema of one module's reply: {type, content, confidence, dependencies} (see the module doc).
+    String lengths are sized to the call's token budget (`char_budget`): a list gets 2 to WIRE_MAX_ITEMS entries
+    of an equal share, a final answer the whole budget, a result at most RESULT_MAX_CHARS."""
+    chars = char_budget(max_tokens)
+    items = min(WIRE_MAX_ITEMS, max(2, chars // 80))
+    item = _text(chars // items)
 
+    class Entity(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        name: _text(min(40, chars // items // 3))  # type: ignore[valid-type]
+        what: _text(chars // items - min(40, chars // items // 3))  # type: ignore[valid-type]
 
-WIRE_CONTENT: dict[str, Any] = {
-    "steps": WireList, "concepts": WireList, "alternatives": WireList,
-    "entities": Annotated[list[WireEntity], Field(min_length=1, max_length=WIRE_MAX_ITEMS)],
-    "verdict": WireVerdict, "result": Union[WireText, float], "final": WireText,
-}
+    class VerdictContent(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        ok: bool
+        issues: Annotated[list[item], Field(max_length=items)]  # type: ignore[valid-type]
 
-
-@lru_cache(maxsize=256)
-def reply_model(output_type: str, deps: tuple[str, ...]) -> type[BaseModel]:
-    """The strict schema of one module's reply: {type, content, confidence, dependencies} (see the module doc)."""
+    listed = Annotated[list[item], Field(min_length=1, max_length=items)]  # type: ignore[valid-type]
+    content = {"steps": listed, "concepts": listed, "alternatives": listed,
+               "entities": Annotated[list[Entity], Field(min_length=1, max_length=items)],
+               "verdict": VerdictContent, "result": Union[_text(min(chars, RESULT_MAX_CHARS)), float],
+               "final": _text(chars)}[output_type]
     dep = Literal[deps] if deps else str  # type: ignore[valid-type]
     return create_model(
         f"module_{output_type}_reply", __config__=ConfigDict(extra="forbid"),
         type=(Literal[output_type], ...),  # type: ignore[valid-type]
-        content=(WIRE_CONTENT[output_type], ...),
-        confidence=(float, Field(ge=0, le=1)),
+        content=(content, ...),
+        confidence=(float, Field(ge=0, le=1, json_schema_extra={"enum": CONFIDENCE_VALUES})),
         dependencies=(list[dep], Field(max_length=len(deps))),  # type: ignore[valid-type]
     )
 

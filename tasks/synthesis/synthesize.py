@@ -39,7 +39,7 @@ from evolforge.tasks.core.gateway import Gateway
 from evolforge.tasks.sandbox.run import run_python_tests
 from evolforge.tasks.synthesis import checks as chk
 from evolforge.tasks.synthesis import prompts as P
-from evolforge.tasks.synthesis.schemas import CodeProposal, CodeRepair, MathProposal
+from evolforge.tasks.synthesis.schemas import code_proposal_model, code_repair_model, math_proposal_model
 
 _SANDBOX_SLOTS: dict[int, threading.BoundedSemaphore] = {}
 _SLOTS_LOCK = threading.Lock()
@@ -118,7 +118,8 @@ def synthesize_task(seed: dict, kind: str, gateway: Gateway, settings: Settings,
     spent = {"usd": 0.0}
 
     def call(stage: str, text: str, purpose: str, schema, **kw):
-        """One model call; `schema` (a pydantic model) makes it a JSON call of that shape, None a text one."""
+        """One model call; `schema` (a factory of pydantic models by token budget) makes it a JSON call of that
+        shape, None a text one."""
         _over_time(settings, t0)
         if cfg.budget_usd_per_task and spent["usd"] > cfg.budget_usd_per_task:
             raise Budget(f"over the cost budget (${cfg.budget_usd_per_task})")
@@ -126,7 +127,8 @@ def synthesize_task(seed: dict, kind: str, gateway: Gateway, settings: Settings,
         kw.setdefault("max_tokens", cfg.max_new_tokens)
         if schema is not None:
             parsed, res = gateway.chat_json(stage, P.msg(text), task_id=task.task_id, purpose=purpose,
-                                            journal=journal, model=model, schema=schema, **kw)
+                                            journal=journal, model=model,
+                                            schema=schema(gateway.max_tokens_for(kw["max_tokens"])), **kw)
         else:
             parsed, res = None, gateway.chat(stage, P.msg(text), task_id=task.task_id, purpose=purpose,
                                              journal=journal, model=model, **kw)
@@ -149,7 +151,7 @@ def synthesize_task(seed: dict, kind: str, gateway: Gateway, settings: Settings,
 
 def _code(seed, task: SynthTask, call, settings: Settings, seen, seen_lock, t0: float) -> None:
     cfg = settings.synthesis
-    prop, _ = call("synthesize", P.PROPOSE_CODE.format(instruction=seed["instruction"]), "propose", CodeProposal,
+    prop, _ = call("synthesize", P.PROPOSE_CODE.format(instruction=seed["instruction"]), "propose", code_proposal_model,
                    temperature=cfg.temperature)
     keys = ("statement", "entry_point", "solution", "tests")
     if not isinstance(prop, dict) or not all(isinstance(prop.get(k), str) and prop[k].strip() for k in keys):
@@ -186,7 +188,7 @@ def _code(seed, task: SynthTask, call, settings: Settings, seen, seen_lock, t0: 
             return
         fix, _ = call("repair", P.REPAIR_CODE.format(statement=task.statement, solution=task.solution,
                                                      tests=task.tests, failure=task.attempts[-1]["failure"]),
-                      f"repair-{attempt + 1}", CodeRepair, temperature=0.2)
+                      f"repair-{attempt + 1}", code_repair_model, temperature=0.2)
         task.repairs += 1
         if not isinstance(fix, dict):
             task.attempts[-1]["changed"] = "nothing (unparseable repair)"
@@ -212,7 +214,7 @@ def _code(seed, task: SynthTask, call, settings: Settings, seen, seen_lock, t0: 
 
 
 def _math(seed, task: SynthTask, call, cfg) -> None:
-    prop, _ = call("synthesize", P.PROPOSE_MATH.format(instruction=seed["instruction"]), "propose", MathProposal,
+    prop, _ = call("synthesize", P.PROPOSE_MATH.format(instruction=seed["instruction"]), "propose", math_proposal_model,
                    temperature=cfg.temperature)
     if not isinstance(prop, dict) or not isinstance(prop.get("problem"), str) or not prop["problem"].strip():
         task.reject_reason = "proposal is not a JSON object with problem, steps and answer"

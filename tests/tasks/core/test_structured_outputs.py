@@ -181,13 +181,13 @@ def test_the_embedded_model_returns_schema_valid_json_for_every_call_kind(tmp_pa
     from evolforge.tasks.core.embedded_model import embedded_server
     from evolforge.tasks.core.llama_server import chosen_server
     from evolforge.tasks.evolve import prompts as evolve_prompts
-    from evolforge.tasks.evolve.elimination import EqualVerdict
+    from evolforge.tasks.evolve.elimination import EQUAL_JUDGE_MAX_TOKENS, EqualVerdict
     from evolforge.tasks.modules.prompts import judge_messages, module_messages
     from evolforge.tasks.modules.schema import reply_model, validate_reply
     from evolforge.tasks.reward.prompts import step_label_messages
     from evolforge.tasks.reward.schemas import step_labels_model
     from evolforge.tasks.synthesis import prompts as synthesis_prompts
-    from evolforge.tasks.synthesis.schemas import MathProposal
+    from evolforge.tasks.synthesis.schemas import math_proposal_model
     from evolforge.tasks.text.scores import JudgeScore
 
     settings = make_settings()
@@ -195,11 +195,12 @@ def test_the_embedded_model_returns_schema_valid_json_for_every_call_kind(tmp_pa
         pytest.skip("llama-server is not built (evolforge serve-model --build)")
     question = "A farmer has 12 cows and buys 5 more. How many cows does he have?"
     calls = [
-        (EqualVerdict, evolve_prompts.equal_messages(question, question + " Explain why."), 16),
+        (EqualVerdict, evolve_prompts.equal_messages(question, question + " Explain why."),
+         EQUAL_JUDGE_MAX_TOKENS),
         (JudgeScore, judge_messages(question, "17 cows.", "integrate"), 64),
         (step_labels_model(2), step_label_messages(question, ["12 + 5 = 17.", "So he has 17 cows."]), 64),
-        (MathProposal, [{"role": "user", "content": synthesis_prompts.PROPOSE_MATH.format(instruction=question)}],
-         128),
+        (math_proposal_model(128),
+         [{"role": "user", "content": synthesis_prompts.PROPOSE_MATH.format(instruction=question)}], 128),
     ]
     modules = [("parse", "steps", []), ("compute", "result", ["parse"]), ("verify", "verdict", ["compute"])]
     with embedded_server(settings.embedded, tmp_path) as url:
@@ -212,7 +213,7 @@ def test_the_embedded_model_returns_schema_valid_json_for_every_call_kind(tmp_pa
             inputs = {d: f"[{d}] (steps) [\"12 + 5\"]" for d in deps}
             res = gw.chat("judge", module_messages(module_id, f"The {module_id} module.", output, question, deps,
                                                    inputs), task_id=module_id, max_tokens=128, temperature=0.0,
-                          schema=reply_model(output, tuple(deps)))
+                          schema=reply_model(output, tuple(deps), 128))
             out, error = validate_reply(res.text, output, deps)
             assert error is None, (module_id, res.text, res.finish_reason)
         assert gw.stats.format_downgrades == 0 and gw.structured_mode() == "json_schema"
