@@ -185,3 +185,23 @@ def test_the_site_builds_strict(tmp_path):
     assert (tmp_path / "site" / "configuration" / "index.html").exists()
     assert (tmp_path / "site" / "reference" / "tasks.core.stages" / "index.html").exists()
 
+
+
+def test_every_toml_block_of_the_readme_and_the_guides_is_a_valid_config():
+    """A config snippet shown to users loads as settings (unknown keys and wrong types fail, as at run time)."""
+    import re
+    import tomllib
+
+    from evolforge.config.settings import Settings
+
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    blocks = [(p, m.group(1)) for p in pages
+              for m in re.finditer(r"^```toml\n(.*?)^```", p.read_text(encoding="utf-8"), re.M | re.S)]
+    assert any(p.name == "README.md" for p, _ in blocks), "the README shows a config (the price entry)"
+    bad = []
+    for page, block in blocks:
+        try:
+            Settings.model_validate(tomllib.loads(block))
+        except Exception as e:  # noqa: BLE001
+            bad.append(f"{page.relative_to(ROOT)}: {str(e).splitlines()[0:3]}")
+    assert not bad, "\n".join(bad)
