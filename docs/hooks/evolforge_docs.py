@@ -279,11 +279,36 @@ def cli_help(argv: list[str]) -> str:
     return out.getvalue()
 
 
-def cli_commands() -> list[str]:
-    """The `evolforge` sub-commands, in the order `evolforge --help` lists them."""
-    text = cli_help(["--help"])
-    found = re.search(r"\{([\w,-]+)\}", text)
-    return found.group(1).split(",") if found else []
+def cli_parser():
+    """The `evolforge` parser, as the CLI's own main() builds it (caught just before it parses anything)."""
+    import argparse
+
+    from evolforge import cli
+
+    class Built(Exception):
+        pass
+
+    def catch(self, *args, **kwargs):
+        raise Built(self)
+
+    real = argparse.ArgumentParser.parse_args
+    argparse.ArgumentParser.parse_args = catch
+    try:
+        cli.main([])
+    except Built as built:
+        return built.args[0]
+    finally:
+        argparse.ArgumentParser.parse_args = real
+    raise RuntimeError("evolforge.cli.main built no parser")
+
+
+def cli_commands() -> dict[str, str]:
+    """The `evolforge` sub-commands, in the order the CLI registers them, with their one-line help."""
+    import argparse
+
+    sub = next(a for a in cli_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {a.dest: (a.help or "").replace("%%", "%") for a in sub._choices_actions}
+    return {name: helps.get(name, "") for name in sub.choices}
 
 
 def commands_markdown() -> str:
@@ -292,15 +317,10 @@ def commands_markdown() -> str:
              "`--help`, as it prints it. Every command also takes `--debug` (show the traceback of an error).", ""]
     commands = cli_commands()
     lines += ["| command | what it does |", "|---|---|"]
-    helps = {c: cli_help([c, "--help"]) for c in commands}
-    top = cli_help(["--help"])
-    for c in commands:
-        found = re.search(rf"^\s+{re.escape(c)}\s+(.+(?:\n\s{{20,}}.+)*)", top, re.M)
-        summary = " ".join(found.group(1).split()) if found else ""
-        lines.append(f"| [`evolforge {c}`](#evolforge-{c}) | {_cell(summary)} |")
+    lines += [f"| [`evolforge {c}`](#evolforge-{c}) | {_cell(summary)} |" for c, summary in commands.items()]
     lines.append("")
     for c in commands:
-        lines += [f"## evolforge {c}", "", "```text", helps[c].rstrip(), "```", ""]
+        lines += [f"## evolforge {c}", "", "```text", cli_help([c, "--help"]).rstrip(), "```", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -353,18 +373,24 @@ def error_table_entries() -> list[dict[str, str]] | None:
             break
     if table is None and callable(getattr(module, "cases", None)):
         table = module.cases()
-    if table is None:
-        raise ValueError(f"{ERROR_TABLE_MODULE} has none of ERROR_TABLE, ERRORS, CASES, TABLE, cases()")
+    if table is None:  # else: the one public module-level sequence whose entries carry a message
+        found = [v for k, v in vars(module).items() if not k.startswith("_") and isinstance(v, (list, tuple))
+                 and v and all(_get(_as_mapping(e), _FIELDS["message"]) is not None for e in v)]
+        if len(found) != 1:
+            raise ValueError(f"{ERROR_TABLE_MODULE}: name its table ERROR_TABLE (a sequence of dicts, dataclasses or "
+                             "named tuples with command, message and fix fields) for docs/troubleshooting.md")
+        table = found[0]
     if isinstance(table, dict):
         table = [dict(v, name=k) if isinstance(v, dict) else v for k, v in table.items()]
-    rows = []
-    for entry in table:
-        if hasattr(entry, "_asdict"):
-            entry = entry._asdict()
-        elif hasattr(entry, "__dataclass_fields__"):
-            entry = {k: getattr(entry, k) for k in entry.__dataclass_fields__}
-        rows.append({k: _as_text(_get(entry, names)) for k, names in _FIELDS.items()})
-    return rows
+    return [{k: _as_text(_get(_as_mapping(entry), names)) for k, names in _FIELDS.items()} for entry in table]
+
+
+def _as_mapping(entry: Any) -> Any:
+    if hasattr(entry, "_asdict"):
+        return entry._asdict()
+    if hasattr(entry, "__dataclass_fields__"):
+        return {k: getattr(entry, k) for k in entry.__dataclass_fields__}
+    return entry
 
 
 def troubleshooting_markdown(intro: str) -> str:

@@ -205,3 +205,17 @@ def test_every_toml_block_of_the_readme_and_the_guides_is_a_valid_config():
         except Exception as e:  # noqa: BLE001
             bad.append(f"{page.relative_to(ROOT)}: {str(e).splitlines()[0:3]}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_error_table_is_found_under_another_name(hook, monkeypatch):
+    module = types.ModuleType("evolforge.testing.fake_error_table2")
+    module.USER_ERROR_CASES = (("evolforge", "ppo", "--local-steps", "-1"),)  # not cases: no message field
+    module.SOME_CASES = [{"argv": ["evolforge", "costs", "--by", "colour"], "expected": "unknown --by column",
+                          "hint": "use stage, model"}]
+    monkeypatch.setitem(sys.modules, "evolforge.testing.fake_error_table2", module)
+    monkeypatch.setattr(hook, "ERROR_TABLE_MODULE", "evolforge.testing.fake_error_table2")
+    assert hook.error_table_entries() == [{"command": "evolforge costs --by colour", "message": "unknown --by column",
+                                          "fix": "use stage, model", "case": ""}]
+    module.OTHER = [{"message": "x"}]  # two candidate tables: the module must name its table
+    with pytest.raises(ValueError, match="ERROR_TABLE"):
+        hook.error_table_entries()
