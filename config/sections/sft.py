@@ -12,8 +12,9 @@ from evolforge.config.sections._base import Section
 class SFTSettings(Section):
     """Supervised fine-tuning (WizardMath: SFT on step-by-step answers before PPO). What is trained on: the evolve
     run's SFT view (answers in 'Step 1: ... Step 2: ...' form only), verified synthesis solutions, the assistant turns
-    of successful proxy trajectories; never a seed lineage held out for evaluation (ppo.test_fraction / ppo.split_seed: the one split
-    SFT, PPO and eval share) and, by default, never a row that shares an 8-gram with an evaluation set."""
+    of successful proxy trajectories; never a seed lineage held out for evaluation (ppo.test_fraction /
+    ppo.split_seed: the one split SFT, PPO and eval share) and, by default, never a row that shares an 8-gram with
+    an evaluation set."""
 
     # --- data
     base_model: str = Field("", description="transformers folder of the policy to fine-tune; empty: the base policy, "

@@ -54,8 +54,9 @@ class Built:
         for s in self.skipped:
             key = s["reason"].split(":")[0]
             reasons[key] = reasons.get(key, 0) + 1
-        return {"rows": len(self.rows), "by_source": by_source, "skipped": len(self.skipped),
-                "skipped_by_reason": reasons}
+        conversations = {r["id"].rsplit("/", 1)[0] for r in self.rows if r["source"] == "trajectory"}
+        return {"rows": len(self.rows), "by_source": by_source, "trajectory_conversations": len(conversations),
+                "skipped": len(self.skipped), "skipped_by_reason": reasons}
 
 
 def _content(messages: list[dict], role: str) -> str:
@@ -157,7 +158,10 @@ def _turn(m: dict) -> dict:
     """A recorded message as SFT_SCHEMA stores it. A text policy: a turn's images (TRL multimodal parts in sft.jsonl)
     are left out, its text kept; tool calls in the OpenAI form (arguments a JSON string), whatever their shape."""
     calls = m.get("tool_calls")
-    calls = [tool_call(tc, i) for i, tc in enumerate(calls) if isinstance(tc, dict)] if isinstance(calls, list) else None
+    if isinstance(calls, list):
+        calls = [tool_call(tc, i) for i, tc in enumerate(calls) if isinstance(tc, dict)]
+    else:
+        calls = None
     call_id = m.get("tool_call_id")
     return message(str(m.get("role") or "user"), text_and_images(m.get("content"))[0], calls,
                    str(call_id) if call_id is not None else None)

@@ -23,7 +23,8 @@ from evolforge.tasks.sft.stage import SFTParams
 
 CARD_KEYS = ("require_steps", "min_steps", "trajectory_min_reward", "trajectory_min_turns", "max_rows", "decontaminate",
              "epochs", "max_steps", "learning_rate", "warmup_ratio", "lr_scheduler", "batch_size",
-             "gradient_accumulation_steps", "max_length", "completion_only_loss", "seed", "lora", "lora_r", "lora_alpha")
+             "gradient_accumulation_steps", "max_length", "completion_only_loss", "seed", "lora", "lora_r",
+             "lora_alpha")
 
 
 def summarize(params: SFTParams, prepared: dict, trained: dict | None, folder: store.SFTFolder) -> dict:
@@ -71,7 +72,8 @@ def card(summary: dict, settings: dict, folder: store.SFTFolder) -> dict:
     sections = {
         "Lineage": [f"Made from the evolve run `{summary['inputs']['evolve_out']}` (its SFT view, answers in step "
                     f"form), the synthesis run `{summary['inputs']['tasks']}` (verified code solutions) and the "
-                    f"trajectories `{summary['inputs']['trajectories']}` (successful conversations): {d['rows']} rows "
+                    f"trajectories `{summary['inputs']['trajectories']}` (every assistant turn of the successful "
+                    f"conversations, {d.get('trajectory_conversations', 0)} of them): {d['rows']} rows "
                     "(" + ", ".join(f"{k} {v}" for k, v in d["by_source"].items()) + f"); {d['skipped']} left out "
                     "(`skipped`, by reason: " + (", ".join(f"{k} {v}" for k, v in d["skipped_by_reason"].items())
                                                    or "none") + ")."],

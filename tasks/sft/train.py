@@ -71,8 +71,8 @@ def sft_dataset(rows: list[dict], tok):
         completion = renderer.template_messages(store.chat_messages(r["completion"]), None)[0]
         out.append({"prompt": prompt, "completion": completion,
                     "tools": json.dumps(tools_arg, ensure_ascii=False) if tools_arg else None})
-    features = datasets.Features({"prompt": datasets.List(datasets.Json()), "completion": datasets.List(datasets.Json()),
-                                  "tools": datasets.Value("string")})
+    message = datasets.List(datasets.Json())
+    features = datasets.Features({"prompt": message, "completion": message, "tools": datasets.Value("string")})
     return datasets.Dataset.from_list(out, features=features)
 
 

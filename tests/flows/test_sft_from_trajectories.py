@@ -51,7 +51,8 @@ def _agent_sessions(url: str) -> dict[str, list[dict]]:
     """Four sessions: trip (3 assistant turns, tools), rivers (2), hello (1), broken (2, graded 0)."""
     sent = {}
     c = _client(url, "trip")
-    trip = [{"role": "system", "content": "You plan trips."}, {"role": "user", "content": "CALL_TOOLS for Paris and Oslo"}]
+    trip = [{"role": "system", "content": "You plan trips."},
+            {"role": "user", "content": "CALL_TOOLS for Paris and Oslo"}]
     calls = _turn(c, trip, tools=TOOLS)["tool_calls"]
     trip += [{"role": "tool", "tool_call_id": tc["id"], "content": w} for tc, w in zip(calls, ["sunny", "cold"])]
     _turn(c, trip, stream=True, tools=TOOLS)
@@ -80,7 +81,8 @@ def test_recorded_sessions_train_a_policy_on_their_assistant_turns(tmp_path, cap
         deadline = time.time() + 10
         while len(list(iter_records(ProxyLayout(rec)))) < 8 and time.time() < deadline:
             time.sleep(0.05)
-    assert main(["trajectories", "--proxy-out", str(rec), "--out", str(traj), "--no-tokens"]) == 0, \
+    # no dedup (the sessions' prompts differ) and no token samples: neither is what is tested here
+    assert main(["trajectories", "--proxy-out", str(rec), "--out", str(traj), "--no-tokens", "--no-dedup"]) == 0, \
         capsys.readouterr().err
     tiny = build_tiny_policy(tmp_path / "tiny")
     code = main(["sft", "--trajectories", str(traj), "--min-turns", "2", "--out", str(sft), "--base-model", str(tiny),
@@ -96,7 +98,8 @@ def test_recorded_sessions_train_a_policy_on_their_assistant_turns(tmp_path, cap
         row = rows[rid]
         assert [_key(m) for m in chat_messages(row["prompt"])] == [_key(m) for m in before], rid
         assert [_key(m) for m in chat_messages(row["completion"])] == [_key(turn)], rid
-        assert row["source"] == "trajectory" and json.loads(row["tools"] or "null") == (TOOLS if "trip" in rid else None)
+        assert row["source"] == "trajectory"
+        assert json.loads(row["tools"] or "null") == (TOOLS if "trip" in rid else None), rid
     assert chat_messages(rows["trip#0/2"]["completion"])[0]["tool_calls"][0]["function"]["name"] == "get_weather"
     skipped = {s["id"]: s["reason"] for s in read_table_rows(folder.skipped)}
     assert skipped == {"hello#0": "too few assistant turns: 1 < 2 (sft.trajectory_min_turns)",
@@ -104,7 +107,9 @@ def test_recorded_sessions_train_a_policy_on_their_assistant_turns(tmp_path, cap
     meta = json.loads((folder.model / "sft_meta.json").read_text())
     assert meta["rows"] == 5 and meta["steps"] == 2 and meta["rows_cut_by_max_length"] == 0
     summary = json.loads((sft / "summary.json").read_text())
-    assert summary["data"]["by_source"]["trajectory"] == 5
+    assert summary["data"]["by_source"]["trajectory"] == 5 and summary["data"]["trajectory_conversations"] == 2
+    card = (folder.data_dir / "README.md").read_text()
+    assert "every assistant turn of the successful conversations, 2 of them" in card
 
     # bad input: one line, exit 2, nothing created
     capsys.readouterr()
