@@ -38,7 +38,8 @@ class SFTSettings(Section):
                                    "a sample is kept only when verified (math: its final answer equals the task's "
                                    "majority-verified answer and it is in step form; code: it passes the task's tests "
                                    "in the sandbox). 0: off, and kept math tasks give no rows (no worked solution).")
-    rejection_keep: int = Field(1, ge=1, le=64, description="Most distinct verified samples kept per task.")
+    rejection_keep: int = Field(1, ge=1, le=64, description="Most distinct verified samples kept per task (the "
+                                "shortest first).")
     rejection_temperature: float = Field(0.7, gt=0, le=2, description="Sampling temperature of rejection sampling.")
     rejection_top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling of rejection sampling.")
     rejection_max_new_tokens: int = Field(256, ge=8, description="Completion token cap of a rejection sample.")

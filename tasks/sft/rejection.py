@@ -10,7 +10,8 @@
                                                tasks/text/steps.py); code by the task's own tests in the sandbox
                                                (tasks/sandbox/run.py run_many, one batch). Returns every sample with
                                                its verdict and, per task, up to sft.rejection_keep distinct verified
-                                               answers (the SFT rows of source `rejection_sampled`).
+                                               answers, the shortest first (the SFT rows of source
+                                               `rejection_sampled`: concise verified answers).
 
 Nothing is written by hand and nothing unverified is kept: a task none of whose samples passes gives no row (it is
 skipped with that reason). The policy sampled is the one being fine-tuned (the base policy), so the rows teach it
@@ -92,7 +93,7 @@ def sample(tasks: list[dict], policy, cfg: SFTSettings, sandbox: SandboxSettings
             rows[i]["reason"] = "passed its tests in the sandbox" if res.passed else (
                 res.killed_reason or res.verdict_error or "failed its tests")
     kept: dict[str, list[str]] = {}
-    for r in rows:
+    for r in sorted(rows, key=lambda r: (r["task_id"], len(r["completion"]), r["sample"])):  # shortest first
         answers = kept.setdefault(r["task_id"], [])
         text = r["completion"].strip()
         if r["verified"] and text and text not in answers and len(answers) < cfg.rejection_keep:
