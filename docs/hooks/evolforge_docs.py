@@ -5,8 +5,9 @@ Generated at every build, from the code, never copied by hand:
     configuration.md    every setting of config/sections/*.py: key, type, default (config/default.toml
                         applied), environment variable, its Field description
     commands.md         the `--help` of every `evolforge` command, as the installed CLI prints it
-    troubleshooting.md  the user errors of testing/error_table.py (when that module exists) with their one-line
-                        messages and fixes, after the page's hand-written part (docs/troubleshooting.in.md)
+    troubleshooting.md  the user errors of testing/error_table.py (when that module exists; its ROWS, rendered by
+                        its troubleshooting_markdown() when it has one) with their one-line messages and fixes,
+                        after the page's hand-written part (docs/troubleshooting.in.md)
     reference/*.md      the API reference: one mkdocstrings page per module of API_MODULES
     benchmarks.md       BENCHMARKS.md of the repository root
 
@@ -29,6 +30,7 @@ import json
 import logging
 import os
 import re
+import sys
 import types
 import typing
 from pathlib import Path
@@ -331,9 +333,9 @@ def commands_markdown() -> str:
 ERROR_TABLE_MODULE = "evolforge.testing.error_table"
 _FIELDS = {
     "command": ("command", "cmd", "argv", "args", "invocation", "shell"),
-    "message": ("message", "expected_message", "expected", "line", "stderr", "error"),
+    "message": ("message", "says", "expected_message", "expected", "line", "stderr", "error"),
     "fix": ("fix", "hint", "remedy", "advice"),
-    "case": ("name", "case", "id", "title", "what"),
+    "case": ("symptom", "name", "case", "id", "title", "what"),
 }
 
 
@@ -358,8 +360,9 @@ def _as_text(value: Any) -> str:
 
 def error_table_entries() -> list[dict[str, str]] | None:
     """The user errors of testing/error_table.py as {case, command, message, fix}; None when the module is not
-    there. The table is the module's ERROR_TABLE / ERRORS / CASES / TABLE (or what its cases() returns): a
-    sequence of dicts, dataclasses or named tuples."""
+    there. The table is the module's ROWS / ERROR_TABLE / ERRORS / CASES / TABLE (or what its cases() returns): a
+    sequence of dicts, dataclasses or named tuples. A module with its own troubleshooting_markdown() renders the
+    page's table itself."""
     try:
         module = importlib.import_module(ERROR_TABLE_MODULE)
     except ModuleNotFoundError as e:
@@ -367,7 +370,7 @@ def error_table_entries() -> list[dict[str, str]] | None:
             return None
         raise
     table = None
-    for name in ("ERROR_TABLE", "ERRORS", "CASES", "TABLE", "USER_ERRORS"):
+    for name in ("ROWS", "ERROR_TABLE", "ERRORS", "CASES", "TABLE", "USER_ERRORS"):
         if hasattr(module, name):
             table = getattr(module, name)
             break
@@ -382,7 +385,11 @@ def error_table_entries() -> list[dict[str, str]] | None:
         table = found[0]
     if isinstance(table, dict):
         table = [dict(v, name=k) if isinstance(v, dict) else v for k, v in table.items()]
-    return [{k: _as_text(_get(_as_mapping(entry), names)) for k, names in _FIELDS.items()} for entry in table]
+    rows = [{k: _as_text(_get(_as_mapping(entry), names)) for k, names in _FIELDS.items()} for entry in table]
+    for r in rows:  # an argv without the program name
+        if r["command"] and not r["command"].startswith(("evolforge", ".venv/bin/evolforge")):
+            r["command"] = "evolforge " + r["command"]
+    return rows
 
 
 def _as_mapping(entry: Any) -> Any:
@@ -396,7 +403,13 @@ def _as_mapping(entry: Any) -> Any:
 def troubleshooting_markdown(intro: str) -> str:
     entries = error_table_entries()
     lines = [intro.rstrip(), "", "## User errors, one by one", ""]
-    if entries is None:
+    module = sys.modules.get(ERROR_TABLE_MODULE) if entries is not None else None
+    own = getattr(module, "troubleshooting_markdown", None)
+    if callable(own):  # the table renders itself
+        lines += [f"Generated from `testing/error_table.py` ({len(entries)} cases), the table the CLI's error test",
+                  "runs: each command prints the one line shown (a piece of it here), with no traceback. `{out}`,",
+                  "`{seeds}` and the like stand for your own folders and files.", "", own().rstrip(), ""]
+    elif entries is None:
         lines += ["The table of user errors (`testing/error_table.py`) is not in this checkout yet; this section is",
                   "generated from it once it is.", ""]
     else:
