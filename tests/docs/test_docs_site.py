@@ -219,3 +219,14 @@ def test_the_error_table_is_found_under_another_name(hook, monkeypatch):
     module.OTHER = [{"message": "x"}]  # two candidate tables: the module must name its table
     with pytest.raises(ValueError, match="ERROR_TABLE"):
         hook.error_table_entries()
+
+
+def test_an_error_table_that_renders_itself_is_used_as_it_renders(hook, monkeypatch):
+    module = types.ModuleType("evolforge.testing.fake_error_table3")
+    module.ROWS = (_Case("rounds 0", ("run", "--rounds", "0"), "--rounds 0: at least 1", "Give 1 or more."),)
+    module.troubleshooting_markdown = lambda: "| What you did | says | Fix |\n|---|---|---|\n| own row | x | y |"
+    monkeypatch.setitem(sys.modules, "evolforge.testing.fake_error_table3", module)
+    monkeypatch.setattr(hook, "ERROR_TABLE_MODULE", "evolforge.testing.fake_error_table3")
+    assert hook.error_table_entries()[0]["command"] == "evolforge run --rounds 0"
+    page = hook.troubleshooting_markdown("# Troubleshooting")
+    assert "| own row | x | y |" in page and "(1 cases)" in page
