@@ -21,6 +21,7 @@ tasks/eval/benchmarks.py held_out_seeds), a row sharing an n-gram with an evalua
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 
@@ -135,23 +136,43 @@ def trajectory_rows(conversations: list[dict], cfg: SFTSettings, out: Built) -> 
     rows = []
     for c in conversations:
         cid = str(c.get("conversation_id") or c.get("session"))
-        reward = c.get("reward")
-        conv = [_turn(m) for m in (c.get("messages") or []) if isinstance(m, dict)]
+        reward = _number(c.get("reward"))
+        msgs = c.get("messages") if isinstance(c.get("messages"), list) else []
+        conv = [_turn(m) for m in msgs if isinstance(m, dict)]
         turns = [i for i, m in enumerate(conv) if m["role"] == "assistant" and (m["content"] or m["tool_calls"])]
-        if reward is None or float(reward) < cfg.trajectory_min_reward:
+        if reward is None or reward < cfg.trajectory_min_reward:
             out.skip(cid, "trajectory", None, f"not successful: reward {reward} < {cfg.trajectory_min_reward}"
-                     if reward is not None else "not successful: no reward")
+                     if reward is not None else "not successful: no reward" if c.get("reward") is None else
+                     f"not successful: reward {str(c.get('reward'))[:40]!r} is not a number")
         elif not turns:
             out.skip(cid, "trajectory", None, "no assistant turn to learn")
         elif len(turns) < cfg.trajectory_min_turns:
             out.skip(cid, "trajectory", None, f"too few assistant turns: {len(turns)} < {cfg.trajectory_min_turns} "
                      "(sft.trajectory_min_turns)")
         else:
-            tools = c.get("tools") if isinstance(c.get("tools"), str) else None
+            tools = _tools_json(c.get("tools"))
             for i in turns:
                 rows.append({"id": f"{cid}/{i}", "source": "trajectory", "seed_id": None, "domain": "agent",
                              "prompt": conv[:i], "completion": [conv[i]], "tools": tools})
     return rows
+
+
+def _number(v) -> float | None:
+    """A reward as a number; anything else (a hand-edited sft.jsonl's "high", true, NaN) counts as no reward."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+        return None
+    return float(v)
+
+
+def _tools_json(tools) -> str | None:
+    """The tool schemas as one JSON text (sft.jsonl holds them so), or None when they are not a list of schemas."""
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            return None
+    ok = isinstance(tools, list) and tools and all(isinstance(t, dict) for t in tools)
+    return json.dumps(tools, ensure_ascii=False) if ok else None
 
 
 def _turn(m: dict) -> dict:

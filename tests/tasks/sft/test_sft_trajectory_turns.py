@@ -76,6 +76,27 @@ def test_every_assistant_turn_of_a_selected_conversation_is_one_row():
     assert default == {"trip#0/2", "trip#0/5", "trip#0/7", "short#0/1"}
 
 
+def test_hand_made_lines_of_odd_shapes_are_skipped_or_kept_never_a_crash():
+    convs = [{"conversation_id": "words#0", "reward": "high", "messages": MESSAGES},
+             {"conversation_id": "flag#0", "reward": True, "messages": MESSAGES},
+             {"conversation_id": "text#0", "reward": 1.0, "messages": "not a list"},
+             {"conversation_id": "odd#0", "reward": 1, "tools": "{not json", "messages": [
+                 "a string", {"role": "user", "content": [{"type": "text", "text": "zebra?"}, 7]},
+                 {"role": "assistant", "content": None, "tool_calls": ["x", {"function": {"name": "ls"}}]},
+                 {"role": "tool", "tool_call_id": 5, "content": "quokka"},
+                 {"role": "assistant", "content": "Echo."}]}]
+    built = build([], [], convs, set(), _cfg(), None)
+    reasons = {s["id"]: s["reason"] for s in built.skipped}
+    assert reasons == {"words#0": "not successful: reward 'high' is not a number",
+                       "flag#0": "not successful: reward 'True' is not a number",
+                       "text#0": "no assistant turn to learn"}
+    rows = {r["id"]: r for r in built.rows}
+    assert set(rows) == {"odd#0/1", "odd#0/3"} and rows["odd#0/1"]["tools"] is None
+    assert json.loads(rows["odd#0/1"]["completion"][0]["tool_calls"]) == [
+        {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]
+    assert rows["odd#0/3"]["prompt"][2]["tool_call_id"] == "5"
+
+
 def test_rows_round_trip_through_train_parquet(tmp_path):
     rows = build([], [], [_conv("trip#0", MESSAGES)], set(), _cfg(), None).rows
     write_rows(rows, tmp_path / "train.parquet")
