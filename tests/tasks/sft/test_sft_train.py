@@ -70,7 +70,10 @@ def test_loss_is_on_the_answer_tokens_only(tmp_path, tiny):
                          train_dataset=rows, processing_class=tok)
     batch = trainer.data_collator([trainer.train_dataset[0]])
     labels, ids = batch["labels"][0], batch["input_ids"][0]
-    prompt_len = len(tok.apply_chat_template(rows[0]["prompt"], add_generation_prompt=True, tokenize=True))
+    # (apply_chat_template(tokenize=True) gives a BatchEncoding here: its len is its number of keys, not tokens)
+    prompt_len = len(tok.apply_chat_template(rows[0]["prompt"], add_generation_prompt=True, tokenize=True,
+                                             return_dict=True)["input_ids"])
+    assert prompt_len > 20  # the step-by-step answer prompt around the instruction
     assert (labels[:prompt_len] == -100).all() and (labels[prompt_len:] != -100).any()
     answer = tok.decode(ids[prompt_len:][labels[prompt_len:] != -100])
     assert "step 1" in answer.lower() and "instruction" not in answer.lower()
