@@ -71,26 +71,27 @@ class AgentUpstream:
                 raw = self.rfile.read(int(self.headers.get("content-length") or 0))
                 body = json.loads(raw) if raw else {}
                 outer._note(self, body)
+                path = self.path.split("?", 1)[0]  # Claude Code asks for /v1/messages?beta=true
                 if outer.fault == "500":
                     return self._send(500, {"error": {"message": "upstream exploded"}})
                 if outer.fault == "junk":
                     return self._raw(200, b"<html>gateway hiccup</html>", "text/html")
-                if self.path.endswith("/messages/count_tokens"):
+                if path.endswith("/messages/count_tokens"):
                     return self._send(200, agent_apis.count_tokens(body))
-                if self.path.endswith("/responses"):
+                if path.endswith("/responses"):
                     outer.responses += 1
                     rid = f"resp_{outer.responses}"
                     if body.get("stream"):
                         return self._stream(body, agent_apis.responses_events(body, rid))
                     return self._send(200, agent_apis.responses_body(body, rid))
-                if self.path.endswith("/messages"):
+                if path.endswith("/messages"):
                     mid = f"msg_{len(outer.received)}"
                     if body.get("stream"):
                         return self._stream(body, agent_apis.messages_events(body, mid))
                     return self._send(200, agent_apis.messages_body(body, mid))
-                if self.path.endswith("/chat/completions"):
+                if path.endswith("/chat/completions"):
                     return self._stream(body) if body.get("stream") else self._send(200, self._chat(body))
-                if self.path.endswith("/completions"):
+                if path.endswith("/completions"):
                     text = f"Completion of: {str(body.get('prompt'))[:40]}"
                     return self._send(200, {"id": "cmpl-1", "object": "text_completion", "model": body.get("model"),
                                             "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
