@@ -664,6 +664,8 @@ class ChatStream(StreamAssembler):
                 self.upstream_error = str(err.get("message") if isinstance(err, dict) else err)[:300]
                 return
         super()._event(raw)
+        if self.events and not self.failed and not self.closed:
+            self._begin()  # the client's stream starts with the upstream's first chunk (its model is known)
 
     def _choice(self, ch: dict) -> None:
         n_text, n_reason, bad = len(self.content), len(self.reasoning), self.malformed

@@ -435,6 +435,35 @@ def test_a_hostile_chat_stream_ends_the_clients_stream_well_formed_and_is_one_re
         assert rec["translation"]["error"] == rec["error"]
 
 
+@pytest.mark.parametrize("api", ["messages", "responses"])
+@pytest.mark.parametrize("shape", ["s_ok", "s_cut", "s_junk_event", "s_no_done"])
+def test_a_chat_stream_to_a_client_that_asked_for_none_is_one_json_answer_or_a_502(hproxy, api, shape):
+    url, layout, up = hproxy
+    r = httpx.post(f"{url}/s/hj/v1/{api}", json=REQUEST[api], headers={"X-Hostile-Reply": shape}, timeout=10)
+    (rec,) = _records(layout, 1)
+    assert not rec["stream"] and read_ledger(layout.root).height == 1
+    if shape == "s_ok":
+        body = r.json()
+        assert r.status_code == 200 and rec["error"] is None
+        assert (body["content"][0]["text"] if api == "messages" else body["output"][0]["content"][0]["text"]) == "ok"
+        assert rec["translation"]["response"]["stream_done"]
+    else:
+        assert r.status_code == 502 and _error_of(api, r.json())["type"] == "upstream_error" and rec["error"]
+
+
+def test_translate_model_names_the_upstream_model_and_the_ledger_prices_what_it_reports(upstream, tmp_path):
+    settings = make_settings(pricing=PRICES, proxy={"translate": "both", "translate_model": "resp-model"})
+    with running_proxy(settings, upstream.base_url, str(tmp_path / "rec")) as url:
+        msg = _anthropic(url, "tm").messages.create(model="claude-sonnet-4-5", max_tokens=8,
+                                                    messages=[{"role": "user", "content": "hi"}])
+        recs = _records(ProxyLayout(tmp_path / "rec"), 1)
+    assert upstream.chat_requests()[0]["model"] == "resp-model" and msg.model == "resp-model"
+    assert recs[0]["request"]["parameters"]["model"] == "claude-sonnet-4-5"  # the client's view
+    led = read_ledger(tmp_path / "rec")
+    assert led["model"][0] == "resp-model" and led["price_source"][0] != "unknown model"
+    assert led["cost_usd"][0] == pytest.approx((led["prompt_tokens"][0] * 1.0 + led["completion_tokens"][0] * 4.0) / 1e6)
+
+
 # ------------------------------------------------------------------ the translation's pure functions
 
 
