@@ -45,11 +45,27 @@ class _FirstWins:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="evolforge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
     first_wins = _FirstWins(sub)
     for module in COMMANDS:
         module.register(first_wins)
+    ap.add_argument("--verbose", action="store_true", help="show every log line, warning and library report on the "
+                    "terminal (by default they go to the run's log file, OUT/evolforge.log)")
     for p in sub.choices.values():  # `evolforge CMD ... --debug` works too
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
+        p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="show every log line on the terminal (default: the run's log file)")
     args = ap.parse_args(argv)
+    if args.cmd is None:  # `evolforge` alone: the commands, one a line
+        print(command_list(sub))
+        return 2
     return run_command(args)  # a user error: one line on stderr, exit status 2
+
+
+def command_list(sub) -> str:
+    """What `evolforge` alone prints: every command with its one-line help."""
+    helps = {a.dest: (a.help or "").replace("%%", "%") for a in sub._choices_actions}
+    width = max(map(len, sub.choices))
+    return "\n".join(["usage: evolforge COMMAND [--help] ...", "", "commands:"]
+                     + [f"  {name:<{width}}  {helps.get(name, '')}" for name in sub.choices]
+                     + ["", "evolforge COMMAND --help shows a command's flags; --debug shows the traceback of an error"])

@@ -9,13 +9,13 @@ it left checkpoints to resume from.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import threading
 import traceback
 
 DEBUG = False  # --debug: tracebacks of user errors and failed runs
+VERBOSE = False  # --verbose: every log line, warning and library report on the terminal (else in the run's log)
 
 
 def add_endpoint_args(p) -> None:
@@ -23,6 +23,23 @@ def add_endpoint_args(p) -> None:
     p.add_argument("--config", help="TOML config file (default: config/default.toml)")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: the embedded model)")
     p.add_argument("--model", help="model for every stage without its own model in the config")
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why a server cannot listen on host:port (the one line a command prints before its banner), or None."""
+    import socket
+
+    if not port:
+        return None
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(info[0], info[1]) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
+            s.bind(info[4])
+    except OSError as e:
+        return (f"cannot listen on {host}:{port}: {e.strerror or e} (choose another --port, or stop what listens "
+                "there)")
+    return None
 
 
 def prefect_env() -> None:
@@ -54,15 +71,24 @@ def prefect_defaults(params=None):
 
 def settings_or_exit(args, extra: dict | None = None):
     """Settings from --config, --base-url, --model and `extra`, merged as every flow merges them."""
-    from evolforge.config.settings import ConfigError
-    from evolforge.tasks.core.params import EndpointParams
+    from evolforge.config.settings import ConfigError, load_settings
+    from evolforge.tasks.core.params import EndpointParams, flags_of, leaves
 
+    params = EndpointParams(config=getattr(args, "config", None), base_url=getattr(args, "base_url", None) or None,
+                            model=getattr(args, "model", None))
+    flags = {".".join(path): f"--{path[-1].replace('_', '-')}" for path in leaves(extra or {})}  # the command's
     try:
-        return EndpointParams(config=getattr(args, "config", None), base_url=getattr(args, "base_url", None) or None,
-                              model=getattr(args, "model", None), overrides=extra or {}).settings()
-    except ConfigError as e:
-        print(f"evolforge: {e}", file=sys.stderr)
-        sys.exit(2)
+        settings = params.settings()  # the endpoint flags' own blame
+        if not extra:
+            return settings
+        endpoint = {k: v for k, v in (("gateway", {"base_url": params.base_url} if params.base_url else None),
+                                      ("models", {"default": params.model} if params.model else None)) if v}
+        from evolforge.config.settings import deep_merge
+
+        return load_settings(params.config, deep_merge(endpoint, extra),
+                             flags={**flags_of(params, endpoint), **flags})
+    except ConfigError:
+        raise  # a user error: run_command prints it on one line (exit status 2)
 
 
 def is_user_error(e: BaseException) -> bool:
@@ -86,10 +112,16 @@ def run_command(args) -> int:
 
     A command registered with `fast_exit=True` (run, retry) ends its process as soon as it is done when that
     process is the `evolforge` command itself (`fast_exit`); called in-process (tests, Python) it just returns."""
-    global DEBUG
+    global DEBUG, VERBOSE
     DEBUG = bool(getattr(args, "debug", False))
+    VERBOSE = bool(getattr(args, "verbose", False)) or DEBUG
     try:
         code = args.fn(args)
+    except KeyboardInterrupt:
+        if DEBUG:
+            traceback.print_exc()
+        print(f"\nevolforge {args.cmd}: interrupted (Ctrl-C)", file=sys.stderr)
+        code = 130
     except Exception as e:
         if not is_user_error(e):
             raise
@@ -132,13 +164,14 @@ def fast_exit(code: int) -> None:
     os._exit(code if isinstance(code, int) else 1)
 
 
-def failed(what: str, e: BaseException, out: str | None) -> int:
+def failed(what: str, e: BaseException, out: str | None, log=None) -> int:
     """A run that failed after it started: one line, and the resume hint when checkpoints were left."""
     if is_user_error(e):
         raise e
     if DEBUG:
         traceback.print_exc()
-    print(f"\nevolforge {what} failed: {e}", file=sys.stderr)
+    where = f" (details: {log.path})" if log is not None and getattr(log, "path", None) else ""
+    print(f"\nevolforge {what} failed: {e}{where}", file=sys.stderr)
     if out:
         from evolforge.storage.status import has_checkpoints
 
@@ -148,19 +181,48 @@ def failed(what: str, e: BaseException, out: str | None) -> int:
     return 1
 
 
+SUMMARY_LINES = 16  # what the short summary shows at most (the whole summary is OUT/summary.json)
+
+
+def short_summary(name: str, result, out: str | None, log=None) -> str:
+    """The end of a stage command without its own `present`: its figures, one a line, and where the rest is."""
+    lines = [f"== evolforge {name} complete =="]
+    items = result.items() if isinstance(result, dict) else ()
+    for key, value in items:
+        if key in ("run_id", "out_dir") or len(lines) > SUMMARY_LINES:
+            continue
+        if isinstance(value, (int, float, str, bool)) and len(str(value)) <= 100:
+            lines.append(f"{key}: {value}")
+        elif isinstance(value, dict) and value and len(value) <= 8 and all(
+                isinstance(v, (int, float, str, bool)) or v is None for v in value.values()):
+            text = ", ".join(f"{k}={v}" for k, v in value.items())
+            if len(text) <= 160:
+                lines.append(f"{key}: {text}")
+    if out:
+        lines.append(f"summary: {str(out).rstrip('/')}/summary.json")
+    if log is not None and getattr(log, "path", None):
+        lines.append(f"log: {log.path}")
+    return "\n".join(lines)
+
+
 def run_stage(stage, params) -> int:
-    """Run a registered stage's flow with live progress; print what the stage presents (else its result as
-    JSON), or one clear line when it fails (with the resume hint when it left checkpoints)."""
+    """Run a registered stage's flow with live progress; print what the stage presents (else a short summary),
+    or one clear line when it fails (with the resume hint when it left checkpoints)."""
     from evolforge.cli.progress import live_progress
+    from evolforge.cli.terminal import quiet_terminal
 
     prefect_env()
     out = stage.out_of(params)
+    log = None
     try:
-        with prefect_defaults(params), live_progress():
+        with prefect_defaults(params), live_progress(), quiet_terminal(out, VERBOSE) as log:
             result = stage.load_flow()(params)
     except Exception as e:
-        return failed(stage.cli_name, e, out)
-    print(stage.present(result, params) if stage.present else json.dumps(result, indent=2, default=str)[:6000])
+        return failed(stage.cli_name, e, out, log)
+    if stage.present:
+        print(stage.present(result, params) + (f"\nlog: {log.path}" if log is not None and log.path else ""))
+    else:
+        print(short_summary(stage.cli_name, result, out, log))
     return kept_nothing(stage, result)
 
 
@@ -178,11 +240,13 @@ def kept_nothing(stage, result) -> int:
 def run_flow(fn, params, out: str | None = None) -> int:
     """Run a stage flow with live progress; print its result, or one clear line when it fails."""
     from evolforge.cli.progress import live_progress
+    from evolforge.cli.terminal import quiet_terminal
 
+    log = None
     try:
-        with prefect_defaults(params), live_progress():
+        with prefect_defaults(params), live_progress(), quiet_terminal(out, VERBOSE) as log:
             result = fn(params)
     except Exception as e:
-        return failed(fn.name, e, out)
-    print(json.dumps(result, indent=2, default=str)[:6000])
+        return failed(fn.name, e, out, log)
+    print(short_summary(fn.name, result, out, log))
     return 0

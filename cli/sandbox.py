@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from evolforge.cli.common import settings_or_exit
+from evolforge.cli.common import port_in_use, settings_or_exit
 
 
 def cmd_sandbox_serve(args) -> int:
@@ -21,12 +21,18 @@ def cmd_sandbox_serve(args) -> int:
     except (ServiceConfigError, SandboxUnavailable) as e:
         print(f"evolforge: {e}", file=sys.stderr)
         return 2
+    if busy := port_in_use(cfg.host, cfg.port):
+        print(f"evolforge sandbox-serve: {busy}", file=sys.stderr)  # before the banner: nothing listens
+        return 2
     where = f"http://{cfg.host}:{cfg.port}" + (f"/t/${cfg.token_env}" if state.token else "")
     print(f"sandbox service (SandboxFusion API, python only) on {where}/run_code  mode={sandbox.mode} "
           f"max_concurrency={cfg.max_concurrency} caps: {sandbox.wall_timeout_seconds:g}s wall, "
           f"{sandbox.cpu_seconds}s cpu, {sandbox.memory_mb} MiB\n"
           f"  verl: reward.sandbox_fusion.url={where}/run_code  (verl 0.5-0.7: reward_model.sandbox_fusion.url)", flush=True)
-    serve(sandbox, state)
+    try:
+        serve(sandbox, state)
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn has stopped; nothing more to say
+        pass
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from evolforge.cli.common import add_endpoint_args, settings_or_exit
+from evolforge.cli.common import add_endpoint_args, port_in_use, settings_or_exit
 
 
 def cmd_deploy(args) -> int:
@@ -102,6 +102,9 @@ def cmd_proxy(args) -> int:
     proxy_overrides = {k: v for k, v in (("upstream", args.upstream), ("host", args.host), ("port", args.port))
                        if v is not None}
     settings = settings_or_exit(args, {"proxy": proxy_overrides})
+    if not args.check and (busy := port_in_use(settings.proxy.host, settings.proxy.port)):
+        print(f"evolforge proxy: {busy}", file=sys.stderr)  # before the banner: nothing listens
+        return 2
     upstream = settings.proxy.upstream
     embedded = not upstream
     ctx = embedded_server(settings.embedded) if embedded else contextlib.nullcontext(upstream)

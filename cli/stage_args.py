@@ -93,6 +93,7 @@ def params_from_args(stage, args: argparse.Namespace) -> BaseModel:
     try:
         return stage.params(**values)
     except ValidationError as e:
-        problems = "; ".join(f"{flag_of(stage, str(err['loc'][0])) if err['loc'] else ''} {err['msg']}".strip()
-                             for err in e.errors())
+        problems = "; ".join(
+            (f"{flag_of(stage, str(err['loc'][0]))} {err.get('input')}: " if err["loc"] else "")
+            + err["msg"][:1].lower() + err["msg"][1:] for err in e.errors())
         raise ParamsError(f"invalid arguments: {problems}") from None

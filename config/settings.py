@@ -88,15 +88,42 @@ class Settings(Section):
         return json.loads(self.model_dump_json())
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration ({source}):"]
+def _has(tree: Any, path: tuple) -> bool:
+    for part in path:
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return True
+
+
+def _source_of(path: tuple, file: str, env: dict, overrides: dict, flags: dict[str, str]) -> str:
+    """Where the value at `path` came from: the flag or parameter that set it, the environment variable, the
+    config file (the last one that gives it, as the merge takes it)."""
+    dotted = ".".join(str(p) for p in path)
+    for n in range(len(path), 0, -1):  # an unknown key inside a section a flag set: blame that flag
+        if ".".join(str(p) for p in path[:n]) in flags:
+            return flags[".".join(str(p) for p in path[:n])]
+    for n in range(len(path), min(2, len(path)) - 1, -1):  # the key, or the entry (a model's price) holding it
+        if _has(overrides, path[:n]):
+            return f"overrides {{{dotted!r}: ...}} (a flow parameter or Python argument)"
+        if _has(env, path[:n]):
+            return "environment variable " + ENV_PREFIX + "__".join(str(p).upper() for p in path[:n])
+    return file
+
+
+def _format_errors(err: ValidationError, source: str, env: dict | None = None, overrides: dict | None = None,
+                   flags: dict[str, str] | None = None) -> str:
+    """One line: each bad key, what is wrong with it, and where its value came from."""
+    problems = []
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(root)"
-        msg = e["msg"]
+        loc = tuple(p for p in e["loc"])
+        key = ".".join(str(p) for p in loc) or "(root)"
+        where = _source_of(loc, source, env or {}, overrides or {}, flags or {})
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling against config/sections/)"
-        lines.append(f"  {key}: {msg} (got {e.get('input')!r})" if e["type"] != "extra_forbidden" else f"  {key}: {msg}")
-    return "\n".join(lines)
+            problems.append(f"{key}: unknown key (from {where}; check the spelling against config/sections/)")
+        else:
+            problems.append(f"{key}: {e['msg']} (got {e.get('input')!r}, from {where})")
+    return "invalid configuration: " + "; ".join(problems)
 
 
 def deep_merge(base: dict, extra: dict) -> dict:
@@ -138,8 +165,12 @@ def load_settings(
     path: str | Path | None = None,
     overrides: dict | None = None,
     environ: dict[str, str] | None = None,
+    flags: dict[str, str] | None = None,
 ) -> Settings:
-    """Load settings: defaults < TOML file < EVOLFORGE__ env vars < explicit overrides."""
+    """Load settings: defaults < TOML file < EVOLFORGE__ env vars < explicit overrides.
+
+    `flags`: dotted key -> the flag (or parameter) that set it among the overrides, so an invalid value is
+    blamed on it; any other bad value on its environment variable, the overrides or the file."""
     path = Path(path) if path else DEFAULT_CONFIG
     if not path.exists():
         raise ConfigError(f"config file not found: {path}")
@@ -147,9 +178,10 @@ def load_settings(
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-    data = deep_merge(data, env_overrides(environ))
+    env = env_overrides(environ)
+    data = deep_merge(data, env)
     data = deep_merge(data, overrides or {})
     try:
         return Settings.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_errors(e, str(path))) from None
+        raise ConfigError(_format_errors(e, str(path), env, overrides, flags)) from None

@@ -79,8 +79,11 @@ def input_exists(path) -> bool:
     return exists(p)
 
 
+FIELD_FIX = "set input.instruction_field to the column that holds the text"
+
+
 def first_usable_row(path, field: str, max_chars: int | None = None, what: str = "seed file",
-                     fallback_field: str | None = None) -> dict:
+                     fallback_field: str | None = None, field_fix: str = FIELD_FIX) -> dict:
     """The first row whose `field` (else `fallback_field`) is a non-empty string of at most `max_chars`.
 
     Raises SeedFileError naming the problem: the file is missing, has an unsupported type, is not readable,
@@ -89,12 +92,15 @@ def first_usable_row(path, field: str, max_chars: int | None = None, what: str =
     if not input_exists(p):
         raise SeedFileError(f"{what} not found: {p}")
     seen_field = too_long = rows = bad = 0
+    columns: dict[str, None] = {}  # the fields the rows have, in order (named when none has `field`)
     try:
         for _, row, err in iter_rows(p):
             rows += 1
             if err:
                 bad += 1
                 continue
+            if len(columns) < 50:
+                columns.update(dict.fromkeys(map(str, row)))
             key = field if field in row or not fallback_field else fallback_field
             if key not in row:
                 continue
@@ -116,7 +122,8 @@ def first_usable_row(path, field: str, max_chars: int | None = None, what: str =
     elif bad == rows:
         why = f"none of its {rows} rows parses"
     elif not seen_field:
-        why = f"no row has the field {names} (set input.instruction_field to the column that holds the text)"
+        has = f"its rows have: {', '.join(list(columns)[:12])}; " if columns else ""
+        why = f"no row has the field {names} ({has}{field_fix})"
     elif too_long:
         why = f"every {names} is empty or longer than input.max_chars={max_chars}"
     else:

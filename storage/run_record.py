@@ -201,13 +201,11 @@ def open_run(layout: RunLayout, seeds: str, settings: Settings, run_id: str, *, 
 
     if problems and not force:
         raise RunInputsChanged(
-            f"{layout.root} holds a run started from other inputs; going on with these would mix results.\n  "
-            + "\n  ".join(problems)
-            + "\nTo go on with the new inputs anyway, run again with --force-settings (flow parameter "
-              "force_settings=true; the change is recorded in run.json, and the round-1 pool already imported "
-              "from the run's seeds is kept), or give a new output folder (--out) to start a new run. "
-              "Settings that change only speed or where the run goes (concurrency, batch size, timeouts, "
-              "endpoint URL, runner, storage) may differ freely."
+            f"{layout.root} holds a run started from other inputs (" + "; ".join(problems) + "): going on would "
+            "mix results; pass --force-settings (flow parameter force_settings) to go on with these (recorded in "
+            "run.json; the round-1 pool imported from the run's seeds is kept), or a new output folder (--out) to "
+            "start a new run. Speed and location settings (concurrency, batch size, timeouts, endpoint URL, "
+            "runner) may differ."
         )
     if problems:
         entry["event"] = "forced"

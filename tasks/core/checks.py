@@ -47,9 +47,10 @@ def check_out_dir(out: str, what: str = "--out") -> None:
 
 
 def check_rows(path: str, field: str, what: str, max_chars: int | None = None,
-               fallback_field: str | None = None) -> None:
+               fallback_field: str | None = None, field_fix: str | None = None) -> None:
+    """`field_fix`: how to name another field, when no row has this one (default: input.instruction_field)."""
     try:
-        first_usable_row(path, field, max_chars, what, fallback_field)
+        first_usable_row(path, field, max_chars, what, fallback_field, **({"field_fix": field_fix} if field_fix else {}))
     except SeedFileError as e:
         raise InputError(str(e)) from None
 

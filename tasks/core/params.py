@@ -32,7 +32,8 @@ class StageParams(BaseModel):
         return {}
 
     def settings(self) -> Settings:
-        return load_settings(self.config, deep_merge(self.overrides, self.stage_overrides()))
+        own = self.stage_overrides()
+        return load_settings(self.config, deep_merge(self.overrides, own), flags=flags_of(self, own))
 
 
 class EndpointParams(StageParams):
@@ -47,7 +48,30 @@ class EndpointParams(StageParams):
             endpoint["gateway"] = {"base_url": self.base_url}
         if self.model:
             endpoint["models"] = {"default": self.model}
-        return load_settings(self.config, deep_merge(deep_merge(self.overrides, endpoint), self.stage_overrides()))
+        own = deep_merge(endpoint, self.stage_overrides())
+        return load_settings(self.config, deep_merge(self.overrides, own), flags=flags_of(self, own))
+
+
+def leaves(tree: dict, prefix: tuple = ()) -> list[tuple]:
+    out = []
+    for k, v in tree.items():
+        out += leaves(v, (*prefix, k)) if isinstance(v, dict) and v else [(*prefix, k)]
+    return out
+
+
+FIELD_OF = {"gateway.base_url": "base_url", "models.default": "model"}  # settings keys a differently named field sets
+
+
+def flags_of(params: BaseModel, own: dict[str, Any]) -> dict[str, str]:
+    """Dotted settings key -> "--flag (flow parameter name)" for the keys a stage's own fields set (`own`): what
+    an invalid value of one of them is blamed on (config/settings.py)."""
+    out = {}
+    for path in leaves(own):
+        dotted = ".".join(path)
+        name = FIELD_OF.get(dotted, path[-1])
+        if name in type(params).model_fields:
+            out[dotted] = f"--{name.replace('_', '-')} (flow parameter {name})"
+    return out
 
 
 def overrides_from(params: BaseModel, section: str, fields: tuple[str, ...]) -> dict[str, Any]:

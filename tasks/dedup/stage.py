@@ -28,7 +28,8 @@ class DedupParams(StageParams):
 
 def check(params: DedupParams, settings: Settings) -> None:
     """The input holds a usable text in its text field and the output folder can be written."""
-    check_rows(params.input, params.text_field, "input file")
+    check_rows(params.input, params.text_field, "input file",
+               field_fix="pass --text-field with the column that holds the text")
     check_out_dir(params.out)
 
 

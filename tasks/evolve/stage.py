@@ -19,10 +19,10 @@ from zoneinfo import ZoneInfo
 from pydantic import Field
 
 from evolforge.config.settings import SAMPLE_SEEDS, Settings, deep_merge
-from evolforge.storage.fs import location, read_json
+from evolforge.storage.fs import exists, location, read_json
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.nights import NightlyFolder
-from evolforge.storage.run_record import recorded_overrides
+from evolforge.storage.run_record import open_run, recorded_overrides
 from evolforge.tasks.core.checks import InputError, check_endpoint, check_out_dir, check_rows
 from evolforge.tasks.core.params import EndpointParams, overrides_from
 from evolforge.tasks.core.stages import Deployment, Stage, Table, register
@@ -122,6 +122,8 @@ def check(params: EvolveParams, settings: Settings) -> None:
     check_rows(params.seeds, settings.input.instruction_field, "seed file", settings.input.max_chars)
     check_out_dir(params.out)
     _same_index(RunLayout(params.out), params)  # a resumed run: the index it names is the one it used
+    if exists(RunLayout(params.out).run_info):  # a resumed run: its own seeds and result-changing settings
+        open_run(RunLayout(params.out), params.seeds, settings, "check", force=params.force_settings)  # reads only
     check_endpoint(settings)
 
 

@@ -53,8 +53,8 @@ def preflight(reward_dir: str | Path, irm_dir: Path, prm_dir: Path, ignore_healt
     """Raise RewardStageUnhealthy unless the models exist and health.json says healthy (or ignore_health)."""
     problems = [p for p in (_model_folder_problem(Path(irm_dir), "IRM"), _model_folder_problem(Path(prm_dir), "PRM")) if p]
     if problems:
-        raise RewardStageUnhealthy("; ".join(problems) + " (train the reward models first, or point irm_dir / "
-                                   "prm_dir at them)")
+        raise RewardStageUnhealthy("; ".join(problems) + " (pass --reward-dir the output folder of a finished "
+                                   "train-reward run, or --irm-dir / --prm-dir the model folders)")
     try:
         health = read_health(reward_dir)
         verdict, why = health_verdict(health, f"{str(reward_dir).rstrip('/')}/health.json")

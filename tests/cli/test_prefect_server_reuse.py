@@ -73,7 +73,9 @@ def test_commands_reuse_one_background_server_and_stop_it(tmp_path):
                 assert len(runs) == n  # both runs are in that server (and its UI)
                 # the command ends its process without the interpreter's teardown (cli/common.fast_exit): its
                 # last printed lines, the run's final state and its last log lines still get out
-                assert r.stdout.rstrip().splitlines()[-1].startswith("per-stage costs:"), r.stdout[-2000:]
+                last = r.stdout.rstrip().splitlines()
+                assert last[-2].startswith("per-stage costs:"), r.stdout[-2000:]
+                assert last[-1] == f"log: {tmp_path / out}/evolforge.log", r.stdout[-2000:]
                 assert "== evolforge run complete ==" in r.stdout
                 assert all(run["state_type"] == "COMPLETED" for run in runs)
                 newest = max(runs, key=lambda run: run["created"])

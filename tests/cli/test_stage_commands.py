@@ -32,7 +32,11 @@ def test_reward_data_then_train_reward_commands(tmp_path, server, capsys):
     assert rc == 0, captured.err
     lay = RewardLayout(out)
     assert lay.irm_pairs.exists() and lay.prm_steps.exists()
-    result = json.loads(captured.out[captured.out.index("{"):])  # the flow's summary, as `run_flow` prints it
+    # a short summary (the whole one is summary.json, not the screen)
+    assert "== evolforge reward-data complete ==" in captured.out and "{" not in captured.out
+    assert "\nirm_pairs: 36\n" in captured.out and "\nprm_rows: 6\n" in captured.out
+    assert f"summary: {out}/summary.json" in captured.out and len(captured.out.split("== evolforge")[1].splitlines()) < 20
+    result = json.loads((out / "summary.json").read_text())
     assert result["irm_pairs"] == 36 and result["prm_rows"] == 6
     assert "reward-data: " in captured.out and "batches 6/6" in captured.out  # the progress, one line per update
 
