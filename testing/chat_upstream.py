@@ -14,7 +14,8 @@ the last message that is not a system message:
 - anything else: "Echo: <last user text>", with " [N image(s)]" when the last user turn carried image parts.
 usage: prompt_tokens about len(messages JSON) / 4, of which `cached` are reported as
 prompt_tokens_details.cached_tokens (2 by default); a stream sends it in a final chunk when
-stream_options.include_usage asks. `fault = "cut"` stops a stream after its third event without [DONE].
+stream_options.include_usage asks, its chunks `delay` seconds apart. `fault = "cut"` stops a stream after its third
+event without [DONE].
 Every request is kept (`received`: path, headers, body) and every response body (`sent`).
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from evolforge.testing import agent_apis
@@ -66,8 +68,9 @@ def reply(body: dict) -> dict:
 
 
 class ChatUpstream:
-    def __init__(self, cached: int = 2):
+    def __init__(self, cached: int = 2, delay: float = 0.0):
         self.cached = cached
+        self.delay = delay  # seconds between stream chunks
         self.fault: str | None = None
         self.sent: list[bytes] = []
         self.received: list[dict] = []
@@ -138,8 +141,12 @@ class ChatUpstream:
                 self.send_header("transfer-encoding", "chunked")
                 self.end_headers()
                 for d in data:
-                    self.wfile.write(f"{len(d):x}\r\n".encode() + d + b"\r\n")
-                    self.wfile.flush()
+                    try:
+                        self.wfile.write(f"{len(d):x}\r\n".encode() + d + b"\r\n")
+                        self.wfile.flush()
+                    except OSError:  # the proxy hung up (its client went away)
+                        return
+                    time.sleep(outer.delay)
                 with outer.lock:
                     outer.sent.append(b"".join(data))
                 if outer.fault == "cut":  # no last chunk: the connection just closes

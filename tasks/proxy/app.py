@@ -732,14 +732,14 @@ async def _relay_translated(state: ProxyState, resp: aiohttp.ClientResponse, cal
             await reply.body(data, more=True)
 
     gone = asyncio.ensure_future(_disconnected(receive))
-    broke = None
+    broke, disconnected = None, False
     try:
         if tr.stream:
             await reply.start(200, SSE_HEADERS)
         async for chunk in resp.content.iter_any():
             chat.feed(chunk)
             if gone.done():
-                call.error = "client disconnected mid-stream"
+                call.error, disconnected = "client disconnected mid-stream", True
                 break
             if chat.failed:
                 break
@@ -762,6 +762,9 @@ async def _relay_translated(state: ProxyState, resp: aiohttp.ClientResponse, cal
             call.error = "upstream chat stream ended without [DONE]"
     if call.error:
         call.translation["error"] = call.error
+    if disconnected:  # nobody to tell: the record is all that is left to write
+        call.response, call.usage, call.ttft_s = asm.response_part(), asm.usage or chat.usage, asm.ttft_s
+        return
     if not tr.stream:
         if call.error:
             return await fail(502, f"upstream {state.upstream.shown}: {call.error}", "upstream_error")

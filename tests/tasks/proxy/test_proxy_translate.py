@@ -346,6 +346,19 @@ def test_a_cut_chat_stream_ends_the_clients_stream_with_an_error_both_sdks_raise
     assert read_ledger(layout.root).height == 2
 
 
+def test_a_client_that_goes_away_mid_stream_stops_the_upstream_call_and_is_one_record(proxy, upstream):
+    url, layout = proxy
+    upstream.delay = 0.2  # "Echo: a long answer to stream": 8 text chunks, 1.6 s or more
+    body = {"model": "m", "max_tokens": 64, "stream": True,
+            "messages": [{"role": "user", "content": "a long answer to stream"}]}
+    with httpx.Client(timeout=10) as c, c.stream("POST", f"{url}/s/gone/v1/messages", json=body) as r:
+        first = next(r.iter_raw())
+    assert first.startswith(b"event: message_start")
+    (rec,) = _records(layout, 1, timeout=10)
+    assert rec["error"] == "client disconnected mid-stream" and rec["translation"]["error"] == rec["error"]
+    assert rec["latency_s"] < 1.5 and read_ledger(layout.root).height == 1
+
+
 # ------------------------------------------------------------------ hostile chat upstreams
 from evolforge.testing.hostile_upstream import REPLIES, STREAMS  # noqa: E402
 
