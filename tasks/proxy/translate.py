@@ -186,6 +186,8 @@ def _user_turn(blocks: list, tr: Translated) -> list[dict]:
         if isinstance(b, dict) and b.get("type") == "tool_result":
             if not isinstance(b.get("tool_use_id"), str):
                 raise Untranslatable("a tool_result block's tool_use_id is not a string")
+            if b.get("is_error") is True:
+                tr.drop("tool_result is_error flags")  # a chat tool message has none: the text alone goes
             inner = _block_parts(b.get("content"), tr, "a tool_result's content")
             text = "\n".join(p["text"] for p in inner if p["type"] == "text")
             tools.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": text})
@@ -334,10 +336,12 @@ def _item_parts(content: Any, tr: Translated) -> list[dict]:
     return parts
 
 
-def _output_text(output: Any) -> str:
+def _output_text(output: Any, tr: Translated) -> str:
     if isinstance(output, str):
         return output
     if isinstance(output, list):
+        if any(not (isinstance(p, dict) and isinstance(p.get("text"), str)) for p in output):
+            tr.drop("non-text parts of tool outputs")  # a chat tool message carries text only
         return "\n".join(p["text"] for p in output if isinstance(p, dict) and isinstance(p.get("text"), str))
     return to_json(output).decode() if output is not None else ""
 
@@ -386,7 +390,7 @@ def _items(items: list, tr: Translated) -> list[dict]:
         elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
             if not isinstance(item.get("call_id"), str):
                 raise Untranslatable(f"a {kind} item's call_id is not a string")
-            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": _output_text(item.get("output"))})
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": _output_text(item.get("output"), tr)})
         else:
             tr.drop(f"{str(kind)[:40]} items")
     return out

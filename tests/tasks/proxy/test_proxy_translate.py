@@ -490,7 +490,7 @@ def test_messages_request_maps_blocks_tools_and_choices():
                                               {"type": "text", "text": "a"},
                                               {"type": "tool_use", "id": "u1", "name": "get_weather", "input": {"city": "X"}}]},
             {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "u1", "content": [
+                {"type": "tool_result", "tool_use_id": "u1", "is_error": True, "content": [
                     {"type": "text", "text": "r"},
                     {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]},
                 {"type": "text", "text": "more"}]}]}
@@ -505,7 +505,7 @@ def test_messages_request_maps_blocks_tools_and_choices():
         {"role": "tool", "tool_call_id": "u1", "content": "r"},
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}},
                                      {"type": "text", "text": "more"}]}]
-    assert tr.dropped == ["thinking blocks", "tool web_search_20250305"]
+    assert tr.dropped == ["thinking blocks", "tool_result is_error flags", "tool web_search_20250305"]
     assert translate.messages_request({**body, "tool_choice": {"type": "any"}}).body["tool_choice"] == "required"
     for bad in ({"messages": "x"}, {"messages": [{"role": "tool", "content": "x"}]},
                 {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": 3}]}]},
@@ -526,7 +526,8 @@ def test_responses_request_maps_items_custom_and_shell_tools_and_back():
                   {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch"},
                   {"type": "local_shell_call", "call_id": "c2", "action": {"type": "exec", "command": ["ls"]}},
                   {"type": "custom_tool_call_output", "call_id": "c1", "output": "done"},
-                  {"type": "local_shell_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "a"}]}]}
+                  {"type": "local_shell_call_output", "call_id": "c2", "output": [
+                      {"type": "input_text", "text": "a"}, {"type": "input_image", "image_url": "https://x/i.png"}]}]}
     tr = translate.responses_request(body)
     assert tr.custom_tools == {"apply_patch"} and tr.shell_tools == {"local_shell"}
     tools = {t["function"]["name"]: t["function"] for t in tr.body["tools"]}
@@ -539,7 +540,7 @@ def test_responses_request_maps_items_custom_and_shell_tools_and_back():
             {"id": "c2", "type": "function", "function": {"name": "local_shell", "arguments": '{"command":["ls"]}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "done"},
         {"role": "tool", "tool_call_id": "c2", "content": "a"}]
-    assert tr.dropped == ["reasoning items", "tool web_search"]
+    assert tr.dropped == ["reasoning items", "non-text parts of tool outputs", "tool web_search"]
     part = {"content": None, "finish_reason": "tool_calls", "usage": {"prompt_tokens": 9, "completion_tokens": 3},
             "tool_calls": [{"id": "k1", "function": {"name": "apply_patch", "arguments": '{"input": "P"}'}},
                            {"id": "k2", "function": {"name": "local_shell", "arguments": '{"command": ["pwd"]}'}},
