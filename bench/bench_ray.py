@@ -1,12 +1,13 @@
 """The Ray path's costs, measured side by side in one run on a real local Ray cluster.
 
-    .venv/bin/python bench/bench_ray.py [--n 2000] [--batch-size 100] [--jobs 3]
+    .venv/bin/python bench/bench_ray.py [--n 2000] [--batch-size B] [--repeat 2] [--jobs 3]
 
 1. Cluster start: `ray start --head` (2 CPUs, 200 MB object store, dashboard on loopback) until the Jobs API
    answers (testing/ray_cluster.py), and its stop.
 2. Evolve flow, one round without dedup, against the instant OpenAI-compatible server (testing/instant_server.py,
-   its own process): the threads runner (2 batches in flight) vs prefect-ray's RayTaskRunner on that cluster;
-   wall seconds and items/s, and whether both give the same records.
+   its own process): the threads runner (2 batches in flight) vs the Ray runner of flows/_runners.py on that
+   cluster, alternating, `--repeat` times each; wall seconds and items/s (the median is the figure), and
+   whether both give the same records. The batch size is the settings' default unless --batch-size is given.
 3. A Ray job's round trip through the Jobs API (tasks/ppo/ray_jobs.py run: submit, wait for SUCCEEDED, fetch the
    log) for `python3 -c "import evolforge"`, against the same command as a local subprocess.
 Results: bench/results/ray.json.
@@ -27,15 +28,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _evolve(seeds: Path, out: Path, base_url: str, batch_size: int, runner: dict) -> tuple[float, object]:
+def _evolve(seeds: Path, out: Path, base_url: str, batch_size: int | None, runner: dict) -> tuple[float, object]:
     import polars as pl
 
     from evolforge.flows.evolve import EvolveParams, evolve_flow
     from evolforge.storage.layout import RunLayout
 
+    evol = {"dedup_each_round": False, **({"batch_size": batch_size} if batch_size else {})}
     params = EvolveParams(seeds=str(seeds), out=str(out), rounds=1, base_url=base_url,
-                          overrides={"evol_instruct": {"batch_size": batch_size, "dedup_each_round": False},
-                                     "runner": runner})
+                          overrides={"evol_instruct": evol, "runner": runner})
     t0 = time.perf_counter()
     evolve_flow(params)
     wall = time.perf_counter() - t0
@@ -45,7 +46,8 @@ def _evolve(seeds: Path, out: Path, base_url: str, batch_size: int, runner: dict
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2000)
-    ap.add_argument("--batch-size", type=int, default=100)
+    ap.add_argument("--batch-size", type=int, default=None, help="default: the settings' evol_instruct.batch_size")
+    ap.add_argument("--repeat", type=int, default=2, help="threads / Ray runs, alternating")
     ap.add_argument("--jobs", type=int, default=3, help="Ray job round trips to time")
     a = ap.parse_args()
 
@@ -71,7 +73,10 @@ def main() -> None:
     server = subprocess.Popen([sys.executable, str(ROOT / "testing" / "instant_server.py"), "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base_url = f"http://127.0.0.1:{port}/v1"
-    result: dict = {"n": a.n, "batch_size": a.batch_size, "cpus": os.cpu_count()}
+    from evolforge.config.settings import Settings
+
+    batch_size = a.batch_size or Settings().evol_instruct.batch_size
+    result: dict = {"n": a.n, "batch_size": batch_size, "cpus": os.cpu_count(), "load_before": os.getloadavg()}
     try:
         @flow
         def warm_up() -> int:
@@ -82,14 +87,21 @@ def main() -> None:
         with local_ray_cluster(num_cpus=2, object_store_memory=200_000_000) as cluster:
             result["cluster_start_s"] = round(time.perf_counter() - t0, 2)
 
-            threads_s, threads = _evolve(seeds, work / "threads", base_url, a.batch_size,
-                                         {"kind": "threads", "max_workers": 2})
-            ray_s, on_ray = _evolve(seeds, work / "ray", base_url, a.batch_size,
-                                    {"kind": "ray", "address": cluster.gcs_address})
+            walls: dict[str, list[float]] = {"threads": [], "ray": []}
+            same = True
+            for k in range(a.repeat):
+                threads_s, threads = _evolve(seeds, work / f"threads-{k}", base_url, a.batch_size,
+                                             {"kind": "threads", "max_workers": 2})
+                ray_s, on_ray = _evolve(seeds, work / f"ray-{k}", base_url, a.batch_size,
+                                        {"kind": "ray", "address": cluster.gcs_address})
+                walls["threads"].append(round(threads_s, 2))
+                walls["ray"].append(round(ray_s, 2))
+                same = same and bool(on_ray.equals(threads))
+            t_med, r_med = statistics.median(walls["threads"]), statistics.median(walls["ray"])
             result["evolve"] = {
-                "threads_wall_s": round(threads_s, 2), "ray_wall_s": round(ray_s, 2),
-                "threads_items_per_s": round(a.n / threads_s, 1), "ray_items_per_s": round(a.n / ray_s, 1),
-                "records": threads.height, "same_records": bool(on_ray.equals(threads))}
+                "threads_wall_s": walls["threads"], "ray_wall_s": walls["ray"],
+                "threads_items_per_s": round(a.n / t_med, 1), "ray_items_per_s": round(a.n / r_med, 1),
+                "ray_over_threads": round(t_med / r_med, 3), "records": threads.height, "same_records": same}
 
             entry = ["python3", "-c", "import evolforge"]
             local, remote = [], []
@@ -109,6 +121,7 @@ def main() -> None:
             t1 = time.perf_counter()
         result["cluster_stop_s"] = round(time.perf_counter() - t1, 2)
         result["stragglers"] = cluster.stragglers
+        result["load_after"] = os.getloadavg()
     finally:
         server.terminate()
     print(json.dumps(result, indent=2))
