@@ -15,7 +15,7 @@ import io
 import sys
 import time
 
-from evolforge.tasks.core.progress import cost_text, duration, listening, progress_line, rate_text
+from evolforge.tasks.core.progress import accepted_text, cost_text, duration, listening, progress_line, rate_text
 
 STEP_LINES = 50  # plain lines of a stage without batches (one per 2 % of its steps when it has many)
 
@@ -79,7 +79,7 @@ class RichProgress:
             fields = dict(records=f"{done_of} {snap['unit']}", accepted=rate_text(snap), calls_per_s=snap["detail"],
                           tokens_per_s="", cost="", eta=eta)
         else:
-            fields = dict(records=f"{done_of} records", accepted=f"{snap['accepted']} accepted",
+            fields = dict(records=f"{done_of} records", accepted=accepted_text(snap),
                           calls_per_s=f"{snap['calls_per_s']:.2f} calls/s",
                           tokens_per_s=f"{snap['tokens_per_s']:.0f} tok/s", cost=cost_text(snap), eta=eta)
         if snap["batches_failed"]:

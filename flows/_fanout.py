@@ -16,7 +16,7 @@ import errno
 import queue
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import INPUTS, TASK_SOURCE
@@ -65,7 +65,8 @@ class BatchesFailed(RuntimeError):
 
 
 def run_batches(runner, task, batches: Sequence[tuple[str, dict[str, Any]]], *, what: str, checkpoints,
-                progress_key: str | None = None, poll_seconds: float = 1.0) -> list[dict]:
+                progress_key: str | None = None, poll_seconds: float = 1.0,
+                after: tuple[str, Callable[[], int]] | None = None) -> list[dict]:
     """Run `task` once per (task run name, parameters) on `runner`; results in submission order.
 
     `what` names the batches in the error ("round 2", "reward-data"); `checkpoints` is where the finished
@@ -74,9 +75,14 @@ def run_batches(runner, task, batches: Sequence[tuple[str, dict[str, Any]]], *, 
     tokens and cost of the ledger rows new since the start (the batches' `out_dir`) are published to the
     terminal listeners; with `progress_key`, a Prefect progress artifact shows the same line, updated
     when a batch ends (and at least every 10 s).
+
+    `after` = (step, fn): a step that runs once every batch succeeded and drops some of what they accepted (an
+    evolve round's dedup); `fn()` runs it and returns the final accepted count. Until then the progress says
+    "N accepted before <step>"; the stage is shown finished only after it, with the final count (the one the
+    stage's summary gives) and how many the step dropped.
     """
     total = len(batches)
-    tally = live_progress.StageProgress(what, total)
+    tally = live_progress.StageProgress(what, total, settles=after[0] if after else "")
     out_dir = next((p["out_dir"] for _, p in batches if p.get("out_dir")), None)
     ledger = LedgerTail(out_dir) if out_dir else None
     if ledger is not None:
@@ -122,7 +128,7 @@ def run_batches(runner, task, batches: Sequence[tuple[str, dict[str, Any]]], *, 
         tally.running(*live_progress.records_running(str(checkpoints)))
         if ledger is not None:
             tally.add_calls(ledger.new_rows())
-        tally.finished = not remaining
+        tally.finished = not remaining and after is None
         snap = tally.snapshot()
         live_progress.publish(snap)
         if artifact is not None and (fut is not None or time.monotonic() - last_artifact > 10):
@@ -138,4 +144,12 @@ def run_batches(runner, task, batches: Sequence[tuple[str, dict[str, Any]]], *, 
             f"Finished batches are checkpointed in {checkpoints}; run again over the same output folder, "
             "or retry this flow run, to redo only the failed batches."
         ) from None
+    if after is not None:
+        tally.settled(after[1]())
+        tally.finished = True
+        snap = tally.snapshot()
+        live_progress.publish(snap)
+        if artifact is not None:
+            update_progress_artifact(artifact, progress=round(100.0 * snap["fraction"], 2),
+                                     description=live_progress.progress_line(snap))
     return results

@@ -117,11 +117,13 @@ class StageRun:
                 self.runner_ = None
 
     def batches(self, task, batched: BatchedSet | int, *, what: str | None = None, name: str | None = None,
-                checkpoints: AnyPath | None = None, progress_key: str | None = None, **extra: Any) -> list[dict]:
+                checkpoints: AnyPath | None = None, progress_key: str | None = None,
+                after: tuple[str, Any] | None = None, **extra: Any) -> list[dict]:
         """One Prefect task per batch of `batched` (or of `range(batched)`), on the task runner of
         `run.endpoint(...)` (each also gets base_url) or `run.workers()`; each gets out_dir, batch, settings_json
         and run_id, plus `extra`. Results in batch order; failed batches raise one error naming them
-        (flows/_fanout.py)."""
+        (flows/_fanout.py). `after` = (step, fn): a step run after the batches that changes their accepted
+        count (fn returns the final count; run_batches shows it)."""
         if self.runner_ is None:
             raise RuntimeError("run.batches runs inside `with run.endpoint(...)` or `with run.workers()`")
         count = batched.batch_count() if isinstance(batched, BatchedSet) else batched
@@ -133,7 +135,7 @@ class StageRun:
         return run_batches(self.runner_, task, [(f"{name}-{b:05d}", dict(common, batch=b))
                                                          for b in range(count)],
                            what=what, checkpoints=checkpoints or self.folder.root,
-                           progress_key=progress_key or f"{self.stage.name}-progress")
+                           progress_key=progress_key or f"{self.stage.name}-progress", after=after)
 
     def elapsed(self) -> float:
         return round(time.time() - self.started, 2)

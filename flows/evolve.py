@@ -86,12 +86,16 @@ def evolve_round(run: StageRun, r: int, index_dir: str | None) -> dict:
     if round_store.round_is_complete(lay, r):
         run.logger.info("round %d already complete: skipped", r)
         return round_store.round_table(lay, r)
-    run.batches(evolve_batch_task, lay.round_set(r), what=f"round {r}", name=f"evolve-round-{r}-batch",
-                checkpoints=lay.round_dir(r), progress_key=f"evolve-round-{r}-progress", round_no=r)
-    if index_dir:
+    def dedup() -> int:  # the round's dedup step; the accepted count the round's table (and summary) gives
         removed = dedup_round_task.with_options(task_run_name=f"dedup-round-{r}")(
             str(lay.root), r, run.settings_json, index_dir)
         run.logger.info("round %d dedup removed %s", r, removed or "nothing")
+        return round_store.round_table(lay, r)["accepted"]
+
+    # with dedup, the live progress says "N accepted before dedup" until it ran, then the round's final count
+    run.batches(evolve_batch_task, lay.round_set(r), what=f"round {r}", name=f"evolve-round-{r}-batch",
+                checkpoints=lay.round_dir(r), progress_key=f"evolve-round-{r}-progress", round_no=r,
+                after=("dedup", dedup) if index_dir else None)
     table = round_store.round_table(lay, r)
     round_store.mark_round_complete(lay, r, {"batches": lay.round_set(r).batch_count(),
                                              **{k: table[k] for k in ("attempts", "accepted")}})

@@ -2,7 +2,10 @@
 batches in flight and the cost ledger; nothing here renders (flows/_fanout.py puts them in the Prefect
 progress artifact, the CLI draws them in the terminal) and nothing imports Prefect or rich.
 
-    StageProgress        one round or stage: records done / total, accepted, calls/s, tokens/s, cost, ETA
+    StageProgress        one round or stage: records done / total, accepted, calls/s, tokens/s, cost, ETA;
+                         with `settles` naming a step that runs after the batches and drops some of what they
+                         accepted (an evolve round's dedup), the count is labelled "accepted before <step>" until
+                         `settled(final)` gives the stage's own final count (the one its summary shows)
     progress_line(snap)  the same numbers as one line of text (the artifact's description, plain terminals)
     report_records(...)  `run_batch` reports a running batch's records here (this process's batches only:
                          batches on Dask / Ray workers count when they finish)
@@ -91,6 +94,8 @@ class StageProgress:
     cost_usd: float = 0.0
     unpriced_calls: int = 0
     finished: bool = False
+    settles: str = ""            # a step after the batches that changes the accepted count ("dedup"), if any
+    settled_accepted: int | None = None  # the count after that step (None: not run yet)
 
     def batch_finished(self, result: dict | None) -> None:
         """A batch ended: its result (rows, by_status, skipped), or None when it failed."""
@@ -103,6 +108,10 @@ class StageProgress:
         if result.get("skipped"):
             self.skipped_rows += rows
         self.accepted += sum(n for s, n in (result.get("by_status") or {}).items() if s in ACCEPTED_STATUSES)
+
+    def settled(self, accepted: int) -> None:
+        """The step after the batches ran: `accepted` is the final count (what the stage's summary says)."""
+        self.settled_accepted = int(accepted)
 
     def running(self, done: int, rows: int, batches: int) -> None:
         self.running_done, self.running_rows, self.running_batches = done, rows, batches
@@ -138,7 +147,10 @@ class StageProgress:
         return {
             "what": self.what, "finished": self.finished, "elapsed_s": round(elapsed, 1),
             "batches": self.batches, "batches_done": self.batches_done, "batches_failed": self.batches_failed,
-            "records_done": done, "records_total": total, "accepted": self.accepted,
+            "records_done": done, "records_total": total,
+            "accepted": self.accepted if self.settled_accepted is None else self.settled_accepted,
+            "accepted_before": self.accepted, "settles": self.settles,
+            "settled": bool(self.settles) and self.settled_accepted is not None,
             "fraction": (done / total) if total else (ended / self.batches if self.batches else 1.0),
             "calls": self.calls, "tokens": self.tokens,
             "calls_per_s": round(self.calls / elapsed, 2), "tokens_per_s": round(self.tokens / elapsed, 1),
@@ -237,6 +249,18 @@ def cost_text(snap: dict) -> str:
     return "unpriced" if snap["cost_usd"] is None else f"${snap['cost_usd']:.4f}"
 
 
+def accepted_text(snap: dict) -> str:
+    """"N accepted"; for a stage whose step after the batches drops some (`settles`): "N accepted before dedup"
+    until it ran, then the final "N accepted (D dropped by dedup)" (D omitted when 0)."""
+    step = snap.get("settles")
+    if not step:
+        return f"{snap['accepted']} accepted"
+    if not snap.get("settled"):
+        return f"{snap['accepted']} accepted before {step}"
+    dropped = snap["accepted_before"] - snap["accepted"]
+    return f"{snap['accepted']} accepted" + (f" ({dropped} dropped by {step})" if dropped > 0 else "")
+
+
 def progress_line(snap: dict) -> str:
     """One line with every figure: what the progress artifact and a plain (non-terminal) output show."""
     if snap.get("unit"):  # a stage without batches (StepProgress)
@@ -248,7 +272,7 @@ def progress_line(snap: dict) -> str:
     total = "?" if snap["records_total"] is None else snap["records_total"]
     failed = f", {snap['batches_failed']} failed" if snap["batches_failed"] else ""
     return (f"{snap['what']}: {snap['records_done']}/{total} records ({snap['fraction']:.0%}), "
-            f"{snap['accepted']} accepted, batches {snap['batches_done']}/{snap['batches']}{failed}, "
+            f"{accepted_text(snap)}, batches {snap['batches_done']}/{snap['batches']}{failed}, "
             f"{snap['calls']} calls ({snap['calls_per_s']:.2f}/s), {snap['tokens_per_s']:.0f} tokens/s, "
             f"cost {cost_text(snap)}, " + ("done in " + duration(snap["elapsed_s"]) if snap["finished"]
                                             else "ETA " + duration(snap["eta_s"])))

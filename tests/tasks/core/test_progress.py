@@ -113,3 +113,50 @@ def test_rich_bars_on_a_terminal(tmp_path, server):
     assert "\x1b[" in text  # drawn for a terminal
     plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
     assert re.search(r"round 1 .*5/5 records .*5 accepted .*[\d.]+ calls/s .*\d+ tok/s .*\$[\d.]+ .*done \dm\d\ds", plain), plain[-2000:]
+
+
+def test_a_step_after_the_batches_is_labelled_until_it_gives_the_final_count():
+    p = StageProgress("round 1", batches=1, settles="dedup")
+    p.batch_finished({"rows": 30, "by_status": {"accepted": 30}, "skipped": False})
+    snap = p.snapshot()
+    assert snap["accepted"] == 30 and "30 accepted before dedup," in progress_line(snap)
+    p.settled(1)
+    snap = p.snapshot()
+    assert snap["accepted"] == 1 and "1 accepted (29 dropped by dedup)," in progress_line(snap)
+    p = StageProgress("round 2", batches=1, settles="dedup")
+    p.batch_finished({"rows": 3, "by_status": {"accepted": 3}, "skipped": False})
+    p.settled(3)
+    assert ", 3 accepted, batches" in progress_line(p.snapshot())  # nothing dropped: nothing to say
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_progress_accepted_is_the_summarys_count_after_the_rounds_dedup(tmp_path, server, capsys):
+    """Evolutions that are near-duplicates of each other: every one is accepted by its batch, dedup keeps one;
+    the round's last progress line (and its artifact) says what the summary says, the earlier ones say 'before
+    dedup'."""
+    from evolforge.cli import main
+
+    seeds, cfg = write_inputs(tmp_path, server)
+    server.evolve_overrides = {f"Compute {i} plus": "Describe carefully how a pupil adds two whole numbers on paper, "
+                               f"carrying tens and checking the total at the end, example {i}." for i in range(5)}
+    out = tmp_path / "out"
+    rc = main(["run", "--seeds", str(seeds), "--out", str(out), "--rounds", "1", "--base-url", server.base_url,
+               "--model", "scripted", "--config", str(cfg)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    summary = json.loads((out / "summary.json").read_text())
+    kept = summary["rounds"][0]["accepted"]
+    assert summary["rounds"][0]["attempts"] == 5 and kept < 5  # the near-duplicates were dropped
+    lines = [ln for ln in captured.out.splitlines() if re.match(r"round 1: \d+/\S+ records", ln)]
+    last = lines[-1]
+    assert re.match(rf"round 1: 5/5 records \(100%\), {kept} accepted \({5 - kept} dropped by dedup\), batches 3/3, "
+                    r".*done in \d+m\d\ds$", last), last
+    assert all("accepted before dedup" in ln for ln in lines[:-1]) and len(lines) > 1
+    assert f"round 1: {kept}/5 accepted" in captured.out  # the short summary agrees
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["evolve-round-1-progress"])))
+    latest = max(arts, key=lambda a: a.updated)
+    assert latest.description.startswith(f"round 1: 5/5 records (100%), {kept} accepted ({5 - kept} dropped by dedup)")
