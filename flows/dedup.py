@@ -22,6 +22,7 @@ from evolforge.flows._runners import build_task_runner
 from evolforge.flows._stage import finish_stage, stage_run
 from evolforge.tasks.core.batch import settings_from_json
 from evolforge.tasks.dedup import report
+from evolforge.tasks.dedup.distributed import remove_work, run_step, work_for
 from evolforge.tasks.dedup.pipeline import dedup_file
 from evolforge.tasks.dedup.shard_tasks import SubmittedShards, run_shard_files
 from evolforge.tasks.dedup.stage import DedupParams
@@ -41,12 +42,80 @@ def dedup_shard_task(kind: str, inputs: dict[str, str], job: dict, settings_json
     return run_shard_files(kind, inputs, job, settings_from_json(settings_json).dedup, out_dir)
 
 
+@task(name="dedup-step", retries=2, retry_delay_seconds=1)
+def dedup_step_task(step: str, work: str, args: dict, settings_json: str) -> dict:
+    return run_step(step, work, args, settings_from_json(settings_json).dedup)
+
+
+def on_workers(runner, p: DedupParams, settings, settings_json: str, logger) -> dict:
+    """The dedup as steps on the workers (tasks/dedup/distributed.py): this process submits the steps in order and
+    keeps their records (counts and paths), never a record's text, key, sketch or vector."""
+    s = settings.dedup
+    work = work_for(p.input, p.out, s)
+    records: list[dict] = []
+
+    def steps(step: str, args: list[dict]) -> list[dict]:
+        futures = [runner.submit(dedup_step_task.with_options(
+            task_run_name=f"dedup-{step}" + (f"-{a['shard']}" if "shard" in a else "")),
+            parameters={"step": step, "work": str(work.root), "args": a, "settings_json": settings_json})
+            for a in args]
+        out = [f.result() for f in futures]
+        records.extend(out)
+        return out
+
+    split = steps("split", [{"input": str(p.input), "text_field": p.text_field, "id_field": p.id_field}])[0]
+    bounds, S = split["bounds"], len(split["bounds"])
+    steps("prep", [{"shard": k} for k in range(S)])
+    exact = steps("exact", [{"bounds": bounds}])[0]
+    stats = {"records": split["n"], "indexed_before": 0, "dropped_exact": exact["dropped"] if s.exact else 0}
+    drop_steps, alive_step = ["exact"], "exact"
+    if s.minhash:
+        mh_plan = steps("minhash", [{"bounds": bounds}])[0]
+        parts = steps("bands", [{"shard": i, "inputs": mh_plan["inputs"], "job": job}
+                                for i, job in enumerate(mh_plan["jobs"])])
+        grouped = steps("minhash-group", [{"bounds": bounds, "inputs": mh_plan["inputs"],
+                                          "parts": [r["paths"] for r in parts]}])[0]
+        stats.update(dropped_minhash=grouped["dropped"], minhash_candidates=grouped["minhash_candidates"],
+                     minhash_verified_pairs=grouped["minhash_verified_pairs"])
+        drop_steps.append("minhash-group")
+        alive_step = "minhash-group"
+    if s.embedding:
+        enc = steps("embed", [{"shard": k, "bounds": bounds, "alive_step": alive_step} for k in range(S)])
+        plan = steps("embedding", [{"bounds": bounds, "dim": enc[0]["dim"]}])[0]
+        parts = steps("ann", [{"shard": i, "inputs": plan["inputs"], "job": job}
+                              for i, job in enumerate(plan["jobs"])])
+        grouped = steps("embedding-group", [{"bounds": bounds, "alive_step": alive_step, "plan": plan,
+                                            "parts": [r["paths"] for r in parts]}])[0]
+        stats.update({k: v for k, v in grouped.items() if k.startswith("embedding_")},
+                     dropped_embedding=grouped["dropped"])
+        drop_steps.append("embedding-group")
+        alive_step = "embedding-group"
+    stats["seconds"] = {}
+    for r in records:
+        stats["seconds"][r["step"]] = round(r["seconds"], 3)
+    workers: dict[str, float] = {}
+    for r in records:
+        workers[str(r["pid"])] = max(workers.get(str(r["pid"]), 0.0), r["peak_rss_mb"])
+    stats.update(shard_workers=workers, steps_reused=[r["step"] for r in records if r.get("reused")],
+                 work_dir=str(work.root))
+    out = steps("write", [{"input": str(p.input), "text_field": p.text_field, "id_field": p.id_field,
+                           "out_dir": str(p.out), "drop_steps": drop_steps, "alive_step": alive_step,
+                           "stats": stats}])[0]
+    remove_work(work)
+    logger.info("%d records in %d shards on %s: %d steps reused", split["n"], S, settings.runner.kind,
+                len(stats["steps_reused"]))
+    return out["summary"]
+
+
 @flow(name="dedup", log_prints=True)
 def dedup_flow(params: DedupParams) -> dict:
     with stage_run("dedup", params) as run:
         settings, p = run.settings, params
         if settings.dedup.shards == 1:
             summary = dedup_file_task(p.input, p.text_field, p.out, p.id_field, p.index, run.settings_json)
+        elif not p.index:
+            with build_task_runner(settings.runner) as runner:
+                summary = on_workers(runner, p, settings, run.settings_json, run.logger)
         else:
             with build_task_runner(settings.runner) as runner:
                 shards = SubmittedShards(lambda name, parameters: runner.submit(

@@ -491,10 +491,16 @@ def _embedding_edges(run: _Run, live: np.ndarray, E: np.ndarray, shard_runner: s
     the full model within its budget (dedup.confirm), and (dedup.number_guard) refuses weak static-only pairs
     whose numbers were substituted. Gives (the accepted pairs, their cosine: full-model where confirmed, each
     pair's detail "static" | "full", the full-model vectors computed by node, the counts for the stats)."""
-    s, hist, H = run.s, run.hist, run.H
+    H = run.H
     is_new = np.arange(H + len(live)) >= H
-    p, sim = sh.neighbor_pairs(E, s.static_candidate_cosine, s, is_new if H else None, shard_runner)
+    p, sim = sh.neighbor_pairs(E, run.s.static_candidate_cosine, run.s, is_new if H else None, shard_runner)
     del is_new
+    return _accept_edges(run, live, p, sim)
+
+
+def _accept_edges(run: _Run, live: np.ndarray, p: np.ndarray, sim: np.ndarray):
+    """`_embedding_edges` after the search: takes the candidate pairs and their static cosine; gives the same."""
+    s, hist, H = run.s, run.hist, run.H
     sure = sim >= s.static_accept_cosine
     unc = np.flatnonzero(~sure)
     detail = np.array(["static"] * len(p), dtype=object)
@@ -586,12 +592,10 @@ def dedup_file(path: str | Path, text_field: str, out_dir: str | Path, settings:
     dedup_matched_id, dedup_matched_similarity, dedup_detail) and OUT/summary.json.
     Ids are `id_field` values, else the 0-based row number. Returns the summary.
     """
-    import json
-
     import polars as pl
 
-    from evolforge.storage.datasets import read_any_table, write_any_table
-    from evolforge.storage.fs import ensure_dir, location, write_text_atomic
+    from evolforge.storage.datasets import read_any_table
+    from evolforge.storage.fs import location
     from evolforge.storage.layout import DedupOutLayout
 
     s = settings or DedupSettings()
@@ -603,11 +607,23 @@ def dedup_file(path: str | Path, text_field: str, out_dir: str | Path, settings:
     scores = df[s.score_field].cast(pl.Float64).to_list() if s.keep == "best" else None
     res = dedup(df[text_field].to_list(), ids, s, index_dir=index_dir, scores=scores, shard_runner=shard_runner,
                 progress=True)
+    return write_outputs(df, fmt, path, text_field, ids, res.kept_ids, res.dropped, res.stats, lay)
+
+
+def write_outputs(df, fmt: str, path, text_field: str, ids: list[str], kept_ids: Sequence[str], d: list[dict],
+                  stats: dict, lay) -> dict:
+    """OUT/kept.<fmt>, OUT/dropped.<fmt> and OUT/summary.json of a dedup of `df` (see `dedup_file`)."""
+    import json
+
+    import polars as pl
+
+    from evolforge.storage.datasets import write_any_table
+    from evolforge.storage.fs import ensure_dir, write_text_atomic
+
     ensure_dir(lay.root)
     pos = {k: i for i, k in enumerate(ids)}
-    kept_rows = sorted(pos[k] for k in res.kept_ids)
+    kept_rows = sorted(pos[k] for k in kept_ids)
     write_any_table(df[kept_rows], lay.kept(fmt), fmt)
-    d = res.dropped
     reasons = pl.DataFrame({
         "dedup_duplicate_of": [r["duplicate_of"] for r in d], "dedup_method": [r["method"] for r in d],
         "dedup_similarity": [r["similarity"] for r in d], "dedup_matched_id": [r["matched_id"] for r in d],
@@ -616,7 +632,7 @@ def dedup_file(path: str | Path, text_field: str, out_dir: str | Path, settings:
                "dedup_matched_id": pl.Utf8, "dedup_matched_similarity": pl.Float64, "dedup_detail": pl.Utf8})
     dropped_df = pl.concat([df[[pos[r["id"]] for r in d]], reasons], how="horizontal")
     write_any_table(dropped_df, lay.dropped(fmt), fmt)
-    summary = {"input": str(path), "text_field": text_field, "kept": len(res.kept_ids), "dropped": len(d),
-               "kept_path": str(lay.kept(fmt)), "dropped_path": str(lay.dropped(fmt)), "stats": res.stats}
+    summary = {"input": str(path), "text_field": text_field, "kept": len(kept_ids), "dropped": len(d),
+               "kept_path": str(lay.kept(fmt)), "dropped_path": str(lay.dropped(fmt)), "stats": stats}
     write_text_atomic(lay.summary, json.dumps(summary, indent=1, default=float))
     return summary

@@ -1,0 +1,127 @@
+"""The work folder of a dedup whose per-record work runs on the workers (tasks/dedup/distributed.py).
+
+    WORK/plan.json                       the plan: input, settings fingerprint, shard count, rows per shard
+    WORK/<step>/done.json                the step's completion marker: its counts and the files it wrote
+    WORK/records/shard-<s>.parquet       shard s's records: id, text (and score for keep="best")
+    WORK/prep/shard-<s>/<name>.npy       shard s's exact keys and MinHash sketches (every record of the shard)
+    WORK/exact/alive.npy                 per record: alive after the exact step (and its drops, drops.parquet)
+    WORK/minhash/...                     the sketches of the records alive, the band shards' pairs, the drops
+    WORK/embed/shard-<s>/vectors.npy     shard s's static vectors (its records alive after MinHash)
+    WORK/embedding/...                   the vectors, the ANN plan, the search shards' neighbours, the drops
+
+Every file is written under a temporary name and renamed; a step's marker is written last, so a step with a
+marker is whole and a re-run (same input, same settings: the same WORK) takes it as done, and a step without
+one (its worker was killed) is redone from its inputs. WORK is a local folder every worker sees (on several
+machines: a shared file system mounted at the same path): the arrays are memory-mapped .npy files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+class DedupWork:
+    """Paths and markers of one work folder (see the module docstring)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    @staticmethod
+    def for_input(base: str | Path, input_path: str | Path, settings_fingerprint: str, shards: int) -> "DedupWork":
+        """The work folder of this input (path, size, mtime), these settings and this shard count under `base`."""
+        st = os.stat(input_path)
+        key = json.dumps([str(Path(input_path).resolve()), st.st_size, st.st_mtime_ns, settings_fingerprint, shards])
+        return DedupWork(Path(base) / hashlib.sha1(key.encode()).hexdigest()[:16])
+
+    def step(self, name: str) -> Path:
+        return self.root / name
+
+    def marker(self, name: str) -> Path:
+        return self.step(name) / "done.json"
+
+    def done(self, name: str) -> dict | None:
+        """The marker of a finished step, None when it did not finish."""
+        try:
+            return json.loads(self.marker(name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def mark_done(self, name: str, record: dict) -> dict:
+        write_json(self.marker(name), record)
+        return record
+
+    def records(self, shard: int) -> Path:
+        return self.step("records") / f"shard-{shard:05d}.parquet"
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def write_json(path: str | Path, obj) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp(path)
+    tmp.write_text(json.dumps(obj, default=float))
+    tmp.replace(path)
+
+
+def read_json(path: str | Path):
+    return json.loads(Path(path).read_text())
+
+
+def save_array(path: str | Path, a: np.ndarray) -> str:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp(path).with_suffix(".npy")
+    np.save(tmp, np.ascontiguousarray(a), allow_pickle=False)
+    tmp.replace(path)
+    return str(path)
+
+
+def load_array(path: str | Path, mmap: bool = True) -> np.ndarray:
+    return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+
+
+class ArrayWriter:
+    """A .npy file written in row blocks (np.lib.format.open_memmap under a temporary name, renamed on close): an
+    array concatenated from many shards' files without holding it."""
+
+    def __init__(self, path: str | Path, shape: tuple, dtype):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = _tmp(self.path).with_suffix(".npy")
+        self.a = np.lib.format.open_memmap(self.tmp, mode="w+", dtype=dtype, shape=shape)
+        self.pos = 0
+
+    def append(self, block: np.ndarray) -> None:
+        self.a[self.pos: self.pos + len(block)] = block
+        self.pos += len(block)
+
+    def close(self) -> str:
+        assert self.pos == len(self.a), (self.path, self.pos, len(self.a))
+        self.a.flush()
+        del self.a
+        self.tmp.replace(self.path)
+        return str(self.path)
+
+
+def write_table(path: str | Path, table: pa.Table) -> str:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp(path)
+    pq.write_table(table, tmp)
+    tmp.replace(path)
+    return str(path)
+
+
+def read_table(path: str | Path, columns: list[str] | None = None) -> pa.Table:
+    return pq.read_table(path, columns=columns)

@@ -1,0 +1,106 @@
+"""Dedup whose per-record work runs on the workers (tasks/dedup/distributed.py): the same kept ids and dropped rows
+as one process (tasks/dedup/pipeline.py dedup_file with the same settings), on the threads runner, a real local
+Dask cluster (distributed.LocalCluster, two worker processes) and a real local Ray cluster (`ray start --head`);
+a re-run reuses the steps whose completion marker exists; a SIGKILLed worker's shard is redone alone (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import polars as pl
+import pytest
+
+from evolforge.config.sections.dedup import DedupSettings
+from evolforge.flows.dedup import DedupParams, dedup_flow
+from evolforge.tasks.dedup import dedup_file
+from evolforge.tasks.dedup.distributed import run_step, work_for
+from evolforge.testing.near_dup_corpus import make_corpus
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+# small, and configured so the embedding search takes the k-means (ANN) path and the full model confirms some pairs
+SMALL = dict(ann_exact_below=500, ann_cluster_size=50, ann_kmeans_sample=1000, max_confirm_records=24, shards=3)
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory):
+    texts = make_corpus(1500, seed=5).texts
+    path = tmp_path_factory.mktemp("corpus") / "in.jsonl"
+    path.write_text("".join(json.dumps({"id": f"r{i}", "text": t, "score": (i * 7919) % 101}) + "\n"
+                            for i, t in enumerate(texts)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_process(corpus_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one")
+    dedup_file(corpus_file, "text", out, DedupSettings(**SMALL), id_field="id")
+    return _decisions(out)
+
+
+def _decisions(out):
+    return pl.read_ndjson(out / "kept.jsonl")["id"].to_list(), pl.read_ndjson(out / "dropped.jsonl")
+
+
+def _same(got, want):
+    kept, dropped = got
+    assert kept == want[0]
+    floats = [c for c, t in want[1].schema.items() if t.is_float()]
+    assert dropped.drop(floats).equals(want[1].drop(floats))   # same rows, same order, same reasons
+    for c in floats:  # float32 vectors computed in other processes may differ in the last bits
+        assert (dropped[c] - want[1][c]).abs().fill_null(0).max() < 1e-5, c
+
+
+def _flow(corpus_file, out, runner, **dedup):
+    return dedup_flow(DedupParams(input=str(corpus_file), text_field="text", id_field="id", out=str(out),
+                                  overrides={"dedup": {**SMALL, **dedup}, "runner": runner}))
+
+
+def test_threads_runner_decides_as_one_process(corpus_file, one_process, tmp_path):
+    summary = _flow(corpus_file, tmp_path / "out", {"kind": "threads", "max_workers": 2})
+    _same(_decisions(tmp_path / "out"), one_process)
+    stats = summary["stats"]
+    assert all(stats[f"dropped_{m}"] > 0 for m in ("exact", "minhash", "embedding")), stats
+    assert stats["embedding_confirm_checked"] > 0 and stats["steps_reused"] == []
+    assert not os.path.exists(stats["work_dir"])  # removed once the outputs are written
+
+
+def test_keep_best_decides_as_one_process(corpus_file, tmp_path):
+    s = DedupSettings(**{**SMALL, "keep": "best", "score_field": "score"})
+    dedup_file(corpus_file, "text", tmp_path / "one", s, id_field="id")
+    _flow(corpus_file, tmp_path / "out", {"kind": "threads", "max_workers": 2}, keep="best",
+          score_field="score")
+    _same(_decisions(tmp_path / "out"), _decisions(tmp_path / "one"))
+
+
+def test_a_rerun_reuses_the_finished_steps(corpus_file, one_process, tmp_path):
+    """A run that stopped after the split and two of the three prep shards: the re-run does only the rest."""
+    out = tmp_path / "out"
+    s = DedupSettings(**SMALL)
+    work = work_for(str(corpus_file), str(out), s)
+    run_step("split", str(work.root), {"input": str(corpus_file), "text_field": "text", "id_field": "id"}, s)
+    for k in (0, 2):
+        run_step("prep", str(work.root), {"shard": k}, s)
+    summary = _flow(corpus_file, out, {"kind": "threads", "max_workers": 2})
+    assert summary["stats"]["steps_reused"] == ["split", "prep/shard-00000", "prep/shard-00002"]
+    _same(_decisions(out), one_process)
+
+
+def test_dask_cluster_decides_as_one_process(corpus_file, one_process, tmp_path):
+    pytest.importorskip("prefect_dask")
+    summary = _flow(corpus_file, tmp_path / "out", {"kind": "dask", "max_workers": 2})
+    _same(_decisions(tmp_path / "out"), one_process)
+    workers = summary["stats"]["shard_workers"]
+    assert len(workers) == 2 and str(os.getpid()) not in workers   # every step ran in the two worker processes
+
+
+@pytest.mark.slow
+def test_ray_cluster_decides_as_one_process(corpus_file, one_process, tmp_path):
+    pytest.importorskip("prefect_ray")
+    from evolforge.testing.ray_cluster import local_ray_cluster
+
+    with local_ray_cluster(num_cpus=2, object_store_memory=200_000_000) as cluster:
+        summary = _flow(corpus_file, tmp_path / "out", {"kind": "ray", "address": cluster.gcs_address})
+    _same(_decisions(tmp_path / "out"), one_process)
+    assert str(os.getpid()) not in summary["stats"]["shard_workers"]
