@@ -11,7 +11,8 @@ code:
     stage's `validate_reply` took it (within one re-ask), and also reported: valid at the first call; the
     module-graph judge's scores that parse;
   - equal: `evolve_record` (rewrite, then the Equal judge; the answer call off) on `--n` sample seeds x rounds; a
-    verdict parses when it is Equal or Not Equal (not 'unparseable');
+    verdict parses when it is Equal or Not Equal (not 'unparseable'); only rewrites that pass the cheap rules
+    reach the judge, so also equal_direct: the judge's call (as evolution.py makes it) on `--equal-n` fixed pairs;
   - synthesis: the code and the math proposal calls (`--n` each, the sample seeds of that domain, the stage's
     temperature and token cap); a proposal parses when it passes synthesize.py's check (a JSON object whose keys
     the task needs are non-empty strings; math: the problem);
@@ -90,6 +91,32 @@ def bench_equal(gw, settings, seeds, n: int) -> dict:
     return {"evolutions": len(evos), "judged": len(judged), "parsed": len(parsed),
             "parse_share": share(len(parsed), len(judged)),
             "verdicts": {v: sum(e.judge_verdict == v for e in judged) for v in ("equal", "not_equal", "unparseable")}}
+
+
+def bench_equal_direct(gw, settings, seeds, n: int) -> dict:
+    """The Equal judge alone on `n` fixed pairs (a seed and itself, or with one of two sentences added), so its
+    parse rate is measured on more calls than the rewrites that survive the cheap rules give."""
+    from evolforge.tasks.evolve import elimination as rules
+    from evolforge.tasks.evolve import prompts
+
+    new = hasattr(rules, "parse_equal_reply")
+
+    def one(i):
+        parent = seeds[i % len(seeds)]["instruction"]
+        child = parent + ("", *VARIANTS)[(i // len(seeds)) % 3]
+        if new:  # the call of tasks/evolve/evolution.py after structured outputs
+            res = gw.chat("judge", prompts.equal_messages(parent, child), task_id=f"bench-eq-{i}", purpose="equal",
+                          max_tokens=rules.EQUAL_JUDGE_MAX_TOKENS, temperature=0.0, schema=rules.EqualVerdict)
+            return rules.parse_equal_reply(res.text)
+        res = gw.chat("judge", prompts.equal_messages(parent, child), task_id=f"bench-eq-{i}", purpose="equal",
+                      max_tokens=8, temperature=0.0)  # the call before
+        return rules.parse_equal_verdict(res.text)
+
+    with ThreadPoolExecutor(8) as pool:
+        verdicts = list(pool.map(one, range(n)))
+    parsed = sum(v is not None for v in verdicts)
+    return {"calls": n, "parsed": parsed, "parse_share": share(parsed, n),
+            "verdicts": {str(v): verdicts.count(v) for v in ("equal", "not_equal", None)}}
 
 
 def bench_synthesis(gw, settings, seeds, n: int) -> dict:
@@ -202,7 +229,8 @@ def main() -> None:
     ap.add_argument("--label", default="after", help="names the results file (before / after)")
     ap.add_argument("--questions", type=int, default=6, help="module-DAG questions (nine modules each)")
     ap.add_argument("--n", type=int, default=40, help="calls per other kind")
-    ap.add_argument("--kinds", default="modules,equal,synthesis,irm,prm")
+    ap.add_argument("--equal-n", type=int, default=90, help="Equal-judge calls on fixed pairs (equal_direct)")
+    ap.add_argument("--kinds", default="modules,equal,equal_direct,synthesis,irm,prm")
     a = ap.parse_args()
 
     import evolforge
@@ -225,6 +253,7 @@ def main() -> None:
                      embedded_models={settings.embedded.alias})
         benches = {"modules": lambda: bench_modules(gw, settings, seeds, a.questions),
                    "equal": lambda: bench_equal(gw, settings, seeds, a.n),
+                   "equal_direct": lambda: bench_equal_direct(gw, settings, seeds, a.equal_n),
                    "synthesis": lambda: bench_synthesis(gw, settings, seeds, a.n),
                    "irm": lambda: bench_irm(gw, settings, seeds, a.n),
                    "prm": lambda: bench_prm(gw, settings, seeds, a.n)}
