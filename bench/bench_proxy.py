@@ -1,16 +1,34 @@
-"""The recording proxy's added latency, side by side with calling the upstream directly, in one run.
+"""The recording proxy side by side with the LiteLLM proxy and with the bare upstream, in one run, for the three
+wire APIs (chat completions, Responses, Messages), streamed and not.
 
-    .venv/bin/python bench/bench_proxy.py [--clients 32] [--calls 4000] [--stream-calls 400] [--repeat 3] [--rate 500]
+    flock /tmp/evolforge-bench.lock .venv/bin/python bench/bench_proxy.py [--seconds 3] [--paced-seconds 3]
+        [--clients 32] [--rate 100] [--repeat 3] [--apis chat,responses,messages] [--no-litellm]
+                                                                                   # bench/results/proxy.json
 
-The upstream is testing/instant_server.py (asyncio, answers at once; streams 8 chunks 10 ms apart), the proxy
-is `evolforge proxy` in its own process, the load generator is this process: `--clients` concurrent
-asyncio clients (aiohttp, keep-alive) sending chat completions. Direct and proxied rounds alternate
-(`--repeat` times each), so both see the same machine. Reported per round: calls/s and the latency
-percentiles of every call, at saturation (closed loop) and paced at --rate calls/s (32 clients in flight,
-below saturation: the proxy's own added latency); the CPU milliseconds per call of the upstream, the proxy
-and the clients; for streams the time to the first chunk and to the last, and the gap between
-the first and the last chunk (no buffering: about 7 x 10 ms through the proxy as directly).
-Writes bench/results/proxy.json.
+Processes, all on this machine's 2 cores:
+  upstream   testing/instant_server.py (asyncio, answers at once; each API in its own form; a stream is 8 text
+             deltas in that API's events, sent as fast as they are written); a second one whose deltas come
+             10 ms apart, for the stream-spread check.
+  evolforge  `evolforge proxy --upstream <instant>/v1` (records to a temporary folder); a second one to the slow
+             upstream. Sessions in the path (`/s/bench-<client>/v1/...`).
+  litellm    the LiteLLM proxy (`litellm --config`, LITELLM_VERSION, in its own virtualenv outside the repository,
+             built on first use: ensure_litellm_env), one model per API and upstream: `openai/scripted`
+             (chat and Responses, forwarded to the upstream's /v1/chat/completions and /v1/responses) and
+             `anthropic/scripted-messages` (forwarded to its /v1/messages); a master key (its clients send it),
+             no database, no callbacks (it records nothing), LITELLM_LOG=ERROR, the local cost map.
+  clients    this process: aiohttp, keep-alive, a connection per client.
+
+Per API and streaming mode, the three sides take turns (the first side rotates), `--repeat` times:
+  closed     `--clients` clients each sending its next call when the last is answered, for `--seconds`:
+             calls/s, p50 / p99 latency (a stream: to its last byte; also to its first chunk), and the CPU
+             milliseconds per call of the upstream, the proxy (its process and children) and the clients.
+  paced      `--rate` calls/s for `--paced-seconds` (call i sent at i / rate, up to `--clients` in flight):
+             p50 / p99; below saturation this is the proxy's own added latency.
+  spread     (streams) 8 clients for `--spread-calls` calls against the slow upstream: time to the first chunk
+             and from the first chunk to the last (8 deltas 10 ms apart: about 70 ms when nothing is buffered).
+"Added" figures are the median over repeats of (side - direct). The load average is read before and after each
+round. At the end, every call the bench sent to the evolforge proxies (warm-up included) is compared with the
+records and the ledger rows they wrote (one each per call).
 """
 
 from __future__ import annotations
@@ -19,174 +37,359 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from evolforge.testing.net import free_port
+from evolforge.storage.locks import lock_file
+from evolforge.testing import cached_env
+from evolforge.testing.net import free_port, wait_up
 
 ROOT = Path(__file__).resolve().parents[1]
-BODY = {"model": "scripted", "messages": [{"role": "user", "content": "Explain step by step how to add 2 and 3."}]}
+PROMPT = "Explain step by step how to add 2 and 3."
+# 1.108.7 is the newest 1.108 release whose proxy extra installs from PyPI (1.108.8 to .14 pin
+# litellm-enterprise / litellm-proxy-extras builds that were never published there).
+LITELLM_VERSION = "1.108.7"
+LITELLM_REQUIREMENTS = (f"litellm[proxy]=={LITELLM_VERSION}",)
+LITELLM_KEY = "sk-bench-0123456789abcdef"
+LITELLM_MARKER = ".evolforge-litellm-env.json"
+# route, body, the model LiteLLM routes it by (and the slow upstream's)
+APIS = {
+    "chat": ("chat/completions", {"model": "scripted", "messages": [{"role": "user", "content": PROMPT}]}),
+    "responses": ("responses", {"model": "scripted", "input": PROMPT}),
+    "messages": ("messages", {"model": "scripted-messages", "max_tokens": 256,
+                              "messages": [{"role": "user", "content": PROMPT}]}),
+}
+SIDES = ("direct", "evolforge", "litellm")
 
 
-def wait_up(url: str, timeout: float = 60) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+# ------------------------------------------------------------------ LiteLLM's environment (outside the repository)
+def litellm_env_dir() -> Path:
+    """$EVOLFORGE_LITELLM_ENV, else ~/.cache/evolforge/bench-envs/litellm/<key of python + requirements>."""
+    return cached_env.env_dir("EVOLFORGE_LITELLM_ENV", "bench-envs/litellm", LITELLM_REQUIREMENTS)
+
+
+def ensure_litellm_env(timeout: float = 1800.0) -> Path:
+    """The environment's root, built on first use (python -m venv, pip install litellm[proxy]); once per machine
+    and requirements; concurrent builders wait on a lock; an interrupted build (no marker) is built again."""
+    root = litellm_env_dir()
+    if (root / LITELLM_MARKER).is_file():
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with lock_file(root.parent / f"{root.name}.lock", timeout=timeout, what="LiteLLM environment build"):
+        if (root / LITELLM_MARKER).is_file():
+            return root
+        if root.exists():
+            shutil.rmtree(root)
         try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
+            subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, capture_output=True, timeout=300)
+            pip = subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                                  "--disable-pip-version-check", "--no-input", *LITELLM_REQUIREMENTS],
+                                 capture_output=True, text=True, timeout=timeout)
+            if pip.returncode != 0:
+                raise RuntimeError(f"pip install of {LITELLM_REQUIREMENTS} failed:\n{pip.stderr[-3000:]}")
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        (root / LITELLM_MARKER).write_text(json.dumps({"requirements": list(LITELLM_REQUIREMENTS)}))
+    return root
 
 
+def litellm_config(fast: int, slow: int) -> str:
+    models = []
+    for suffix, port in (("", fast), ("-slow", slow)):
+        models.append(f"  - model_name: scripted{suffix}\n    litellm_params:\n      model: openai/scripted\n"
+                      f"      api_base: http://127.0.0.1:{port}/v1\n      api_key: bench\n")
+        models.append(f"  - model_name: scripted-messages{suffix}\n    litellm_params:\n"
+                      f"      model: anthropic/scripted-messages\n      api_base: http://127.0.0.1:{port}\n"
+                      f"      api_key: bench\n")
+    return "model_list:\n" + "".join(models)
+
+
+# ------------------------------------------------------------------ measuring
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of a process and its live children so far (Linux /proc)."""
+    total = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
 
 
-def measured(fn, pids: dict[str, int]) -> dict:
-    """Run one load round; add the CPU milliseconds per call each process spent (this process: the clients)."""
-    before = {k: cpu_s(p) for k, p in pids.items()}
-    t0 = time.process_time()
-    out = fn()
-    out["cpu_ms_per_call"] = {k: round(1000 * (cpu_s(p) - before[k]) / out["calls"], 4) for k, p in pids.items()}
-    out["cpu_ms_per_call"]["clients"] = round(1000 * (time.process_time() - t0) / out["calls"], 4)
-    return out
-
-
-def pct(xs: list[float], q: float) -> float:
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def path_for(proxied: bool, w: int) -> str:
-    return f"/s/bench-{w}/v1/chat/completions" if proxied else "/v1/chat/completions"
+def ms(x: float | None) -> float | None:
+    return None if x is None else round(1000 * x, 3)
 
 
-async def load(base: str, clients: int, calls: int, proxied: bool, rate: float = 0.0) -> dict:
-    """`clients` workers, each sending its next call when the last one is answered (aiohttp: the load generator
-    shares the 2 cores with the upstream and the proxy, so it must be cheap). rate 0: closed loop, as fast as
-    the answers come (saturation); rate R: call i is sent no earlier than i / R seconds after the start (below
-    saturation, the latency is the call's own, not the queue's)."""
+@dataclass
+class Side:
+    name: str
+    base: str
+    slow_base: str
+    pid: int | None  # the proxy's process (None: direct)
+    headers: dict
+    sessions: bool  # the session rides in the path
+
+    def path(self, route: str, worker: int) -> str:
+        return f"/s/bench-{worker}/v1/{route}" if self.sessions else f"/v1/{route}"
+
+
+async def run_load(side: Side, api: str, stream: bool, clients: int, seconds: float = 0.0, rate: float = 0.0,
+                   calls: int = 0, slow: bool = False) -> dict:
+    """Closed loop (rate 0: each client sends again when answered, until `seconds` have passed or `calls` were
+    sent) or paced (call i sent no earlier than i / rate after the start, `calls` of them)."""
     import aiohttp
 
-    lat: list[float] = []
-    queue = iter(range(calls))
-    connector = aiohttp.TCPConnector(limit=clients)
+    route, body = APIS[api]
+    body = {**body, "stream": True} if stream else body
+    if slow:
+        body = {**body, "model": body["model"] + "-slow"} if side.name == "litellm" else body
+    lat, first, spread, bad = [], [], [], []
+    sent = [0]
+    connector = aiohttp.TCPConnector(limit=clients, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=120)
     start = time.perf_counter()
-    async with aiohttp.ClientSession(base_url=base, connector=connector) as c:
-        async def worker(w: int):
-            path = path_for(proxied, w)
-            for i in queue:
+    deadline = start + seconds if seconds else float("inf")
+    limit = calls or 10 ** 9
+    async with aiohttp.ClientSession(base_url=side.slow_base if slow else side.base, connector=connector,
+                                     headers=side.headers, timeout=timeout) as c:
+        async def worker(w: int) -> None:
+            path = side.path(route, w)
+            while time.perf_counter() < deadline and sent[0] < limit:
+                i = sent[0]
+                sent[0] += 1
                 if rate:
                     await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
                 t0 = time.perf_counter()
-                async with c.post(path, json={**BODY, "user": f"u{i}"}) as r:
-                    await r.read()
-                    assert r.status == 200, await r.text()
-                lat.append(time.perf_counter() - t0)
+                try:
+                    async with c.post(path, json={**body, "user": f"u{i}"}) as r:
+                        t_first = None
+                        if stream:
+                            async for chunk in r.content.iter_any():
+                                if chunk and t_first is None:
+                                    t_first = time.perf_counter()
+                        else:
+                            await r.read()
+                        status = r.status
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    bad.append(type(e).__name__)
+                    continue
+                t1 = time.perf_counter()
+                if status != 200:
+                    bad.append(status)
+                    continue
+                lat.append(t1 - t0)
+                if t_first is not None:
+                    first.append(t_first - t0)
+                    spread.append(t1 - t_first)
+
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(clients)))
         wall = time.perf_counter() - t0
-    return {"calls": calls, "calls_per_s": round(calls / wall, 1), "p50_ms": round(1000 * pct(lat, 0.5), 3),
-            "p90_ms": round(1000 * pct(lat, 0.9), 3), "p99_ms": round(1000 * pct(lat, 0.99), 3)}
+    out = {"sent": sent[0], "ok": len(lat), "errors": len(bad), "first_errors": bad[:3],
+           "calls_per_s": round(len(lat) / wall, 1), "p50_ms": ms(pct(lat, 0.5)), "p99_ms": ms(pct(lat, 0.99))}
+    if stream:
+        out.update(ttfc_p50_ms=ms(pct(first, 0.5)), first_to_last_p50_ms=ms(pct(spread, 0.5)))
+    return out
 
 
-async def load_stream(base: str, clients: int, calls: int, proxied: bool) -> dict:
-    first, last, spread = [], [], []
-    queue = iter(range(calls))
-    async with httpx.AsyncClient(base_url=base, timeout=30) as c:
-        async def worker(w: int):
-            for i in queue:
-                t0 = time.perf_counter()
-                async with c.stream("POST", path_for(proxied, w), json={**BODY, "stream": True, "user": f"s{i}"}) as r:
-                    t_first = None
-                    async for chunk in r.aiter_raw():
-                        if chunk and t_first is None:
-                            t_first = time.perf_counter()
-                    t_last = time.perf_counter()
-                first.append(t_first - t0)
-                last.append(t_last - t0)
-                spread.append(t_last - t_first)
-        await asyncio.gather(*(worker(w) for w in range(clients)))
-    return {"calls": calls, "ttfc_p50_ms": round(1000 * pct(first, 0.5), 3), "ttfc_p99_ms": round(1000 * pct(first, 0.99), 3),
-            "total_p50_ms": round(1000 * pct(last, 0.5), 3), "first_to_last_chunk_p50_ms": round(1000 * pct(spread, 0.5), 3)}
+def measured(fn, pids: dict[str, int]) -> dict:
+    """Run one load round; add the CPU milliseconds per answered call of each process (this one: the clients)."""
+    before = {k: cpu_s(p) for k, p in pids.items()}
+    t0 = time.process_time()
+    load0 = os.getloadavg()[0]
+    out = fn()
+    n = max(1, out["ok"])
+    out["cpu_ms_per_call"] = {k: round(1000 * (cpu_s(p) - before[k]) / n, 4) for k, p in pids.items()}
+    out["cpu_ms_per_call"]["clients"] = round(1000 * (time.process_time() - t0) / n, 4)
+    out["load_1m"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
+    return out
+
+
+def count_lines(folder: Path) -> int:
+    return sum(sum(1 for _ in open(f, "rb")) for f in folder.glob("*.jsonl"))
+
+
+# ------------------------------------------------------------------ the run
+def start_processes(a, work: Path, stack) -> dict[str, Side]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "EVOLFORGE_API_KEY")}
+    env["PYTHONUNBUFFERED"] = "1"
+    ports = {k: free_port() for k in ("up", "up_slow", "evo", "evo_slow", "litellm")}
+    procs = stack
+    procs.append(subprocess.Popen([sys.executable, str(ROOT / "testing" / "instant_server.py"), "--port",
+                                   str(ports["up"]), "--chunk-delay", "0"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL))
+    procs.append(subprocess.Popen([sys.executable, str(ROOT / "testing" / "instant_server.py"), "--port",
+                                   str(ports["up_slow"]), "--chunk-delay", "0.01"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL))
+    up_pid = procs[0].pid
+    evo = []
+    for key, up in (("evo", "up"), ("evo_slow", "up_slow")):
+        log = open(work / f"{key}.log", "w")
+        evo.append(subprocess.Popen([sys.executable, "-m", "evolforge.cli", "proxy", "--upstream",
+                                     f"http://127.0.0.1:{ports[up]}/v1", "--port", str(ports[key]), "--out",
+                                     str(work / f"rec-{key}")], env=env, stdout=log, stderr=subprocess.STDOUT))
+    procs += evo
+    direct = f"http://127.0.0.1:{ports['up']}"
+    sides = {
+        "direct": Side("direct", direct, f"http://127.0.0.1:{ports['up_slow']}", None, {}, False),
+        "evolforge": Side("evolforge", f"http://127.0.0.1:{ports['evo']}", f"http://127.0.0.1:{ports['evo_slow']}",
+                          evo[0].pid, {}, True),
+    }
+    if a.litellm:
+        root = ensure_litellm_env()
+        cfg = work / "litellm.yaml"
+        cfg.write_text(litellm_config(ports["up"], ports["up_slow"]))
+        lenv = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "PYTHONPATH")}
+        lenv.update(LITELLM_LOG="ERROR", LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_MASTER_KEY=LITELLM_KEY,
+                    PYTHONUNBUFFERED="1")
+        log = open(work / "litellm.log", "w")
+        ll = subprocess.Popen([str(root / "bin" / "litellm"), "--config", str(cfg), "--host", "127.0.0.1",
+                               "--port", str(ports["litellm"]), "--num_workers", "1"], env=lenv, cwd=work,
+                              stdout=log, stderr=subprocess.STDOUT)
+        procs.append(ll)
+        base = f"http://127.0.0.1:{ports['litellm']}"
+        sides["litellm"] = Side("litellm", base, base, ll.pid, {"authorization": f"Bearer {LITELLM_KEY}"}, False)
+    wait_up(f"{direct}/v1/models")
+    wait_up(f"http://127.0.0.1:{ports['up_slow']}/v1/models")
+    for s in sides.values():
+        if s.name == "evolforge":
+            wait_up(f"{s.base}/healthz")
+            wait_up(f"{s.slow_base}/healthz")
+        elif s.name == "litellm":
+            wait_up(f"{s.base}/health/liveliness", timeout=180)
+    sides["_upstream_pid"] = up_pid  # type: ignore[assignment]
+    return sides
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--calls", type=int, default=4000)
-    ap.add_argument("--stream-calls", type=int, default=400)
-    ap.add_argument("--stream-clients", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=3.0, help="length of a closed-loop round")
+    ap.add_argument("--rate", type=float, default=100.0, help="calls/s of the paced rounds (below saturation)")
+    ap.add_argument("--paced-seconds", type=float, default=3.0)
+    ap.add_argument("--spread-calls", type=int, default=80, help="streamed calls to the slow upstream (0: none)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--rate", type=float, default=500.0, help="calls/s of the paced rounds (below saturation)")
+    ap.add_argument("--apis", default="chat,responses,messages")
+    ap.add_argument("--modes", default="plain,stream")
+    ap.add_argument("--no-litellm", dest="litellm", action="store_false")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "proxy.json"))
     a = ap.parse_args()
-
-    up_port, px_port = free_port(), free_port()
+    apis = a.apis.split(",")
+    modes = [m == "stream" for m in a.modes.split(",")]
     work = Path(tempfile.mkdtemp(prefix="evolforge-bench-proxy-"))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("OPENAI_API_KEY", None)
-    env.pop("EVOLFORGE_API_KEY", None)
-    upstream = subprocess.Popen([sys.executable, str(ROOT / "testing" / "instant_server.py"), "--port", str(up_port)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    proxy = subprocess.Popen([sys.executable, "-m", "evolforge.cli", "proxy", "--upstream",
-                              f"http://127.0.0.1:{up_port}/v1", "--port", str(px_port), "--out", str(work / "rec")],
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    direct, proxied = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{px_port}"
+    load_start = os.getloadavg()
+    t_start = time.time()
+    procs: list[subprocess.Popen] = []
     rounds: list[dict] = []
+    sent_evo = 0
     try:
-        wait_up(f"{direct}/v1/models")
-        wait_up(f"{proxied}/healthz")
-        asyncio.run(load(direct, 4, 200, False))  # warm both paths
-        asyncio.run(load(proxied, 4, 200, True))
-        for i in range(a.repeat):
-            pids = {"upstream": upstream.pid, "proxy": proxy.pid}
-            d = measured(lambda: asyncio.run(load(direct, a.clients, a.calls, False)), pids)
-            p = measured(lambda: asyncio.run(load(proxied, a.clients, a.calls, True)), pids)
-            dp = asyncio.run(load(direct, a.clients, int(a.rate * 4), False, a.rate))
-            pp = asyncio.run(load(proxied, a.clients, int(a.rate * 4), True, a.rate))
-            ds = asyncio.run(load_stream(direct, a.stream_clients, a.stream_calls, False))
-            ps = asyncio.run(load_stream(proxied, a.stream_clients, a.stream_calls, True))
-            rounds.append({"direct": d, "proxy": p, "direct_paced": dp, "proxy_paced": pp, "direct_stream": ds, "proxy_stream": ps})
-            print(f"round {i + 1}: direct {d['calls_per_s']}/s p50 {d['p50_ms']} p99 {d['p99_ms']} ms | proxy "
-                  f"{p['calls_per_s']}/s p50 {p['p50_ms']} p99 {p['p99_ms']} ms | at {a.rate:g}/s p50 direct {dp['p50_ms']} proxy "
-                  f"{pp['p50_ms']} p99 direct {dp['p99_ms']} proxy {pp['p99_ms']} ms | stream ttfc p50 direct "
-                  f"{ds['ttfc_p50_ms']} proxy {ps['ttfc_p50_ms']} ms", flush=True)
+        sides = start_processes(a, work, procs)
+        up_pid = sides.pop("_upstream_pid")
+        names = [n for n in SIDES if n in sides]
+        for api in apis:  # warm every path (imports, connections, caches)
+            for stream in modes:
+                for n in names:
+                    r = asyncio.run(run_load(sides[n], api, stream, 4, calls=40))
+                    if r["ok"] != 40:
+                        sys.exit(f"warm-up of {n} {api} stream={stream} failed: {r}")
+                    sent_evo += r["sent"] if n == "evolforge" else 0
+        turn = 0
+        for rep in range(a.repeat):
+            for api in apis:
+                for stream in modes:
+                    order = names[turn % len(names):] + names[:turn % len(names)]
+                    turn += 1
+                    row = {"repeat": rep, "api": api, "stream": stream, "order": order}
+                    for n in order:
+                        s = sides[n]
+                        pids = {"upstream": up_pid, **({"proxy": s.pid} if s.pid else {})}
+                        closed = measured(lambda: asyncio.run(run_load(s, api, stream, a.clients, seconds=a.seconds)),
+                                          pids)
+                        paced = measured(lambda: asyncio.run(run_load(s, api, stream, a.clients, rate=a.rate,
+                                                                      calls=int(a.rate * a.paced_seconds))), pids)
+                        row[n] = {"closed": closed, "paced": paced}
+                        if stream and a.spread_calls:
+                            row[n]["spread"] = asyncio.run(run_load(s, api, True, 8, calls=a.spread_calls, slow=True))
+                        if n == "evolforge":
+                            sent_evo += closed["sent"] + paced["sent"] + (row[n].get("spread") or {}).get("sent", 0)
+                    rounds.append(row)
+                    print(f"[{rep + 1}] {api:9} {'stream' if stream else 'plain '} " + " | ".join(
+                        f"{n} {row[n]['closed']['calls_per_s']}/s p50 {row[n]['closed']['p50_ms']} "
+                        f"p99 {row[n]['closed']['p99_ms']} paced p50 {row[n]['paced']['p50_ms']} "
+                        f"cpu {row[n]['closed']['cpu_ms_per_call'].get('proxy', 0)} "
+                        f"err {row[n]['closed']['errors'] + row[n]['paced']['errors']}" for n in names)
+                        + f" | load {row[names[0]]['closed']['load_1m'][0]}", flush=True)
     finally:
-        proxy.terminate()
-        upstream.terminate()
-        proxy.wait(timeout=30)
-    recorded = sum(1 for f in (work / "rec" / "records").glob("*.jsonl") for _ in open(f))
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    records = sum(count_lines(work / f"rec-{k}" / "records") for k in ("evo", "evo_slow"))
+    ledger = sum(count_lines(work / f"rec-{k}" / "ledger") for k in ("evo", "evo_slow"))
 
-    def med(kind: str, key: str) -> float:
-        return statistics.median(r[kind][key] for r in rounds)
+    def med(values):
+        values = [v for v in values if v is not None]
+        return round(statistics.median(values), 3) if values else None
 
+    summary = {}
+    for api in apis:
+        for stream in modes:
+            rs = [r for r in rounds if r["api"] == api and r["stream"] == stream]
+            key = f"{api}{' stream' if stream else ''}"
+            summary[key] = {}
+            for n in names:
+                s = {"calls_per_s": med(r[n]["closed"]["calls_per_s"] for r in rs),
+                     "p50_ms": med(r[n]["closed"]["p50_ms"] for r in rs),
+                     "p99_ms": med(r[n]["closed"]["p99_ms"] for r in rs),
+                     "paced_p50_ms": med(r[n]["paced"]["p50_ms"] for r in rs),
+                     "paced_p99_ms": med(r[n]["paced"]["p99_ms"] for r in rs),
+                     "errors": sum(r[n]["closed"]["errors"] + r[n]["paced"]["errors"] for r in rs),
+                     "cpu_ms_per_call": {k: med(r[n]["closed"]["cpu_ms_per_call"].get(k) for r in rs)
+                                         for k in ("upstream", "proxy", "clients")}}
+                if n != "direct":
+                    s["added_p50_ms"] = med(r[n]["closed"]["p50_ms"] - r["direct"]["closed"]["p50_ms"] for r in rs)
+                    s["added_p99_ms"] = med(r[n]["closed"]["p99_ms"] - r["direct"]["closed"]["p99_ms"] for r in rs)
+                    s["paced_added_p50_ms"] = med(r[n]["paced"]["p50_ms"] - r["direct"]["paced"]["p50_ms"] for r in rs)
+                    s["paced_added_p99_ms"] = med(r[n]["paced"]["p99_ms"] - r["direct"]["paced"]["p99_ms"] for r in rs)
+                if stream:
+                    s["ttfc_p50_ms"] = med(r[n]["closed"].get("ttfc_p50_ms") for r in rs)
+                    if a.spread_calls:
+                        s["slow_ttfc_p50_ms"] = med(r[n]["spread"]["ttfc_p50_ms"] for r in rs)
+                        s["slow_first_to_last_p50_ms"] = med(r[n]["spread"]["first_to_last_p50_ms"] for r in rs)
+                summary[key][n] = s
     result = {
-        "clients": a.clients, "calls_per_round": a.calls, "repeat": a.repeat, "rounds": rounds,
-        "added_p50_ms": round(med("proxy", "p50_ms") - med("direct", "p50_ms"), 3),
-        "added_p99_ms": round(med("proxy", "p99_ms") - med("direct", "p99_ms"), 3),
-        "paced_rate": a.rate,
-        "paced_added_p50_ms": round(med("proxy_paced", "p50_ms") - med("direct_paced", "p50_ms"), 3),
-        "paced_added_p99_ms": round(med("proxy_paced", "p99_ms") - med("direct_paced", "p99_ms"), 3),
-        "throughput_ratio": round(med("proxy", "calls_per_s") / med("direct", "calls_per_s"), 3),
-        "cpu_ms_per_call": {kind: {k: statistics.median(r[kind]["cpu_ms_per_call"][k] for r in rounds)
-                                   for k in ("upstream", "proxy", "clients")} for kind in ("direct", "proxy")},
-        "stream_added_ttfc_p50_ms": round(med("proxy_stream", "ttfc_p50_ms") - med("direct_stream", "ttfc_p50_ms"), 3),
-        "stream_first_to_last_p50_ms": {"direct": med("direct_stream", "first_to_last_chunk_p50_ms"),
-                                        "proxy": med("proxy_stream", "first_to_last_chunk_p50_ms")},
-        "records_written": recorded, "load_avg_end": os.getloadavg(),
+        "clients": a.clients, "seconds": a.seconds, "rate": a.rate, "paced_seconds": a.paced_seconds,
+        "repeat": a.repeat, "litellm": LITELLM_VERSION if a.litellm else None,
+        "summary": summary, "rounds": rounds,
+        "evolforge_calls_sent": sent_evo, "evolforge_records": records, "evolforge_ledger_rows": ledger,
+        "load_avg_start": load_start, "load_avg_end": os.getloadavg(), "wall_s": round(time.time() - t_start, 1),
     }
-    print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=2))
-    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "bench" / "results" / "proxy.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=1))
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=1))
+    if not (sent_evo == records == ledger):
+        sys.exit(f"calls in {sent_evo}, records {records}, ledger rows {ledger}: not one each per call")
 
 
 if __name__ == "__main__":

@@ -55,11 +55,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import itertools
 import logging
+import os
 import re
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
@@ -95,6 +96,7 @@ CLIENT_KEY_HEADERS = ("x-api-key", "api-key")  # keys some clients send beside A
 PASS_BACK = {"content-type", "retry-after", "x-request-id", "openai-processing-ms", "x-ratelimit-limit-requests",
              "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"}
 MAX_ROLE_CHARS = 128
+DOOR_MEMO = 256  # door answers remembered (ProxyState.door)
 MAX_ERROR_CHARS = 2000
 
 
@@ -172,16 +174,35 @@ class ProxyState:
         self.client: aiohttp.ClientSession | None = None  # made on the server's event loop (lifespan)
         self.calls = 0
         self.history = translate.History(cfg.translate_history)  # translated Responses, for previous_response_id
+        self._door_memo: dict[tuple, tuple[int, str, str] | None] = {}
+        # record ids: a random prefix of this process and a counter (no random draw, no syscall, per call)
+        self._id_prefix = os.urandom(8).hex()
+        self._ids = itertools.count()
+
+    def record_id(self) -> str:
+        return f"{self._id_prefix}{next(self._ids):016x}"
 
     def translates(self, path: str) -> bool:
         """Whether calls to this route go to the upstream as chat completions (proxy.translate)."""
         return self.settings.proxy.translate in translate.TRANSLATABLE.get(path, ())
 
     def door(self, headers: dict[str, str], scope: dict) -> tuple[int, str, str] | None:
-        """Host and browser checks (tasks/core/request_guard.py): (status, message, kind) to refuse, or None."""
+        """Host and browser checks (tasks/core/request_guard.py): (status, message, kind) to refuse, or None.
+        The answer depends only on the three headers and the local address, so it is remembered for the few
+        combinations a running proxy sees (at most DOOR_MEMO, then forgotten wholesale: any client can send
+        new Host values, and memory must not grow with them)."""
+        local = (scope.get("server") or ("",))[0]
+        key = (headers.get("host"), headers.get("origin"), headers.get("sec-fetch-site"), local)
+        try:
+            return self._door_memo[key]
+        except KeyError:
+            pass
         cfg = self.settings.proxy
-        local = (cfg.host, (scope.get("server") or ("",))[0])
-        return door_refusal(headers, local, cfg.allowed_hosts, cfg.allowed_origins, "proxy")
+        answer = door_refusal(headers, (cfg.host, local), cfg.allowed_hosts, cfg.allowed_origins, "proxy")
+        if len(self._door_memo) >= DOOR_MEMO:
+            self._door_memo.clear()
+        self._door_memo[key] = answer
+        return answer
 
     async def open(self) -> None:
         cfg = self.settings.proxy
@@ -282,7 +303,7 @@ class Call:
         failed = self.status != 200 or self.error
         outcome = "ok" if not failed else self.outcome or (f"http_{self.status}" if self.status != 200 else "error")
         rec = {
-            "record_id": uuid.uuid4().hex, "session": self.session, "parent_session": self.parent,
+            "record_id": st.record_id(), "session": self.session, "parent_session": self.parent,
             "role": self.role, "route": self.route, "method": self.method, "path": self.path,
             "stream": self.stream, "status": self.status, "error": self.error, "model": model,
             "ts": self.ts, "latency_s": latency, "ttft_s": self.ttft_s,

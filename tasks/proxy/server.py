@@ -39,11 +39,64 @@ def _state(settings: Settings, upstream: str, out: str, embedded_models: set[str
                       embedded_models=embedded_models or set())
 
 
+class _CoalescingTransport:
+    """A connection's transport that sends a response's head together with the first body write after it: one
+    send (one loopback segment, one wake-up of the client) per non-streamed answer instead of two. uvicorn writes
+    the status line and headers on `http.response.start` and the body on `http.response.body`, in the same step
+    of the event loop for a whole answer; the head is held until the next write, or the loop's next turn at the
+    latest (a stream's head never waits for its first chunk). Everything else is the real transport's."""
+
+    __slots__ = ("_transport", "_loop", "_head")
+
+    def __init__(self, transport, loop):
+        self._transport, self._loop, self._head = transport, loop, None
+
+    def write(self, data) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.write(head + data)
+        elif data[:5] == b"HTTP/" and data[-4:] == b"\r\n\r\n":
+            self._head = data
+            self._loop.call_soon(self._flush)
+        else:
+            self._transport.write(data)
+
+    def _flush(self) -> None:
+        head, self._head = self._head, None
+        if head is not None and not self._transport.is_closing():
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+
+def _protocol():
+    """uvicorn's httptools protocol with the coalescing transport (None: httptools missing, uvicorn picks)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return None
+
+    class Protocol(HttpToolsProtocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(_CoalescingTransport(transport, self.loop))
+
+    return Protocol
+
+
 def _config(app, host: str, port: int):
     import uvicorn
 
+    # proxy_headers off: X-Forwarded-* from a client is not trusted (and costs a header scan per call);
+    # no Server header (the software is nobody's business, and each header costs two regex scans per answer)
     return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
-                          timeout_keep_alive=30)
+                          timeout_keep_alive=30, http=_protocol() or "auto", proxy_headers=False,
+                          server_header=False)
 
 
 def _quiet_gc() -> None:
