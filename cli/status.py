@@ -26,6 +26,8 @@ def _print_stage(st: dict, indent: str = "") -> None:
         print(f"{indent}  {u['unit']}: batches {u['done']} done, {u['failed']} failed{failed}, {u['pending']} pending "
               f"of {u['batches']}; records {u['records_done']}/{u['records']} done, {u['accepted']} accepted, "
               f"{u['errors']} errors{extra}")
+        if u.get("failure"):
+            print(f"{indent}    first failed batch: {u['failure']}")
     for key, value in st.items():  # what the stage's folder adds (StageFolder.status_extra: models trained, nights)
         if key not in STATUS_KEYS:
             shown = (", ".join(map(str, value)) or "none") if isinstance(value, (list, tuple)) else value

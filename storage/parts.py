@@ -6,13 +6,29 @@ disk, read-only folder: the part is simply absent and the batch is redone).
 Each part records its own row count in the parquet key-value metadata;
 `read_part` checks footer, schema and count, and a part that fails any check is
 reported as corrupt (and moved aside by `quarantine`) so its batch is redone.
+
+A batch whose run raised (its retries spent, or a fatal error) leaves no part; the runtime writes a failure
+marker beside where its part goes (`PART.failed.json`: the error and when), removed when the batch runs again,
+so `evolforge status` tells a failed batch from one not run yet.
 """
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 
-from evolforge.storage.fs import AnyPath, atomic_output, exists, parquet_file, read_parquet, replace
+from evolforge.storage.fs import (
+    AnyPath,
+    atomic_output,
+    exists,
+    parquet_file,
+    read_json,
+    read_parquet,
+    replace,
+    unlink,
+    write_json_atomic,
+)
 
 ROWS_KEY = b"evolforge.rows"
 
@@ -84,3 +100,37 @@ def read_row_group(path: AnyPath, index: int) -> pa.Table:
 
 def num_row_groups(path: AnyPath) -> int:
     return parquet_file(path).num_row_groups
+
+
+FAILED_SUFFIX = ".failed.json"
+
+
+def failure_marker(part: AnyPath) -> AnyPath:
+    """Where a failed batch's marker goes: beside its part (not matched by the parts' `batch_*.parquet`)."""
+    return part.with_name(part.name + FAILED_SUFFIX)
+
+
+def mark_failed(part: AnyPath, error: BaseException) -> None:
+    """Record that the batch of `part` failed with `error` (its type and the first 300 characters)."""
+    message = " ".join(str(error).split())[:300]
+    write_json_atomic(failure_marker(part), {"error": f"{type(error).__name__}: {message}" if message
+                                             else type(error).__name__,
+                                             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+
+def clear_failed(part: AnyPath) -> None:
+    marker = failure_marker(part)
+    if exists(marker):
+        unlink(marker)
+
+
+def read_failure(part: AnyPath) -> dict | None:
+    """The failure marker of the batch of `part` ({"error", "at"}), or None."""
+    marker = failure_marker(part)
+    if not exists(marker):
+        return None
+    try:
+        found = read_json(marker)
+    except (OSError, ValueError):
+        return {"error": "unreadable failure marker", "at": None}
+    return found if isinstance(found, dict) else {"error": "unreadable failure marker", "at": None}

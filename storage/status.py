@@ -5,8 +5,10 @@
 
 The folder's kind is the stage named by its stage.json marker (storage/folder.py), written by the stage runner;
 a unit is one of the batched tables of the stage's folder class (`StageFolder.batched_sets`). Per unit: batches done (a part is checkpointed), failed
-(the part holds records that failed with an error, which `evolforge retry` redoes, or the part is
-unreadable), pending (no part yet) -- the three add up to the batches -- and records in the input, done
+(the part holds records that failed with an error, which `evolforge retry` redoes, the part is
+unreadable, or the batch raised and left its failure marker instead of a part: "failure" is the first such
+batch's error), pending (no part and no failure: not run yet, running, or stopped) -- the three add up to the
+batches -- and records in the input, done
 (in any part), accepted and failed. Calls, tokens and
 cost come from the folder's cost ledger. A folder of folders with markers (a pipeline run's) gives one status
 per stage under "stages".
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from evolforge.storage.folder import read_marker
 from evolforge.storage.fs import AnyPath, exists, is_remote, list_files, location, parquet_file, read_parquet
+from evolforge.storage.parts import read_failure
 
 # statuses of a record that made it through its stage (evolve: accepted; synthesis: kept; reward: ranked / ok)
 ACCEPTED_STATUSES = frozenset({"accepted", "kept", "ok", "ranked"})
@@ -50,7 +53,13 @@ def batch_unit(name: str, input_path: AnyPath, part_of) -> dict:
     for b in range(len(sizes)):
         part = part_of(b)
         if not exists(part):
-            unit["pending"] += 1
+            failure = read_failure(part)  # the batch raised (its retries spent, or a fatal error): no part
+            if failure is None:
+                unit["pending"] += 1
+            else:
+                unit["failed"] += 1
+                unit["failed_batches"].append(b)
+                unit.setdefault("failure", failure.get("error"))  # the first failed batch's error
             continue
         try:
             if "status" in parquet_file(part).schema_arrow.names:

@@ -6,7 +6,9 @@ the work for one record, the row to keep when the endpoint rejects a record, the
   1. returns at once when the part exists and is whole (resume); a corrupt part is moved aside and redone;
   2. otherwise runs the records with `concurrency` in flight through the process's gateway, replaying
      finished calls from the batch journal (a killed batch repeats at most the calls that were in flight);
-  3. writes the part atomically and returns its counts.
+  3. writes the part atomically and returns its counts; when the batch raises instead, it leaves a failure
+     marker where its part goes (storage/parts.py mark_failed: `evolforge status` shows it failed, not pending),
+     removed when the batch runs again.
 A record whose request the endpoint rejects as bad (HTTP 400/422) is kept as the stage's error row;
 transient failures that outlast the gateway's retries fail the batch (its finished calls stay journaled),
 so the orchestrator retries it; auth, unknown model and a down endpoint are fatal (`is_fatal`) and stop the run.
@@ -185,17 +187,29 @@ def run_batch(spec: BatchSpec, settings: Settings, base_url: str, run_id: str, o
 
     replayed_before = gw.stats.replayed
     live_progress.report_records(str(spec.part), 0, len(rows))
+    parts.clear_failed(spec.part)  # an earlier attempt's failure: this one runs now
     try:
         with batch_journal(gw, spec.journal, settings) as journal:
             results = run_records(one, rows, spec.concurrency, spec.name, tick, max(1, len(rows) // 10))
-    except BaseException:
+        table = pa.Table.from_pylist(results, schema=spec.schema)
+        parts.write_table_atomic(table, spec.part)
+    except BaseException as e:
         live_progress.batch_ended(str(spec.part))  # its records are not done
+        _mark_failed(spec.part, e)
         raise
-    table = pa.Table.from_pylist(results, schema=spec.schema)
-    parts.write_table_atomic(table, spec.part)
     stats = _stats(spec, table.column("status").to_pylist(), skipped=False)
     stats["replayed_calls"] = gw.stats.replayed - replayed_before
     return stats
+
+
+def _mark_failed(part: AnyPath, error: BaseException) -> None:
+    """The batch's failure marker (what `evolforge status` reads); never hides the batch's own error."""
+    if not isinstance(error, Exception):
+        return  # stopped (Ctrl-C, a cancelled run), not failed: the batch is pending
+    try:
+        parts.mark_failed(part, error)
+    except Exception:  # noqa: BLE001 - the store may be what failed (a full disk)
+        log.debug("could not write the failure marker of %s", part, exc_info=True)
 
 
 def _stats(spec: BatchSpec, statuses: list[str], skipped: bool) -> dict[str, Any]:

@@ -90,3 +90,36 @@ def test_status_of_nothing_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = status_cli(tmp_path / "empty")
     assert proc.returncode == 2 and "holds no evolforge stage output" in proc.stderr
+
+
+def test_a_batch_that_failed_is_failed_not_pending(tmp_path, server, monkeypatch):
+    """A batch whose calls get HTTP 500 until the gateway's and Prefect's retries are spent leaves no part: status
+    shows it failed, with its error, not pending; the run that redoes it clears that."""
+    from evolforge.flows import evolve as evolve_module
+
+    monkeypatch.setattr(evolve_module, "evolve_batch_task",  # Prefect's retries without their 5 s, 10 s waits
+                        evolve_module.evolve_batch_task.with_options(retry_delay_seconds=0, retry_jitter_factor=None))
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text("".join(json.dumps({"id": f"s{i}", "instruction": f"Compute {i} plus {i + 7} and explain."}) + "\n"
+                             for i in range(5)))
+    p = EvolveParams(seeds=str(seeds), out=str(tmp_path / "out"), rounds=1, base_url=server.base_url,
+                     overrides={"evol_instruct": {"batch_size": 2, "concurrency": 2},
+                                "gateway": {"backoff_base_seconds": 0.0, "timeout_seconds": 2.0, "max_retries": 1}})
+    server.poison = "Compute 4 plus"  # the seed of batch 2 (s4): every call for it gets HTTP 500
+    with pytest.raises(Exception, match="1 of 3 batches failed"):
+        evolve_flow(p)
+    lay = RunLayout(tmp_path / "out")
+    assert not lay.part(1, 2).exists()
+    r1 = folder_status(lay.root)["units"][0]
+    assert (r1["done"], r1["failed"], r1["pending"], r1["failed_batches"]) == (2, 1, 0, [2])
+    assert "500" in r1["failure"]
+    proc = status_cli(lay.root)
+    assert proc.returncode == 0, proc.stderr
+    assert "round 1: batches 2 done, 1 failed [2], 0 pending of 3; records 4/5 done" in proc.stdout
+    assert "first failed batch: " in proc.stdout and "500" in proc.stdout.split("first failed batch: ")[1]
+
+    server.poison = None  # the endpoint recovers: the run over the folder redoes the batch, and it is done
+    evolve_flow(p)
+    r1 = folder_status(lay.root)["units"][0]
+    assert (r1["done"], r1["failed"], r1["pending"], r1["failed_batches"]) == (3, 0, 0, [])
+    assert "failure" not in r1
