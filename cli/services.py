@@ -141,8 +141,8 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--config")
     p.add_argument("--build", action="store_true", help="build llama.cpp's llama-server once per machine (from the "
-                   "installed llama-cpp-python's source, cached under ~/.cache/evolforge) and exit")
-    p.add_argument("--jobs", type=int, default=2, help="compile jobs for --build")
+                   "llama.cpp source of the pinned llama-cpp-python sdist, cached under ~/.cache/evolforge) and exit")
+    p.add_argument("--jobs", type=int, default=0, help="compile jobs for --build (default: one per CPU)")
     p.set_defaults(fn=cmd_serve_model)
 
     p = sub.add_parser("preflight", help="send one minimal request per configured model")

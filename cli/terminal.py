@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 LOG_NAME = "evolforge.log"
-SHOWN = ("View at ",)  # Prefect's lines that stay on the terminal (the flow run's link in the UI)
+SHOWN = ("View at ", "gateway: ")  # lines that stay on the terminal: the flow run's link in the UI, the calls in flight
 _CHECK_EVERY = 0.5  # seconds between looks for the output folder's marker
 
 

@@ -99,6 +99,7 @@ class StageRun:
                     self.preflight_failed = True
                     raise PreflightError(str(e)) from None
                 self.logger.info("model endpoint %s%s", gw.describe(), f"; {log}" if log else "")
+                self.logger.info(gw.concurrency_line())  # shown on the terminal (cli/terminal.py SHOWN)
                 self.endpoint_ = Endpoint(base_url, endpoint_label(self.settings, base_url), runner, gw)
                 self.runner_ = runner
                 yield self.endpoint_

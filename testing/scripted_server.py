@@ -274,6 +274,8 @@ class ScriptedServer:
         self.probes: list[dict] = []
         self.unknown_models: set[str] = set()  # a probe naming one of these is answered 404 (model not found)
         self.models: list[str] = list(MODELS)  # what GET /models lists
+        self.props: object = None  # what GET /props answers (as llama-server: {"total_slots": N}); None: 404
+        self.props_requests = 0  # GET /props received
         # response_format types this server refuses (HTTP reject_format_status, an error naming the field)
         self.reject_formats: set[str] = set()
         self.reject_format_status = 400
@@ -307,6 +309,13 @@ class ScriptedServer:
             def do_GET(self):
                 if self.path.rstrip("/").endswith("/models"):
                     self._json(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in outer.models]})
+                elif self.path.rstrip("/") == "/props":
+                    with outer.lock:
+                        outer.props_requests += 1
+                    if outer.props is None:
+                        self._json(404, {"error": {"message": "not found"}})
+                    else:
+                        self._json(200, outer.props)
                 else:
                     self._json(404, {"error": {"message": "not found"}})
 

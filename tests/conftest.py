@@ -118,12 +118,28 @@ def pytest_collection_modifyitems(config, items):
         with open(tmp, "w") as fh:
             json.dump(groups, fh)
         os.replace(tmp, path)
+    _skip_embedded_without_a_server(items)
     if os.environ.get("EVOLFORGE_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow end-to-end test: set EVOLFORGE_SLOW=1 to run")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def _skip_embedded_without_a_server(items) -> None:
+    """Tests marked `embedded` start the embedded model: skipped, with the reason (what is missing and how to
+    install it), when neither llama-server is built nor llama-cpp-python installed, or the GGUF is missing."""
+    embedded = [item for item in items if "embedded" in item.keywords]
+    if not embedded:
+        return
+    from evolforge.config.settings import load_settings
+    from evolforge.tasks.core.embedded_model import unavailable
+
+    reason = unavailable(load_settings(environ={}).embedded)
+    if reason:
+        for item in embedded:
+            item.add_marker(pytest.mark.skip(reason=f"embedded model: {reason}"))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -21,7 +21,13 @@ class GatewaySettings(Section):
     max_retries: int = Field(3, ge=0, le=20, description="Retries after the first attempt on 429, 5xx, timeouts, connection errors and malformed bodies.")
     backoff_base_seconds: float = Field(1.0, ge=0, description="First backoff delay; doubles per retry, with full jitter.")
     backoff_max_seconds: float = Field(30.0, ge=0, description="Cap on one backoff delay (a longer Retry-After is honoured up to 4x this).")
-    concurrency: int = Field(8, ge=1, le=1024, description="Most model calls in flight at once in one process.")
+    concurrency: int = Field(
+        0, ge=0, le=1024, description="Most model calls in flight at once in one process. 0 (default): follow the "
+        "endpoint: 32 for a remote one; for the embedded model one call per llama-server slot (read from the "
+        "server's /props; 2 on llama-cpp-python's one-at-a-time server; embedded.max_concurrent_calls sets another "
+        "number). A positive value is used as given for a remote endpoint, and lowers the embedded model's (calls "
+        "beyond its slots only queue in the server). A run's first lines say the number and where it came from "
+        "(`gateway: N calls in flight (from ...)`).")
     global_concurrency_limit: str = Field(
         "",
         description="Name of a Prefect global concurrency limit (with slot decay) every call also takes a slot of; "

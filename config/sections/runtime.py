@@ -15,14 +15,15 @@ class EmbeddedModelSettings(Section):
 
     server: Literal["auto", "llama-server", "llama-cpp-python"] = Field(
         "auto", description="Which server runs the model. auto (default): llama-server when its binary is there "
-        "(server_binary or the build cache), else llama-cpp-python. llama-server: llama.cpp's own server (parallel "
+        "(server_binary or the build cache), else llama-cpp-python when installed (the `embedded-fallback` extra); "
+        "with neither the run stops with one line naming both. llama-server: llama.cpp's own server (parallel "
         "slots, continuous batching: concurrent calls share each decoding step; 2.8x llama-cpp-python's completion "
         "tokens/s at 8 concurrent calls here, BENCHMARKS.md), built once per machine by "
-        "`evolforge serve-model --build` (or `make setup`) from the llama.cpp source vendored in the installed "
-        "llama-cpp-python; llama-cpp-python: its Python OpenAI server (one call at a time).")
+        "`evolforge serve-model --build` (or `make setup`) from the llama.cpp source vendored in the pinned "
+        "llama-cpp-python sdist; llama-cpp-python: its Python OpenAI server (one call at a time).")
     server_binary: str = Field(
         "", description="llama-server executable; empty: the build cache, $EVOLFORGE_CACHE or "
-        "~/.cache/evolforge, then llama-server/<llama-cpp-python version>/llama-server.")
+        "~/.cache/evolforge, then llama-server/<pinned llama-cpp-python version>/llama-server.")
     parallel: int = Field(
         8, ge=1, le=64, description="llama-server: parallel slots (-np), each with an n_ctx context "
         "(the server's whole context is n_ctx * parallel).")
@@ -47,9 +48,10 @@ class EmbeddedModelSettings(Section):
         128, ge=8, description="Cap on completion tokens when the embedded model serves (keeps the sample run short)."
     )
     max_concurrent_calls: int = Field(
-        0, ge=0, le=64, description="Calls in flight at once against the embedded server (caps gateway.concurrency "
-        "while it serves). 0: follow the server, `parallel` with llama-server (calls beyond the slots only queue), "
-        "2 with llama-cpp-python (it answers one call at a time, so more calls only queue into the client timeout).")
+        0, ge=0, le=64, description="Calls in flight at once against the embedded server (a smaller "
+        "gateway.concurrency lowers it). 0: follow the server, one per llama-server slot (read from its /props, "
+        "else `parallel`: calls beyond the slots only queue), 2 with llama-cpp-python (it answers one call at a "
+        "time, so more calls only queue into the client timeout).")
 
     @field_validator("host")
     @classmethod

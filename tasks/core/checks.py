@@ -128,8 +128,14 @@ def _model_problem(settings: Settings, base: str, served: list[str]) -> str | No
 
 def check_endpoint(settings: Settings, timeout: float = ENDPOINT_TIMEOUT_SECONDS) -> None:
     """A configured endpoint answers `GET /models` like an OpenAI-compatible API, accepts the key and lists the
-    models the settings name (the embedded model is started by the run itself)."""
+    models the settings name (the embedded model is started by the run itself: here only its GGUF file and a
+    server for it are looked for)."""
     if settings.uses_embedded_model:
+        from evolforge.tasks.core.embedded_model import unavailable
+
+        problem = unavailable(settings.embedded)
+        if problem:
+            raise InputError(problem)
         return
     from evolforge.tasks.core.keys import InsecureKeyTransport, check_key_transport, read_api_key
 

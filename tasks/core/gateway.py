@@ -7,7 +7,9 @@
   (`check_key_transport`);
 - a model per stage (`[models]` in config);
 - bounded concurrency (a semaphore per gateway, plus an optional Prefect
-  global concurrency limit with slot decay);
+  global concurrency limit with slot decay), derived from the endpoint unless
+  `gateway.concurrency` sets it (`derive_concurrency`: the embedded server's
+  slots, REMOTE_CONCURRENCY for a remote endpoint);
 - retries with exponential backoff and full jitter on 429, 5xx, timeouts,
   connection errors and malformed bodies, honouring Retry-After;
 - no retry on 400/401/403/404/422: those fail at once with `GatewayError`,
@@ -45,7 +47,7 @@ import httpx
 from evolforge.config.settings import Settings
 from evolforge.storage.journal import CallJournal
 from evolforge.storage.ledger import LedgerWriter
-from evolforge.tasks.core import structured
+from evolforge.tasks.core import llama_server, structured
 from evolforge.tasks.core.json_parse import JSONParseFailure, extract_json
 from evolforge.tasks.core.keys import (  # noqa: F401 - re-exported: the gateway's key API
     API_KEY_ENV,
@@ -56,13 +58,34 @@ from evolforge.tasks.core.keys import (  # noqa: F401 - re-exported: the gateway
     mask_secret,
     read_api_key,
 )
-from evolforge.tasks.core.llama_server import concurrency_cap
 from evolforge.tasks.core.pricing import PriceBook
 
 log = logging.getLogger("evolforge.gateway")
 
 PREFLIGHT_PROMPT = "Reply with the word OK."  # the pre-flight probe: one minimal completion per model
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
+# Calls in flight against a remote endpoint when gateway.concurrency is 0 (a hosted API or a vLLM server batches
+# far more than the embedded model's slots; its rate limits answer 429, which the gateway backs off from).
+REMOTE_CONCURRENCY = 32
+
+
+def derive_concurrency(settings: Settings, base_url: str, embedded: bool) -> tuple[int, str]:
+    """The gateway's calls in flight and where the number comes from (what a run's first lines say).
+
+    A remote endpoint: `gateway.concurrency` as given, or REMOTE_CONCURRENCY when it is 0 (the default). The
+    embedded model: its server's capacity (llama_server.concurrency_cap: embedded.max_concurrent_calls, else one
+    call per llama-server slot, read from its /props), lowered to `gateway.concurrency` when that is set and
+    smaller: calls beyond the slots only queue in the server and run into the client timeout."""
+    explicit = settings.gateway.concurrency
+    if not embedded:
+        if explicit:
+            return explicit, "gateway.concurrency"
+        return REMOTE_CONCURRENCY, "the default for a remote endpoint; gateway.concurrency sets another"
+    root = base_url.rstrip("/").removesuffix("/v1")
+    cap, why = llama_server.concurrency_cap(settings.embedded, root)
+    if explicit and explicit < cap:
+        return explicit, f"gateway.concurrency, under {why}"
+    return cap, why
 
 
 def model_roles() -> tuple[str, ...]:
@@ -187,9 +210,8 @@ class Gateway:
         self.embedded_models = set(embedded_models)
         self._api_key = api_key if api_key is not None else (read_api_key() or NO_KEY)
         check_key_transport(self.base_url, self._api_key, self.cfg.allow_key_over_http)
-        self.max_in_flight = self.cfg.concurrency
-        if self.embedded_models:  # calls beyond the embedded server's slots only queue and time out
-            self.max_in_flight = min(self.max_in_flight, concurrency_cap(settings.embedded))
+        self.max_in_flight, self.concurrency_source = derive_concurrency(
+            settings, self.base_url, bool(self.embedded_models))
         # retries are ours (counted, ledgered, Retry-After aware): the client itself never retries
         self._client = httpx.Client(
             timeout=self.cfg.timeout_seconds,
@@ -214,6 +236,10 @@ class Gateway:
         if self.embedded_models and self.settings.uses_embedded_model:
             return min(requested, self.settings.embedded.max_new_tokens)
         return requested
+
+    def concurrency_line(self) -> str:
+        """What a run's first lines say about the calls in flight."""
+        return f"gateway: {self.max_in_flight} calls in flight (from {self.concurrency_source})"
 
     def describe(self) -> str:
         return f"{self.base_url} (key {mask_secret(self._api_key if self._api_key != NO_KEY else None)})"

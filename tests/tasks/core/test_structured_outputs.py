@@ -177,7 +177,6 @@ def test_the_setting_caps_what_a_call_asks_for(server, tmp_path, setting, expect
 @pytest.mark.embedded
 def test_the_embedded_model_returns_schema_valid_json_for_every_call_kind(tmp_path):
     """llama-server turns the json_schema into a grammar: the 135M model's replies meet the stages' schemas."""
-    pytest.importorskip("llama_cpp")
     from evolforge.tasks.core.embedded_model import embedded_server
     from evolforge.tasks.core.llama_server import chosen_server
     from evolforge.tasks.evolve import prompts as evolve_prompts

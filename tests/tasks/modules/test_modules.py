@@ -326,7 +326,6 @@ def test_flow_and_cli_on_a_prefect_server(fast_server, tmp_path):
 @pytest.mark.embedded
 @pytest.mark.usefixtures("prefect_harness")
 def test_two_questions_end_to_end_on_the_embedded_model(tmp_path):
-    pytest.importorskip("llama_cpp.server")
     from evolforge.flows.modules import ModulesParams, modules_flow
 
     src = tmp_path / "q.jsonl"

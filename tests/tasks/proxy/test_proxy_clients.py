@@ -61,7 +61,6 @@ def test_openai_agents_sdk_agent_with_tools_through_the_proxy(tmp_path):
 @pytest.mark.slow
 @pytest.mark.embedded
 def test_openai_sdk_through_the_proxy_to_the_embedded_model(tmp_path):
-    pytest.importorskip("llama_cpp.server")
     from evolforge.tasks.core.embedded_model import embedded_server
 
     settings = make_settings()

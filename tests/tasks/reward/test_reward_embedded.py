@@ -19,7 +19,6 @@ from evolforge.storage.ledger import read_ledger
 from evolforge.storage.reward_sets import RewardLayout
 from evolforge.tasks.reward.scoring import score_instructions, score_steps
 
-pytest.importorskip("llama_cpp.server")
 pytestmark = [pytest.mark.embedded, pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 ROWS = [
