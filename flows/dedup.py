@@ -16,13 +16,15 @@ records as in one process.
 
 from __future__ import annotations
 
+import time
+
 from prefect import flow, task
 
 from evolforge.flows._runners import build_task_runner
 from evolforge.flows._stage import finish_stage, stage_run
 from evolforge.tasks.core.batch import settings_from_json
 from evolforge.tasks.dedup import report
-from evolforge.tasks.dedup.distributed import remove_work, run_step, work_for
+from evolforge.tasks.dedup.distributed import remove_work, run_step, work_bytes, work_for
 from evolforge.tasks.dedup.pipeline import dedup_file
 from evolforge.tasks.dedup.shard_tasks import SubmittedShards, run_shard_files
 from evolforge.tasks.dedup.stage import DedupParams
@@ -53,6 +55,7 @@ def on_workers(runner, p: DedupParams, settings, settings_json: str, logger) -> 
     s = settings.dedup
     work = work_for(p.input, p.out, s)
     records: list[dict] = []
+    started = time.perf_counter()
 
     def steps(step: str, args: list[dict]) -> list[dict]:
         futures = [runner.submit(dedup_step_task.with_options(
@@ -97,7 +100,12 @@ def on_workers(runner, p: DedupParams, settings, settings_json: str, logger) -> 
     for r in records:
         workers[str(r["pid"])] = max(workers.get(str(r["pid"]), 0.0), r["peak_rss_mb"])
     stats.update(shard_workers=workers, steps_reused=[r["step"] for r in records if r.get("reused")],
-                 work_dir=str(work.root))
+                 step_attempts={r["step"]: work.attempts(r["step"]) for r in records},
+                 work_dir=str(work.root), worker_cpu_seconds=round(sum(r.get("cpu_seconds", 0.0) for r in records), 3),
+                 work_bytes=work_bytes(work), steps_wall_seconds=round(time.perf_counter() - started, 3),
+                 step_cost={r["step"]: {"seconds": round(r["seconds"], 3), "cpu_seconds": round(r["cpu_seconds"], 3),
+                                        "peak_rss_mb": round(r["peak_rss_mb"], 1)}
+                            for r in records if "cpu_seconds" in r})
     out = steps("write", [{"input": str(p.input), "text_field": p.text_field, "id_field": p.id_field,
                            "out_dir": str(p.out), "drop_steps": drop_steps, "alive_step": alive_step,
                            "stats": stats}])[0]

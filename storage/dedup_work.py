@@ -2,6 +2,7 @@
 
     WORK/plan.json                       the plan: input, settings fingerprint, shard count, rows per shard
     WORK/<step>/done.json                the step's completion marker: its counts and the files it wrote
+    WORK/<step>/started-<pid>.json       one per attempt: the worker process that took the step
     WORK/records/shard-<s>.parquet       shard s's records: id, text (and score for keep="best")
     WORK/prep/shard-<s>/<name>.npy       shard s's exact keys and MinHash sketches (every record of the shard)
     WORK/exact/alive.npy                 per record: alive after the exact step (and its drops, drops.parquet)
@@ -20,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -53,6 +55,15 @@ class DedupWork:
             return json.loads(self.marker(name).read_text())
         except (OSError, ValueError):
             return None
+
+    def mark_started(self, name: str) -> None:
+        """WORK/<step>/started-<pid>.json: which worker process took the step, and when (one per attempt)."""
+        write_json(self.step(name) / f"started-{os.getpid()}.json", {"pid": os.getpid(), "time": time.time()})
+
+    def attempts(self, name: str) -> list[int]:
+        """The worker processes that started the step, oldest first."""
+        found = [read_json(p) for p in self.step(name).glob("started-*.json")]
+        return [r["pid"] for r in sorted(found, key=lambda r: r["time"])]
 
     def mark_done(self, name: str, record: dict) -> dict:
         write_json(self.marker(name), record)

@@ -64,6 +64,11 @@ def work_for(input_path: str, out_dir: str, s: DedupSettings) -> DedupWork:
     return DedupWork.for_input(base, input_path, settings_fingerprint(s) + str(out_dir), s.shards)
 
 
+def work_bytes(work: DedupWork) -> int:
+    """Bytes of the work folder's files (what the shared store holds at the end of a run)."""
+    return sum(f.stat().st_size for f in work.root.rglob("*") if f.is_file())
+
+
 def remove_work(work: DedupWork) -> None:
     """The work folder, once the outputs are written."""
     shutil.rmtree(work.root, ignore_errors=True)
@@ -76,10 +81,11 @@ def run_step(step: str, root: str, args: dict, s: DedupSettings) -> dict:
     done = work.done(name)
     if done is not None:
         return {**done, "reused": True}
-    t0 = time.perf_counter()
+    work.mark_started(name)
+    t0, c0 = time.perf_counter(), time.process_time()
     out = STEPS[step](work, s, **args)
     record = {**out, "step": name, "pid": os.getpid(), "seconds": time.perf_counter() - t0,
-              "peak_rss_mb": peak_rss_mb()}
+              "cpu_seconds": time.process_time() - c0, "peak_rss_mb": peak_rss_mb()}
     return work.mark_done(name, record)
 
 

@@ -104,3 +104,38 @@ def test_ray_cluster_decides_as_one_process(corpus_file, one_process, tmp_path):
         summary = _flow(corpus_file, tmp_path / "out", {"kind": "ray", "address": cluster.gcs_address})
     _same(_decisions(tmp_path / "out"), one_process)
     assert str(os.getpid()) not in summary["stats"]["shard_workers"]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_shard_has_that_shard_redone_alone(corpus_file, one_process, tmp_path):
+    """SIGKILL the Dask worker process that took embed/shard-00001 (loading its static model or encoding): the
+    step is taken again by another worker process, no other step runs twice, and the decisions are unchanged."""
+    import signal
+    import threading
+    import time
+
+    pytest.importorskip("prefect_dask")
+    work_base = tmp_path / "work"
+    killed: list[int] = []
+
+    def kill_when_started() -> None:
+        deadline = time.time() + 600
+        while time.time() < deadline and not killed:
+            for marker in work_base.glob("*/embed/shard-00001/started-*.json"):
+                pid = json.loads(marker.read_text())["pid"]
+                if not (marker.parent / "done.json").exists():
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                break
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=kill_when_started, daemon=True)
+    watcher.start()
+    summary = _flow(corpus_file, tmp_path / "out", {"kind": "dask", "max_workers": 2}, shard_dir=str(work_base))
+    watcher.join(timeout=1)
+    assert killed, "the worker was not caught mid-shard"
+    _same(_decisions(tmp_path / "out"), one_process)
+    attempts = summary["stats"]["step_attempts"]
+    assert attempts["embed/shard-00001"][0] == killed[0] and len(attempts["embed/shard-00001"]) == 2
+    assert killed[0] not in attempts["embed/shard-00001"][1:]
+    assert all(len(pids) == 1 for step, pids in attempts.items() if step != "embed/shard-00001"), attempts
