@@ -156,38 +156,68 @@ def _label(row: dict) -> str:
     return f"{op} ({direction})" if direction else op
 
 
-def survival_by_operation(rounds: list[dict]) -> bytes:
-    """Share of attempts accepted, per evolution operation (bars) and round (one bar per round), with counts."""
-    from evolforge.tasks.report.plots import COLORS, empty_plot, plt, png
+BAR_INCHES = 0.2        # height per bar of the survival plot: its count (7 pt) fits beside it, with room between
+GROUP_GAP = 0.7         # space between two operations' groups, in bars
+COUNT_POINTS = 7        # the counts' font size; drawn only when a bar's pitch is at least 1.3 times it
+MAX_PLOT_INCHES = 40.0  # the figure stops growing here (about 170 bars): beyond it bars are thinner
 
-    title = "Survival by operation and round"
+
+def survival_figure(rounds: list[dict]):
+    """The survival plot as a matplotlib Figure (None: no attempts): one horizontal bar per operation and round,
+    grouped by operation, labelled by its operation (and round), its `accepted/attempts` beside it. The figure
+    grows with the bars (BAR_INCHES each, up to MAX_PLOT_INCHES), so labels and counts never overlap at 60 or
+    600 bars; counts are drawn only when a bar's pitch holds them."""
+    from evolforge.tasks.report.plots import COLORS, plt
+
     cells = {(_label(r), t["round"]): r for t in rounds for r in t.get("by_operation", [])}
     if not cells:
-        return empty_plot(title, "no evolution attempts")
+        return None
     ops = sorted({op for op, _ in cells})
     round_nos = sorted({r for _, r in cells})
-    width = 0.8 / len(round_nos)
-    fig, ax = plt.subplots(figsize=(min(13.0, max(6.0, 0.8 * len(ops) * len(round_nos) ** 0.5 + 2)), 4.6))
-    for k, rno in enumerate(round_nos):
-        xs, ys, notes = [], [], []
-        for i, op in enumerate(ops):
+    several = len(round_nos) > 1
+    bars: list[tuple[float, str, int, dict]] = []  # (y, label, round's index, row), top to bottom
+    y = 0.0
+    for op in ops:
+        for k, rno in enumerate(round_nos):
             row = cells.get((op, rno))
-            if row:
-                xs.append(i - 0.4 + width * (k + 0.5))
-                ys.append(float(row["survival"] or 0.0))
-                notes.append(f"{row['accepted']}/{row['attempts']}")
-        bars = ax.bar(xs, ys, width=width * 0.95, color=COLORS[k % 10], label=f"round {rno}")
-        if len(ops) * len(round_nos) <= 24:
-            ax.bar_label(bars, labels=notes, fontsize=7, padding=2)
-    tilt = len(ops) > 3
-    ax.set_xticks(range(len(ops)), ops, rotation=30 if tilt else 0, ha="right" if tilt else "center", fontsize=8)
-    ax.set_ylim(0, 1.1)
-    ax.set_ylabel("accepted / attempts")
-    ax.set_title(title, pad=22)
-    # above the axes: never over a bar or its count
-    ax.legend(fontsize=8, ncols=min(6, len(round_nos)), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
-    ax.grid(axis="y", alpha=0.3)
-    return png(fig)
+            if row is not None:
+                bars.append((y, f"{op} \u00b7 round {rno}" if several else op, k, row))
+                y += 1.0
+        y += GROUP_GAP
+    span = y - GROUP_GAP  # in bars, gaps included
+    margins = 1.5 + (0.35 if several and len(round_nos) <= 10 else 0.0)  # title, x axis (and the legend)
+    height = min(MAX_PLOT_INCHES, margins + BAR_INCHES * span)
+    pitch_points = (height - margins) / max(span, 1.0) * 72
+    fig, ax = plt.subplots(figsize=(8.0, height))
+    ys = [b[0] for b in bars]
+    ax.barh(ys, [float(b[3]["survival"] or 0.0) for b in bars], height=0.8,
+            color=[COLORS[b[2] % 10] for b in bars])
+    if pitch_points >= 1.3 * COUNT_POINTS:
+        for yy, _, _, row in bars:
+            ax.text(float(row["survival"] or 0.0) + 0.01, yy, f"{row['accepted']}/{row['attempts']}",
+                    va="center", ha="left", fontsize=COUNT_POINTS)
+    ax.set_yticks(ys, [b[1] for b in bars], fontsize=min(8.0, max(3.0, pitch_points / 1.3)))
+    ax.set_ylim(span - 0.5, -0.5)  # the first operation on top
+    ax.set_xlim(0, 1.18)  # room for a count beside a full bar
+    ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax.set_xlabel("accepted / attempts")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title("Survival by operation and round", pad=22 if several and len(round_nos) <= 10 else 6)
+    if several and len(round_nos) <= 10:  # more rounds repeat the colours: each bar's label names its round
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color=COLORS[k], label=f"round {rno}") for k, rno in enumerate(round_nos)],
+                  fontsize=8, ncols=min(6, len(round_nos)), loc="lower center", bbox_to_anchor=(0.5, 1.0),
+                  frameon=False)
+    return fig
+
+
+def survival_by_operation(rounds: list[dict]) -> bytes:
+    """Share of attempts accepted, per evolution operation and round, with counts (survival_figure) as PNG."""
+    from evolforge.tasks.report.plots import empty_plot, png
+
+    fig = survival_figure(rounds)
+    return empty_plot("Survival by operation and round", "no evolution attempts") if fig is None else png(fig)
 
 
 def eliminations_by_rule(rounds: list[dict]) -> bytes:
