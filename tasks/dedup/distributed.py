@@ -190,15 +190,18 @@ def step_minhash(work: DedupWork, s: DedupSettings, bounds: list) -> dict:
     w = {"signatures": ArrayWriter(d / "signatures.npy", (L, s.num_perm), np.uint32),
          "band_keys": ArrayWriter(d / "band_keys.npy", (L, s.bands), np.uint64),
          "values": ArrayWriter(d / "values.npy", (total,), np.uint64)}
+    block = 1 << 14
     for p, r in zip(prep, rows):
         off = load_array(p / "offsets.npy")
         w["signatures"].append(load_array(p / "signatures.npy")[r])
         w["band_keys"].append(load_array(p / "band_keys.npy")[r])
         vals = load_array(p / "values.npy")
-        for a in range(0, len(r), 1 << 14):  # the shingles of the rows alive, in blocks
-            idx = r[a: a + (1 << 14)]
-            if len(idx):
-                w["values"].append(np.concatenate([vals[off[i]: off[i + 1]] for i in idx.tolist()]))
+        keep = np.zeros(len(off) - 1, bool)
+        keep[r] = True
+        for a in range(0, len(keep), block):  # the shingles of the rows alive, a block of rows at a time
+            b = min(a + block, len(keep))
+            if keep[a:b].any():
+                w["values"].append(vals[off[a]: off[b]][np.repeat(keep[a:b], np.diff(off[a: b + 1]))])
     paths = {k: v.close() for k, v in w.items()}
     sizes = np.concatenate([np.zeros(0, np.int64)] + sizes)
     paths["offsets"] = save_array(d / "offsets.npy", np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
