@@ -11,6 +11,7 @@ Processes, all on this machine's 2 cores:
              10 ms apart, for the stream-spread check.
   evolforge  `evolforge proxy --upstream <instant>/v1` (records to a temporary folder); a second one to the slow
              upstream. Sessions in the path (`/s/bench-<client>/v1/...`).
+  evolforge-2w  the same with proxy.workers = 2 (two worker processes on the port, the session tree shared).
   litellm    the LiteLLM proxy (`litellm --config`, LITELLM_VERSION, in its own virtualenv outside the repository,
              built on first use: ensure_litellm_env), one model per API and upstream: `openai/scripted`
              (chat and Responses, forwarded to the upstream's /v1/chat/completions and /v1/responses) and
@@ -26,6 +27,8 @@ Per API and streaming mode, the three sides take turns (the first side rotates),
              p50 / p99; below saturation this is the proxy's own added latency.
   spread     (streams) 8 clients for `--spread-calls` calls against the slow upstream: time to the first chunk
              and from the first chunk to the last (8 deltas 10 ms apart: about 70 ms when nothing is buffered).
+First, `--httpx-repeat` closed-loop chat rounds with httpx's AsyncClient instead of aiohttp, direct and through
+the evolforge proxy: the client library's own ceiling on this machine.
 "Added" figures are the median over repeats of (side - direct). The load average is read before and after each
 round. At the end, every call the bench sent to the evolforge proxies (warm-up included) is compared with the
 records and the ledger rows they wrote (one each per call).
@@ -65,7 +68,8 @@ APIS = {
     "messages": ("messages", {"model": "scripted-messages", "max_tokens": 256,
                               "messages": [{"role": "user", "content": PROMPT}]}),
 }
-SIDES = ("direct", "evolforge", "litellm")
+SIDES = ("direct", "evolforge", "evolforge-2w", "litellm")
+EVO_SIDES = ("evolforge", "evolforge-2w")
 
 
 # ------------------------------------------------------------------ LiteLLM's environment (outside the repository)
@@ -210,6 +214,30 @@ async def run_load(side: Side, api: str, stream: bool, clients: int, seconds: fl
     return out
 
 
+async def run_httpx(side: Side, clients: int, seconds: float) -> dict:
+    """The same closed loop of chat calls with httpx's AsyncClient (what the earlier bench and many agents use)."""
+    import httpx
+
+    route, body = APIS["chat"]
+    lat: list[float] = []
+    deadline = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=side.base, headers=side.headers, limits=limits, timeout=120) as c:
+        async def worker(w: int) -> None:
+            path = side.path(route, w)
+            while time.perf_counter() < deadline:
+                t0 = time.perf_counter()
+                r = await c.post(path, json={**body, "user": f"h{len(lat)}"})
+                if r.status_code == 200:
+                    lat.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(w) for w in range(clients)))
+        wall = time.perf_counter() - t0
+    return {"sent": len(lat), "ok": len(lat), "calls_per_s": round(len(lat) / wall, 1), "p50_ms": ms(pct(lat, 0.5)),
+            "p99_ms": ms(pct(lat, 0.99))}
+
+
 def measured(fn, pids: dict[str, int]) -> dict:
     """Run one load round; add the CPU milliseconds per answered call of each process (this one: the clients)."""
     before = {k: cpu_s(p) for k, p in pids.items()}
@@ -231,7 +259,9 @@ def count_lines(folder: Path) -> int:
 def start_processes(a, work: Path, stack) -> dict[str, Side]:
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "EVOLFORGE_API_KEY")}
     env["PYTHONUNBUFFERED"] = "1"
-    ports = {k: free_port() for k in ("up", "up_slow", "evo", "evo_slow", "litellm")}
+    ports = {k: free_port() for k in ("up", "up_slow", "evo", "evo_slow", "evo2", "evo2_slow", "litellm")}
+    two = work / "workers-2.toml"
+    two.write_text("[proxy]\nworkers = 2\n")
     procs = stack
     procs.append(subprocess.Popen([sys.executable, str(ROOT / "testing" / "instant_server.py"), "--port",
                                    str(ports["up"]), "--chunk-delay", "0"], stdout=subprocess.DEVNULL,
@@ -240,19 +270,26 @@ def start_processes(a, work: Path, stack) -> dict[str, Side]:
                                    str(ports["up_slow"]), "--chunk-delay", "0.01"], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL))
     up_pid = procs[0].pid
-    evo = []
-    for key, up in (("evo", "up"), ("evo_slow", "up_slow")):
+    evo = {}
+    for key, up in (("evo", "up"), ("evo_slow", "up_slow"), ("evo2", "up"), ("evo2_slow", "up_slow")):
+        if key.startswith("evo2") and not a.workers_side:
+            continue
         log = open(work / f"{key}.log", "w")
-        evo.append(subprocess.Popen([sys.executable, "-m", "evolforge.cli", "proxy", "--upstream",
+        config = ["--config", str(two)] if key.startswith("evo2") else []
+        evo[key] = subprocess.Popen([sys.executable, "-m", "evolforge.cli", "proxy", "--upstream",
                                      f"http://127.0.0.1:{ports[up]}/v1", "--port", str(ports[key]), "--out",
-                                     str(work / f"rec-{key}")], env=env, stdout=log, stderr=subprocess.STDOUT))
-    procs += evo
+                                     str(work / f"rec-{key}"), *config], env=env, stdout=log,
+                                    stderr=subprocess.STDOUT)
+    procs += evo.values()
     direct = f"http://127.0.0.1:{ports['up']}"
     sides = {
         "direct": Side("direct", direct, f"http://127.0.0.1:{ports['up_slow']}", None, {}, False),
         "evolforge": Side("evolforge", f"http://127.0.0.1:{ports['evo']}", f"http://127.0.0.1:{ports['evo_slow']}",
-                          evo[0].pid, {}, True),
+                          evo["evo"].pid, {}, True),
     }
+    if a.workers_side:
+        sides["evolforge-2w"] = Side("evolforge-2w", f"http://127.0.0.1:{ports['evo2']}",
+                                     f"http://127.0.0.1:{ports['evo2_slow']}", evo["evo2"].pid, {}, True)
     if a.litellm:
         root = ensure_litellm_env()
         cfg = work / "litellm.yaml"
@@ -270,7 +307,7 @@ def start_processes(a, work: Path, stack) -> dict[str, Side]:
     wait_up(f"{direct}/v1/models")
     wait_up(f"http://127.0.0.1:{ports['up_slow']}/v1/models")
     for s in sides.values():
-        if s.name == "evolforge":
+        if s.name in EVO_SIDES:
             wait_up(f"{s.base}/healthz")
             wait_up(f"{s.slow_base}/healthz")
         elif s.name == "litellm":
@@ -290,6 +327,9 @@ def main() -> None:
     ap.add_argument("--apis", default="chat,responses,messages")
     ap.add_argument("--modes", default="plain,stream")
     ap.add_argument("--no-litellm", dest="litellm", action="store_false")
+    ap.add_argument("--no-workers-side", dest="workers_side", action="store_false",
+                    help="leave out the evolforge proxy with proxy.workers = 2")
+    ap.add_argument("--httpx-repeat", type=int, default=1, help="closed-loop chat rounds with httpx clients")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "proxy.json"))
     a = ap.parse_args()
     apis = a.apis.split(",")
@@ -299,6 +339,7 @@ def main() -> None:
     t_start = time.time()
     procs: list[subprocess.Popen] = []
     rounds: list[dict] = []
+    httpx_rounds: list[dict] = []
     sent_evo = 0
     try:
         sides = start_processes(a, work, procs)
@@ -310,7 +351,18 @@ def main() -> None:
                     r = asyncio.run(run_load(sides[n], api, stream, 4, calls=40))
                     if r["ok"] != 40:
                         sys.exit(f"warm-up of {n} {api} stream={stream} failed: {r}")
-                    sent_evo += r["sent"] if n == "evolforge" else 0
+                    sent_evo += r["sent"] if n in EVO_SIDES else 0
+        httpx_rounds = []
+        for rep in range(a.httpx_repeat):  # the client library's own ceiling, beside the proxy's cost
+            row = {}
+            for n in ("direct", "evolforge"):
+                s = sides[n]
+                pids = {"upstream": up_pid, **({"proxy": s.pid} if s.pid else {})}
+                row[n] = measured(lambda: asyncio.run(run_httpx(s, a.clients, a.seconds)), pids)
+                sent_evo += row[n]["sent"] if n == "evolforge" else 0
+            httpx_rounds.append(row)
+            print(f"[httpx {rep + 1}] " + " | ".join(f"{n} {row[n]['calls_per_s']}/s p50 {row[n]['p50_ms']} cpu clients "
+                                                    f"{row[n]['cpu_ms_per_call']['clients']}" for n in row), flush=True)
         turn = 0
         for rep in range(a.repeat):
             for api in apis:
@@ -328,7 +380,7 @@ def main() -> None:
                         row[n] = {"closed": closed, "paced": paced}
                         if stream and a.spread_calls:
                             row[n]["spread"] = asyncio.run(run_load(s, api, True, 8, calls=a.spread_calls, slow=True))
-                        if n == "evolforge":
+                        if n in EVO_SIDES:
                             sent_evo += closed["sent"] + paced["sent"] + (row[n].get("spread") or {}).get("sent", 0)
                     rounds.append(row)
                     print(f"[{rep + 1}] {api:9} {'stream' if stream else 'plain '} " + " | ".join(
@@ -345,8 +397,9 @@ def main() -> None:
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
-    records = sum(count_lines(work / f"rec-{k}" / "records") for k in ("evo", "evo_slow"))
-    ledger = sum(count_lines(work / f"rec-{k}" / "ledger") for k in ("evo", "evo_slow"))
+    recs = [work / f"rec-{k}" for k in ("evo", "evo_slow", "evo2", "evo2_slow")]
+    records = sum(count_lines(r / "records") for r in recs if r.exists())
+    ledger = sum(count_lines(r / "ledger") for r in recs if r.exists())
 
     def med(values):
         values = [v for v in values if v is not None]
@@ -381,7 +434,7 @@ def main() -> None:
     result = {
         "clients": a.clients, "seconds": a.seconds, "rate": a.rate, "paced_seconds": a.paced_seconds,
         "repeat": a.repeat, "litellm": LITELLM_VERSION if a.litellm else None,
-        "summary": summary, "rounds": rounds,
+        "summary": summary, "rounds": rounds, "httpx_rounds": httpx_rounds,
         "evolforge_calls_sent": sent_evo, "evolforge_records": records, "evolforge_ledger_rows": ledger,
         "load_avg_start": load_start, "load_avg_end": os.getloadavg(), "wall_s": round(time.time() - t_start, 1),
     }

@@ -5,6 +5,7 @@
       events/*.jsonl           session events: finish markers and rewards POSTed by agents or graders
       ledger/*.jsonl           cost ledger: one row per proxied call (stage `proxy`, task_id = session)
       proxy.json               what the proxy serves: upstream, bind address, start time (never a key)
+      sessions.sqlite          with proxy.workers > 1 only: each session's parent, shared by the worker processes
 
 A record (see tasks/proxy/recording.py for how it is built):
     {"record_id", "session", "parent_session", "role", "route", "method", "path", "stream", "status",
@@ -43,6 +44,46 @@ class ProxyLayout(OutputFolder):
     events_dir = property(lambda self: self.root / "events")
     ledger_dir = property(lambda self: self.root / "ledger")
     info = property(lambda self: self.root / "proxy.json")
+    sessions_db = property(lambda self: self.root / "sessions.sqlite")
+
+
+class SessionParents:
+    """Each session's parent, shared by the proxy's worker processes (SQLite, one short transaction the first
+    time a worker sees a session; workers keep what they learnt: a session never changes parent).
+
+    `claim(session, parent)` -> ("known", its parent) when some worker registered the session first,
+    ("new", parent) when this call registers it, ("cycle", None) when the parent descends from the session."""
+
+    def __init__(self, path: AnyPath):
+        import sqlite3
+
+        self.path = str(path)
+        self._db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS parents (session TEXT PRIMARY KEY, parent TEXT)")
+
+    def claim(self, session: str, parent: str | None) -> tuple[str, str | None]:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            row = db.execute("SELECT parent FROM parents WHERE session = ?", (session,)).fetchone()
+            if row is not None:
+                return "known", row[0]
+            p, steps = parent, 0
+            while p is not None and steps < 100_000:  # a cycle would make the tree a loop
+                if p == session:
+                    return "cycle", None
+                steps += 1
+                row = db.execute("SELECT parent FROM parents WHERE session = ?", (p,)).fetchone()
+                p = row[0] if row else None
+            db.execute("INSERT INTO parents (session, parent) VALUES (?, ?)", (session, parent))
+            return "new", parent
+        finally:
+            db.execute("COMMIT")
+
+    def close(self) -> None:
+        self._db.close()
 
 
 def _writer_name() -> str:

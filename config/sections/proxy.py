@@ -37,7 +37,15 @@ class ProxySettings(Section):
     max_event_bytes: int = Field(1_000_000, ge=1024, description="Largest body of a session event (POST "
                                  "/s/{session}/reward or /finish) accepted (413 above).")
     timeout_seconds: float = Field(600.0, gt=0, description="Upstream timeout per call (connect + read between chunks).")
-    max_connections: int = Field(512, ge=1, description="Connections the proxy keeps to the upstream.")
+    max_connections: int = Field(512, ge=1, description="Connections the proxy keeps to the upstream (per worker).")
+    workers: int = Field(1, ge=1, le=64, description="Processes serving the port, each with its own event loop, "
+                         "records file and ledger file (one record and one ledger row per call, whichever worker "
+                         "took it). Sessions stay one tree across workers: each session's parent is kept in "
+                         "PROXY_OUT/sessions.sqlite, which the first worker to see a session writes and the others "
+                         "read. 1 (default) is enough below a few thousand calls/s; 2 lets a saturated proxy use a "
+                         "second core. More than 1 needs a local output folder and cannot be combined with "
+                         "translate = \"responses\" or \"both\" (previous_response_id chains are kept in one "
+                         "process's memory). /healthz counts the calls of the worker that answers it.")
     session_idle_seconds: float = Field(300.0, gt=0, description="A session with no call for this long counts as "
                                         "finished at export time (or when the agent POSTs /s/{session}/finish).")
     flush_seconds: float = Field(1.0, ge=0, description="Records on an object store are flushed within this window "

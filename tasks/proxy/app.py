@@ -73,7 +73,7 @@ from starlette.routing import Route
 
 from evolforge.config.settings import Settings
 from evolforge.storage.ledger import LedgerWriter
-from evolforge.storage.proxy_sets import ProxyLayout, RecordLog
+from evolforge.storage.proxy_sets import ProxyLayout, RecordLog, SessionParents
 from evolforge.tasks.core.gateway import InsecureKeyTransport, check_key_transport, is_loopback, read_api_key
 from evolforge.tasks.core.keys import token_accepted
 from evolforge.tasks.core.pricing import PriceBook
@@ -162,8 +162,9 @@ class ProxyState:
     token: str | None
     embedded_models: set[str] = field(default_factory=set)
     run_id: str = field(default_factory=lambda: f"proxy-{int(time.time())}")
-    parents: dict[str, str | None] = field(default_factory=dict)
+    parents: dict[str, str | None] = field(default_factory=dict)  # what this process knows of the session tree
     lock: threading.Lock = field(default_factory=threading.Lock)
+    shared: SessionParents | None = None  # the tree shared by the worker processes (proxy.workers > 1)
 
     def __post_init__(self):
         cfg = self.settings.proxy
@@ -216,6 +217,8 @@ class ProxyState:
             await self.client.close()
         self.log.close()
         self.ledger.close()
+        if self.shared is not None:
+            self.shared.close()
 
 
 def check_bind(host: str, token: str | None) -> None:
@@ -383,7 +386,14 @@ def _claim_session(state: ProxyState, session: str, parent: str | None) -> str |
         return f"session {session!r} cannot be its own parent"
     with state.lock:
         known = state.parents.get(session, ...)
-        if known is ...:
+        if known is ... and state.shared is not None:  # several workers: the first to see the session decides
+            how, known = state.shared.claim(session, parent)
+            if how == "cycle":
+                return f"parent {parent!r} descends from session {session!r}"
+            state.parents[session] = known
+            if how == "new":
+                return None
+        elif known is ...:
             p = parent
             while p is not None:  # a cycle would make the tree a loop
                 if p == session:

@@ -18,23 +18,47 @@ import time
 from typing import Iterator
 
 from evolforge.config.settings import Settings
-from evolforge.storage.fs import ensure_dir, write_json_atomic
-from evolforge.storage.proxy_sets import ProxyLayout
+from evolforge.storage.fs import ensure_dir, is_remote, write_json_atomic
+from evolforge.storage.proxy_sets import ProxyLayout, SessionParents
 from evolforge.tasks.core.keys import read_api_key
-from evolforge.tasks.proxy.app import ProxyState, build_app, check_bind, redact_url, upstream_of
+from evolforge.tasks.proxy.app import (
+    ProxyConfigError,
+    ProxyState,
+    Upstream,
+    build_app,
+    check_bind,
+    log,
+    redact_url,
+    upstream_of,
+)
 
 
-def _state(settings: Settings, upstream: str, out: str, embedded_models: set[str] | None = None) -> ProxyState:
-    """Check the bind address and the upstream (key transport, URL credentials) before anything is written."""
+def _checked(settings: Settings, upstream: str, out: str) -> tuple[Upstream, ProxyLayout, str | None]:
+    """Check the bind address and the upstream (key transport, URL credentials) before anything is written; then
+    make the folders and write proxy.json."""
     cfg = settings.proxy
     token = os.environ.get(cfg.token_env) or None
     check_bind(cfg.host, token)
     up = upstream_of(settings, upstream, read_api_key())
     layout = ProxyLayout(out)
+    if cfg.workers > 1:
+        if cfg.translate in ("responses", "both"):
+            raise ProxyConfigError(
+                f"proxy.workers = {cfg.workers} cannot be combined with proxy.translate = {cfg.translate!r}: the "
+                "translated Responses API keeps previous_response_id chains in one process's memory. Set "
+                "proxy.workers = 1, or proxy.translate to \"off\" or \"messages\".")
+        if is_remote(layout.root):
+            raise ProxyConfigError(f"proxy.workers = {cfg.workers} needs a local --out folder (the workers share "
+                                   "the session tree in an SQLite file there); set proxy.workers = 1 for this one.")
     for d in (layout.root, layout.records_dir, layout.events_dir, layout.ledger_dir):
         ensure_dir(d)
     write_json_atomic(layout.info, {"upstream": up.shown, "host": cfg.host, "port": cfg.port,
-                                    "token_required": bool(token), "started": time.time()})
+                                    "workers": cfg.workers, "token_required": bool(token), "started": time.time()})
+    return up, layout, token
+
+
+def _state(settings: Settings, upstream: str, out: str, embedded_models: set[str] | None = None) -> ProxyState:
+    up, layout, token = _checked(settings, upstream, out)
     return ProxyState(settings=settings, upstream=up, layout=layout, token=token,
                       embedded_models=embedded_models or set())
 
@@ -110,15 +134,77 @@ def _quiet_gc() -> None:
 
 
 def serve(settings: Settings, upstream: str, out: str, embedded_models: set[str] | None = None) -> None:
-    """Serve until interrupted (SIGINT / SIGTERM): records are flushed on the way out."""
+    """Serve until interrupted (SIGINT / SIGTERM): records are flushed on the way out. With proxy.workers > 1,
+    this process binds the port and starts that many worker processes on it (`_worker`), then waits for them."""
     import uvicorn
 
+    if settings.proxy.workers > 1:
+        return _serve_workers(settings, upstream, out, embedded_models or set())
     state = _state(settings, upstream, out, embedded_models)
     _quiet_gc()
     try:
         uvicorn.Server(_config(build_app(state), settings.proxy.host, settings.proxy.port)).run()
     except KeyboardInterrupt:  # uvicorn has stopped gracefully (records flushed), then re-raised Ctrl-C: no traceback
         pass
+
+
+def _serve_workers(settings: Settings, upstream: str, out: str, embedded_models: set[str]) -> None:
+    """proxy.workers processes accepting on one listening socket (the idlest takes the next connection). Each
+    builds its own state (records and ledger files named by its pid) and shares the session tree through
+    PROXY_OUT/sessions.sqlite. SIGTERM / SIGINT stop them all gracefully."""
+    import multiprocessing
+    import signal
+
+    cfg = settings.proxy
+    _, layout, _ = _checked(settings, upstream, out)
+    SessionParents(layout.sessions_db).close()  # the table exists before any worker opens it
+    family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((cfg.host, cfg.port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
+    procs = [ctx.Process(target=_worker, args=(settings, upstream, out, embedded_models, sock), daemon=False,
+                         name=f"evolforge-proxy-{i}") for i in range(cfg.workers)]
+    stopping = []
+
+    def stop(signum, frame) -> None:
+        stopping.append(signum)
+        for p in procs:
+            if p.is_alive() and p.pid:
+                os.kill(p.pid, signal.SIGTERM)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for p in procs:
+            p.start()
+        sock.close()  # the workers have their own copies
+        while any(p.is_alive() for p in procs):
+            for p in procs:
+                p.join(timeout=0.5)
+                if p.exitcode not in (None, 0) and not stopping:  # a worker died: stop the others
+                    log.error("recording proxy: worker %s exited with %s; stopping the others", p.name, p.exitcode)
+                    stop(signal.SIGTERM, None)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _worker(settings: Settings, upstream: str, out: str, embedded_models: set[str], sock: socket.socket) -> None:
+    """One worker process of `_serve_workers`: its own state on the shared socket."""
+    import signal
+
+    import uvicorn
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us by SIGTERM
+    up, layout, token = upstream_of(settings, upstream, read_api_key()), ProxyLayout(out), \
+        os.environ.get(settings.proxy.token_env) or None
+    state = ProxyState(settings=settings, upstream=up, layout=layout, token=token, embedded_models=embedded_models,
+                       shared=SessionParents(layout.sessions_db))
+    _quiet_gc()
+    server = uvicorn.Server(_config(build_app(state), settings.proxy.host, settings.proxy.port))
+    server.run(sockets=[sock])
 
 
 def free_port() -> int:
