@@ -18,7 +18,7 @@ from evolforge.flows._stage import finish_stage, stage_run
 from evolforge.storage.datasets import import_seeds
 from evolforge.storage.ledger import read_ledger
 from evolforge.storage.parts import write_table_atomic
-from evolforge.storage.synthesis_sets import write_csv_atomic
+from evolforge.storage.synthesis_sets import write_csv_atomic, write_task_tables
 from evolforge.tasks.core.batch import settings_from_json
 from evolforge.tasks.core.reporting import cost_summary
 from evolforge.tasks.sandbox.run import check_sandbox_available
@@ -45,8 +45,7 @@ def synthesize_flow(params: SynthesizeParams) -> dict:
         with run.endpoint(("synthesize", "solver")):
             run.batches(synthesize_batch_task, lay.seeds, what="synthesis")
         table = pl.from_arrow(lay.all_parts())
-        write_table_atomic(table.filter(pl.col("status") == "kept").to_arrow(), lay.tasks)
-        write_table_atomic(table.filter(pl.col("status") != "kept").to_arrow(), lay.rejected)
+        write_task_tables(lay, table.to_arrow())  # none kept: data/ holds the rejected split (storage/synthesis_sets.py)
         ledger = read_ledger(lay.root)
         costs, cost = report.cost_per_task(ledger, table), cost_summary(ledger)
         write_table_atomic(costs.to_arrow(), lay.cost_per_task)

@@ -122,6 +122,11 @@ def card(summary: dict, settings: dict, cost: dict) -> dict:
                     f"(yield {summary['yield']:.0%}); each proposal was checked by running its tests in the sandbox, "
                     "repaired when they failed, and rated by solver attempts (difficulty from the pass rate). "
                     "Rejections: " + (", ".join(f"{k}: {v}" for k, v in summary["rejections"].items()) or "none") + "."],
+        **({"No task kept": [
+            "No task was kept, so there is no `tasks` config and no `train` split (`datasets` cannot load a table "
+            "of 0 rows). `load_dataset(\"parquet\", data_dir=...)` loads the rejected tasks as split `rejected` "
+            "(`data/rejected-00000-of-00001.parquet`), each with its `reject_reason`; the card's default config is "
+            "`rejected`."]} if not summary["kept"] else {}),
         "Generation settings": ["```yaml", *as_yaml(syn["synthesis"]).splitlines(), "```"],
         **common_sections(facts),
     }

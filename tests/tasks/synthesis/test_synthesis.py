@@ -6,6 +6,7 @@ import json
 import logging
 
 import polars as pl
+import pyarrow as pa
 import pytest
 
 from evolforge.flows.synthesize import SynthesizeParams, synthesize_flow
@@ -155,3 +156,45 @@ def test_the_time_budget_is_checked_before_every_sandbox_run(server):
     assert task.status == "rejected" and task.reject_reason.startswith("over the time budget")
     assert task.attempts == [] and task.sandbox_seconds == 0  # no sandbox run was started over the budget
     assert task.reject_reason == "over the time budget (0.2s)"
+
+
+def test_a_run_that_keeps_no_task_still_loads_with_load_dataset(tmp_path, server):
+    """Every proposal rejected (wrong math answers, tests that assert nothing): the folder loads with
+    load_dataset("parquet", data_dir=OUT) (the rejected tasks as split `rejected`, no train split), by its card
+    (default config `rejected`), and as no kept tasks for the stages that read it."""
+    from datasets import load_dataset
+
+    from evolforge.storage.cards import read_card
+    from evolforge.storage.synthesis_sets import read_kept_tasks
+
+    seeds = tmp_path / "seeds.jsonl"
+    rows = [{"id": "m1", "instruction": "WRONGANSWER: 3 boxes with 4 pears each, how many pears?", "domain": "math"},
+            {"id": "m2", "instruction": "WRONGANSWER: 2 bags with 5 plums each, how many plums?", "domain": "math"},
+            {"id": "t1", "instruction": "TRIVIAL: write an adder with tests.", "domain": "code"}]
+    seeds.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "out"
+    params = SynthesizeParams(seeds=str(seeds), out=str(out), base_url=server.base_url,
+                              overrides={"synthesis": {"batch_size": 3, "prune_jaccard": 1.0}, "pricing": PRICED})
+    summary = synthesize_flow(params)
+    assert summary["kept"] == 0 and summary["proposed"] == 3
+    assert not (out / "data" / "train-00000-of-00001.parquet").exists()
+    loaded = load_dataset("parquet", data_dir=str(out))
+    assert list(loaded) == ["rejected"] and loaded["rejected"].num_rows == 3
+    assert set(loaded["rejected"]["status"]) == {"rejected"} and all(loaded["rejected"]["reject_reason"])
+    header, body = read_card(out)
+    default = [c["config_name"] for c in header["configs"] if c.get("default")]
+    assert default == ["rejected"] and "tasks" not in [c["config_name"] for c in header["configs"]]
+    assert "No task was kept" in body
+    assert load_dataset(str(out), split="train").num_rows == 3  # the card's default config
+    assert read_kept_tasks(out) == [] and read_kept_tasks(out / "data" / "train-00000-of-00001.parquet") == []
+
+    # tables rewritten with a kept task (a later run over the folder): the train file, and no rejected split left
+    from evolforge.storage.synthesis_sets import SynthLayout, write_task_tables
+
+    lay = SynthLayout(out)
+    parts = lay.all_parts()
+    kept_one = parts.set_column(parts.schema.get_field_index("status"), "status",
+                                pa.array(["kept"] + ["rejected"] * (parts.num_rows - 1)))
+    assert write_task_tables(lay, kept_one) == {"kept": 1, "rejected": 2}
+    assert not lay.none_kept_split.exists()
+    assert {k: v.num_rows for k, v in load_dataset("parquet", data_dir=str(out)).items()} == {"train": 1}
