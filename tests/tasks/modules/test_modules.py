@@ -345,4 +345,8 @@ def test_two_questions_end_to_end_on_the_embedded_model(tmp_path):
         for m in it["modules"]:
             assert m["calls"] >= 1 and (m["status"] == "ok") == (m["reason"] is None)
             assert len(m["errors"]) >= m["reasks"] + m["truncations"]
+    # the calls ask for each module's schema (response_format json_schema): llama-server's grammar holds the 135M
+    # model to it (0 of 18 outputs were valid with json_object; 53 of 54 in bench_structured_outputs)
+    valid = sum(m["status"] == "ok" for it in items.to_dicts() for m in it["modules"])
+    assert valid >= 15, f"{valid} of 18 module outputs valid"
     assert summary["endpoint"].startswith("embedded") and summary["cost"]["cost_usd"] == 0.0
