@@ -99,21 +99,18 @@ def test_endpoint_down_fails_fast_and_keeps_checkpoints(tmp_path, server):
     assert lay.round_success(1).exists() and len(list((lay.round_dir(1) / "parts").glob("*.parquet"))) == 3
 
 
-def test_seeds_are_imported_and_recorded_even_when_the_probe_fails_meanwhile(tmp_path, server):
-    """The seeds are imported while the endpoint is probed (a background thread): a first run whose model the
-    endpoint does not serve still leaves its round-1 pool and run.json, and the next run resumes from them."""
+def test_a_model_the_endpoint_does_not_serve_leaves_no_run_and_the_corrected_run_starts_fresh(tmp_path, server):
+    """Pre-flight fails on a model the endpoint does not serve: nothing of the run stays in the output folder (no
+    run.json, no round-1 pool), so the corrected command is a new run, not a resume refused as 'other inputs'."""
     p = params(tmp_path, server, rounds=1, model="no-such-model")
     server.unknown_models.add("no-such-model")
     with pytest.raises(Exception, match="no-such-model"):
         evolve_flow(p)
     lay = RunLayout(tmp_path / "out")
-    assert lay.round_input(1).exists() and _run_json(tmp_path)["history"][0]["event"] == "start"
-    assert '"line": 3' in lay.rejects.read_text()  # the empty instruction, rejected by that import
-    # the failed run was recorded: its model is a result-changing setting of the run now
-    summary = evolve_flow(p.model_copy(update={"model": None, "force_settings": True}))
+    assert not lay.run_info.exists() and not lay.round_input(1).exists()
+    summary = evolve_flow(p.model_copy(update={"model": None}))  # no --force-settings needed
     assert summary["rounds"][0]["attempts"] == 5
-    history = _run_json(tmp_path)["history"]
-    assert history[0]["event"] == "start" and len(history) >= 2
+    assert [e["event"] for e in _run_json(tmp_path)["history"]][0] == "start"
 
 
 # ---------------------------------------------------------------- a run over an existing folder checks its inputs
