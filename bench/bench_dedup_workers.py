@@ -8,7 +8,8 @@ written once per size to a parquet file): the dedup flow (tasks/dedup/distribute
 Prefect task on the workers, files in the work folder) with `dedup.shards` = S on a local Dask cluster
 (LocalCluster, N single-thread worker processes) or a local Ray cluster (`ray start --head --num-cpus N`).
 Figures per run:
-  driver peak RSS      ru_maxrss of the flow's process (Dask's scheduler runs in it too)
+  driver peak RSS      VmHWM of the flow's process (Dask's scheduler runs in it too; not ru_maxrss, which a
+                       child keeps from its parent over fork + exec: the parent here builds the corpus)
   driver CPU share     the flow process's CPU seconds over (that + every step's CPU seconds in its worker)
   records/s            records / the steps' wall seconds (split to the last grouping; the Prefect server and
                        cluster start are not in it), and the flow's whole wall seconds
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 
 def _child(a) -> None:
     from evolforge.flows.dedup import DedupParams, dedup_flow
+    from evolforge.tasks.dedup.shard_tasks import peak_rss_mb  # VmHWM: ru_maxrss keeps the parent's peak over exec
 
     kind, workers = a.config.split("-")
     runner: dict = {"kind": kind, "max_workers": int(workers)}
@@ -62,7 +63,7 @@ def _child(a) -> None:
         "records_per_s": st["records"] / st["steps_wall_seconds"],
         "driver_cpu_seconds": driver_cpu, "worker_cpu_seconds": worker_cpu,
         "driver_cpu_share": driver_cpu / (driver_cpu + worker_cpu),
-        "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "driver_peak_rss_mb": peak_rss_mb(),
         "worker_peak_rss_mb": st["shard_workers"], "work_bytes": st["work_bytes"], "step_cost": st["step_cost"],
         "dropped_by": {m: st.get(f"dropped_{m}") for m in ("exact", "minhash", "embedding")},
         "kept_path": summary["kept_path"]}))
