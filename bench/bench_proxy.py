@@ -352,7 +352,8 @@ def main() -> None:
                     if r["ok"] != 40:
                         sys.exit(f"warm-up of {n} {api} stream={stream} failed: {r}")
                     sent_evo += r["sent"] if n in EVO_SIDES else 0
-        httpx_rounds = []
+        for n in ("direct", "evolforge") if a.httpx_repeat else ():  # httpx's connections and imports, unmeasured
+            sent_evo += asyncio.run(run_httpx(sides[n], a.clients, 0.5))["sent"] if n == "evolforge" else 0
         for rep in range(a.httpx_repeat):  # the client library's own ceiling, beside the proxy's cost
             row = {}
             for n in ("direct", "evolforge"):
