@@ -131,13 +131,17 @@ def main() -> int:
     ap.add_argument("--grpo-lr", type=float, default=2e-6)
     ap.add_argument("--grpo-beta", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--resume", action="store_true", help="go on over an --out a killed run left: the stages keep "
+                    "what they finished (the SFT rows and rejection samples, finished evals); settings given now apply "
+                    "to the steps still to run")
     a = ap.parse_args()
     out = (ROOT / a.out).resolve()
-    if out.exists() and any(out.iterdir()):
-        sys.exit(f"{out} is not empty: choose another --out")
-    out.mkdir(parents=True)
+    if out.exists() and any(out.iterdir()) and not a.resume:
+        sys.exit(f"{out} is not empty: choose another --out (or --resume)")
     logs = out / "logs"
-    logs.mkdir()
+    logs.mkdir(parents=True, exist_ok=True)
+    if a.resume and (out / "config.toml").exists():
+        (out / f"config.before-resume-{int(time.time())}.toml").write_text((out / "config.toml").read_text())
     write_config(out / "config.toml", a)
     cfg = ["--config", str(out / "config.toml")]
     t_start, timings, loads = time.perf_counter(), {}, {"start": load()}
@@ -146,6 +150,8 @@ def main() -> int:
     from evolforge.testing import arithmetic_tasks as gen
 
     t0 = time.perf_counter()
+    if a.resume and (out / "result-parts.json").exists():
+        timings.update(json.loads((out / "result-parts.json").read_text()).get("timings_s", {}))
     generated = gen.problems(a.problems, a.seed)
     kept = gen.verify(generated, load_settings(str(out / "config.toml")).sandbox)
     tasks_path = gen.write_task_folder(out / "tasks", kept)
@@ -153,25 +159,35 @@ def main() -> int:
     print(f"tasks: {len(kept)} of {len(generated)} verified in the sandbox ({timings['tasks']}s)", flush=True)
 
     tasks = ["--tasks", str(out / "tasks")]
-    timings["sft"] = sh(CLI + ["sft", *tasks, "--out", str(out / "sft"), *cfg], logs / "sft.log")
+
+    def keep(step: str, seconds: float) -> None:  # timings so far, for a resumed run
+        timings[step] = round(timings.get(step, 0.0) + seconds, 1)
+        (out / "result-parts.json").write_text(json.dumps({"timings_s": timings}))
+
+    keep("sft", sh(CLI + ["sft", *tasks, "--out", str(out / "sft"), *cfg], logs / "sft.log"))
     loads["after_sft"] = load()
     print(f"sft: {timings['sft']}s", flush=True)
     evals = {"base": out / "sft" / "base_policy", "sft": out / "sft" / "model"}
     for name, policy in evals.items():
-        timings[f"eval_{name}"] = sh(CLI + ["eval", "--policy", str(policy), *tasks, "--out", str(out / f"eval-{name}"),
-                                            *cfg], logs / f"eval-{name}.log")
+        keep(f"eval_{name}", sh(CLI + ["eval", "--policy", str(policy), *tasks, "--out", str(out / f"eval-{name}"),
+                                       *cfg], logs / f"eval-{name}.log"))
         print(f"eval {name}: {timings[f'eval_{name}']}s", flush=True)
     t0 = time.perf_counter()
-    rl = grpo(a, out, out / "tasks", out / "sft" / "model") if a.grpo_steps else None
-    timings["grpo"] = round(time.perf_counter() - t0, 1)
+    done = out / "grpo" / "result.json"
+    if done.exists():
+        rl = json.loads(done.read_text())
+    else:
+        rl = grpo(a, out, out / "tasks", out / "sft" / "model") if a.grpo_steps else None
+        done.write_text(json.dumps(rl, default=str)) if rl else None
+        keep("grpo", time.perf_counter() - t0)
     loads["after_grpo"] = load()
     if rl:
         print(f"grpo: {timings['grpo']}s", flush=True)
-        timings["eval_rl"] = sh(CLI + ["eval", "--policy", rl["policy_dir"], *tasks, "--out", str(out / "eval-rl"),
-                                       *cfg], logs / "eval-rl.log")
+        keep("eval_rl", sh(CLI + ["eval", "--policy", rl["policy_dir"], *tasks, "--out", str(out / "eval-rl"),
+                                  *cfg], logs / "eval-rl.log"))
     runs = [f"base={out / 'eval-base'}", f"sft={out / 'eval-sft'}"] + ([f"rl={out / 'eval-rl'}"] if rl else [])
     sh(CLI + ["compare", *runs, "--reference", "base", "--out", str(out / "compare")], logs / "compare.log")
-    total = round(time.perf_counter() - t_start, 1)
+    total = round(sum(timings.values()), 1)  # the steps' own wall time (a resumed run adds its parts)
     loads["end"] = load()
     compare = json.loads((out / "compare" / "compare.json").read_text())
     sft_summary = json.loads((out / "sft" / "summary.json").read_text())
@@ -184,7 +200,8 @@ def main() -> int:
                          for k in ("rows", "steps", "epochs", "train_loss", "train_seconds")},
         "grpo": {k: v for k, v in (rl or {}).items() if k != "steps"} | (
             {"last_steps": (rl or {}).get("steps", [])[-3:]} if rl else {}),
-        "compare": compare, "timings_s": timings, "total_s": total, "total_min": round(total / 60, 1), "load": loads,
+        "compare": compare, "timings_s": timings, "total_s": total, "total_min": round(total / 60, 1),
+        "this_invocation_s": round(time.perf_counter() - t_start, 1), "resumed": a.resume, "load": loads,
     }
     RESULTS.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print((out / "compare" / "compare.md").read_text())
