@@ -128,6 +128,11 @@ def compare(runs: dict[str, str | Path], reference: str | None = None) -> dict:
             "rleif_bar": bar}
 
 
+def _pt(v: float) -> str:
+    """Points with a sign, to one decimal (two near 0, so a bound just above 0 does not read as +0.0)."""
+    return f"{v:+.2f}" if 0 < abs(v) < 0.1 else f"{v:+.1f}"
+
+
 def markdown(result: dict) -> str:
     lines = ["| benchmark | policy | problems | pass@1 | 95% interval |", "|---|---|---:|---:|---|"]
     for r in result["rows"]:
@@ -138,13 +143,13 @@ def markdown(result: dict) -> str:
               "|---|---|---:|---|---|---|"]
     for c in result["changes"]:
         lo, hi = c["ci95_points"]
-        lines.append(f"| {c['benchmark']} | {c['from']} -> {c['to']} | {c['points']:+.1f} | {lo:+.1f} to {hi:+.1f} | "
+        lines.append(f"| {c['benchmark']} | {c['from']} -> {c['to']} | {c['points']:+.1f} | {_pt(lo)} to {_pt(hi)} | "
                      f"{'yes' if c['excludes_zero'] else 'no'} | {c['wins']} / {c['losses']} |")
     for b in result["rleif_bar"]:
         lo, hi = b["ci95_points"]
         lines.append("")
         lines.append(f"RLEIF's bar on {b['benchmark']} ({b['to']} over {b['from']}, +{b['bar_points']:g} points of "
-                     f"pass@1): measured {b['points']:+.1f} points ({lo:+.1f} to {hi:+.1f}); "
+                     f"pass@1): measured {b['points']:+.1f} points ({_pt(lo)} to {_pt(hi)}); "
                      f"{'at or above' if b['at_or_above'] else 'below'} the bar, interval "
                      f"{'excludes' if b['excludes_zero'] else 'includes'} 0.")
     return "\n".join(lines) + "\n"
