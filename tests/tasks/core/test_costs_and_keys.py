@@ -97,11 +97,13 @@ def test_evolve_flow_stops_before_any_work_when_the_endpoint_refuses_completions
     seeds = tmp_path / "seeds.jsonl"
     seeds.write_text("".join(json.dumps({"id": f"s{i}", "instruction": f"Explain topic {i} in detail."}) + "\n"
                              for i in range(3)))
-    with pytest.raises(GatewayError, match="pre-flight failed") as ei:
+    from evolforge.tasks.core.checks import PreflightError
+
+    with pytest.raises(PreflightError, match="pre-flight failed") as ei:  # a user error now (one line, exit 2)
         evolve_flow(EvolveParams(seeds=str(seeds), out=str(tmp_path / "out"), rounds=1, base_url=server.base_url,
                                  overrides={"gateway": {"backoff_base_seconds": 0.0}}))
     assert "401" in str(ei.value) and server.posts() == [] and len(server.probes) == 1
-    assert not list(RunLayout(tmp_path / "out").parts_dir(1).glob("*.parquet"))
+    assert not (tmp_path / "out").exists()  # the folder the run created is removed: nothing of it stays
 
 
 @pytest.mark.usefixtures("prefect_harness")
@@ -110,8 +112,12 @@ def test_synthesis_flow_checks_its_solver_model_before_any_work(tmp_path, server
     seeds = tmp_path / "seeds.jsonl"
     seeds.write_text(json.dumps({"id": "a", "instruction": "Write a function that adds two numbers.",
                                  "domain": "code"}) + "\n")
-    with pytest.raises(GatewayError, match="no-such-solver") as ei:
+    from evolforge.tasks.core.checks import InputError
+
+    # the endpoint's model list names no such model: stopped before any work (no USD budget, so no price check)
+    with pytest.raises((GatewayError, InputError), match="no-such-solver") as ei:
         synthesize_flow(SynthesizeParams(seeds=str(seeds), out=str(tmp_path / "out"), base_url=server.base_url,
-                                         overrides={"models": {"solver": "no-such-solver"}}))
-    assert "solver" in str(ei.value) and server.posts() == []
-    assert {p["model"] for p in server.probes} == {"smollm2-135m-instruct", "no-such-solver"}
+                                         overrides={"models": {"solver": "no-such-solver"},
+                                                    "synthesis": {"budget_usd_per_task": 0}}))
+    assert "models.solver" in str(ei.value) and server.posts() == []
+    assert "no-such-solver" not in {p["model"] for p in server.probes}  # refused before it was probed

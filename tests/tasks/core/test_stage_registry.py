@@ -69,8 +69,9 @@ def test_dry_stage_runs_marks_its_folder_and_status_reads_it(dry_stage, tmp_path
     out = tmp_path / "out"
     assert main(["dry-run", "--input", str(src), "--out", str(out), "--case", "lower"]) == 0
     printed = capsys.readouterr().out
-    result = json.loads(printed[printed.index("{\n"):])  # the live progress lines come first
-    assert result["lines"] == 5 and result["out_dir"] == str(out)
+    assert "{\n" not in printed  # the terminal shows progress and a short summary, not the summary JSON
+    result = json.loads((out / "summary.json").read_text())  # the whole summary goes to its file
+    assert result["lines"] == 5
     lines = [r["line"] for b in range(3) for r in read_part(out / "parts" / f"batch_{b:05d}.parquet").to_pylist()]
     assert lines == ["alpha", "beta", "gamma", "delta", "epsilon"]
     marker = read_marker(out)
