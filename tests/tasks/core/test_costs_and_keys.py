@@ -11,7 +11,6 @@ import pytest
 from evolforge.cli import main as cli_main
 from evolforge.flows.evolve import EvolveParams, evolve_flow
 from evolforge.flows.synthesize import SynthesizeParams, synthesize_flow
-from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import totals
 from evolforge.tasks.core.gateway import Gateway, GatewayError, InsecureKeyTransport
 from evolforge.tasks.core.reporting import cost_summary
