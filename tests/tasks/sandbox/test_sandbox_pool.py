@@ -94,7 +94,9 @@ def test_processes_of_an_earlier_check_are_gone(one_worker):
     look = (
         "import json, os\nimport solution  # connected: the solution process is up\nprocs, nested = {}, []\n"
         "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
-        "    try:\n        procs[pid] = open(f'/proc/{pid}/cmdline', 'rb').read().decode(errors='replace')\n"
+        "    try:\n        if 'State:\\tZ' in open(f'/proc/{pid}/status').read():\n            continue  # a zombie: exited, "
+        "not yet reaped (it runs nothing)\n"
+        "        procs[pid] = open(f'/proc/{pid}/cmdline', 'rb').read().decode(errors='replace')\n"
         "        ns = [l for l in open(f'/proc/{pid}/status') if l.startswith('NSpid:')][0].split()[1:]\n"
         "        if len(ns) > 1:\n            nested.append(int(pid))\n"
         "    except OSError as e:\n        procs[pid] = type(e).__name__\n"
