@@ -24,7 +24,8 @@ from evolforge.flows._runners import build_task_runner
 from evolforge.flows._stage import finish_stage, stage_run
 from evolforge.tasks.core.batch import settings_from_json
 from evolforge.tasks.dedup import report
-from evolforge.tasks.dedup.distributed import remove_work, run_step, work_bytes, work_for
+from evolforge.tasks.dedup.distributed import remove_work, run_step, work_bytes, work_files, work_for
+from evolforge.tasks.dedup.graph import node_ranges
 from evolforge.tasks.dedup.pipeline import dedup_file
 from evolforge.tasks.dedup.shard_tasks import SubmittedShards, run_shard_files
 from evolforge.tasks.dedup.stage import DedupParams
@@ -58,61 +59,100 @@ def on_workers(runner, p: DedupParams, settings, settings_json: str, logger) -> 
     started = time.perf_counter()
 
     def steps(step: str, args: list[dict]) -> list[dict]:
-        futures = [runner.submit(dedup_step_task.with_options(
-            task_run_name=f"dedup-{step}" + (f"-{a['shard']}" if "shard" in a else "")),
+        futures = [runner.submit(dedup_step_task.with_options(task_run_name="dedup-" + "-".join(
+            [step] + [str(a[k]) for k in ("phase", "round", "shard") if k in a])),
             parameters={"step": step, "work": str(work.root), "args": a, "settings_json": settings_json})
             for a in args]
         out = [f.result() for f in futures]
         records.extend(out)
         return out
 
+    def collect(phase: str, prev: str | None, senders: list[str]) -> list[int]:
+        got = steps("collect", [{"shard": k, "phase": phase, "bounds": bounds, "prev": prev, "senders": senders}
+                                for k in range(S)])
+        stats[f"dropped_{phase}"] = sum(r["dropped"] for r in got)
+        return [r["alive"] for r in got]
+
+    def components(phase: str, parts: list[dict], n_nodes: int) -> int:
+        """Rounds of hook + apply until no label moves, then every edge routed to its group shard."""
+        ranges, r = [list(x) for x in node_ranges(n_nodes, S)], 0
+        while True:
+            moved = steps("hook", [{"phase": phase, "round": r, "shard": e, "part": part, "ranges": ranges}
+                                   for e, part in enumerate(parts)])
+            if not sum(m["proposals"] for m in moved):
+                break
+            steps("apply", [{"phase": phase, "round": r, "shard": k, "parts": len(parts), "ranges": ranges}
+                            for k in range(len(ranges))])
+            r += 1
+        steps("route", [{"phase": phase, "round": r, "shard": e, "part": part, "ranges": ranges, "groups": S}
+                        for e, part in enumerate(parts)])
+        stats[f"{phase}_component_rounds"] = r + 1
+        return len(parts)
+
     split = steps("split", [{"input": str(p.input), "text_field": p.text_field, "id_field": p.id_field}])[0]
     bounds, S = split["bounds"], len(split["bounds"])
-    steps("prep", [{"shard": k} for k in range(S)])
-    exact = steps("exact", [{"bounds": bounds}])[0]
-    stats = {"records": split["n"], "indexed_before": 0, "dropped_exact": exact["dropped"] if s.exact else 0}
+    stats = {"records": split["n"], "indexed_before": 0, "dropped_exact": 0}
+    steps("prep", [{"shard": k, "bounds": bounds} for k in range(S)])
+    if s.exact:
+        steps("exact", [{"shard": b, "bounds": bounds} for b in range(S)])
+    counts = collect("exact", None, [f"exact/bucket-{b:05d}" for b in range(S)] if s.exact else [])
     drop_steps, alive_step = ["exact"], "exact"
     if s.minhash:
         mh_plan = steps("minhash", [{"bounds": bounds}])[0]
         parts = steps("bands", [{"shard": i, "inputs": mh_plan["inputs"], "job": job}
                                 for i, job in enumerate(mh_plan["jobs"])])
-        grouped = steps("minhash-group", [{"bounds": bounds, "inputs": mh_plan["inputs"],
-                                          "parts": [r["paths"] for r in parts]}])[0]
-        stats.update(dropped_minhash=grouped["dropped"], minhash_candidates=grouped["minhash_candidates"],
-                     minhash_verified_pairs=grouped["minhash_verified_pairs"])
-        drop_steps.append("minhash-group")
-        alive_step = "minhash-group"
+        n_parts = components("minhash", [r["paths"] for r in parts], mh_plan["records"])
+        grouped = steps("minhash-group", [{"shard": g, "bounds": bounds, "parts": n_parts, "n_nodes": mh_plan["records"],
+                                           "counts": counts, "inputs": mh_plan["inputs"]} for g in range(S)])
+        stats.update(minhash_candidates=sum(r["candidates"] for r in parts),
+                     minhash_verified_pairs=sum(r["pairs"] for r in grouped))
+        counts = collect("minhash", "exact", [f"minhash-group/shard-{g:05d}" for g in range(S)])
+        drop_steps.append("minhash")
+        alive_step = "minhash"
     if s.embedding:
         enc = steps("embed", [{"shard": k, "bounds": bounds, "alive_step": alive_step} for k in range(S)])
         plan = steps("embedding", [{"bounds": bounds, "dim": enc[0]["dim"]}])[0]
-        parts = steps("ann", [{"shard": i, "inputs": plan["inputs"], "job": job}
-                              for i, job in enumerate(plan["jobs"])])
-        grouped = steps("embedding-group", [{"bounds": bounds, "alive_step": alive_step, "plan": plan,
-                                            "parts": [r["paths"] for r in parts]}])[0]
-        stats.update({k: v for k, v in grouped.items() if k.startswith("embedding_")},
-                     dropped_embedding=grouped["dropped"])
-        drop_steps.append("embedding-group")
-        alive_step = "embedding-group"
-    stats["seconds"] = {}
-    for r in records:
-        stats["seconds"][r["step"]] = round(r["seconds"], 3)
-    workers: dict[str, float] = {}
-    for r in records:
-        workers[str(r["pid"])] = max(workers.get(str(r["pid"]), 0.0), r["peak_rss_mb"])
-    stats.update(shard_workers=workers, steps_reused=[r["step"] for r in records if r.get("reused")],
-                 step_attempts={r["step"]: work.attempts(r["step"]) for r in records},
-                 work_dir=str(work.root), worker_cpu_seconds=round(sum(r.get("cpu_seconds", 0.0) for r in records), 3),
-                 work_bytes=work_bytes(work), steps_wall_seconds=round(time.perf_counter() - started, 3),
-                 step_cost={r["step"]: {"seconds": round(r["seconds"], 3), "cpu_seconds": round(r["cpu_seconds"], 3),
-                                        "peak_rss_mb": round(r["peak_rss_mb"], 1)}
-                            for r in records if "cpu_seconds" in r})
+        parts = plan.get("parts") or [r["paths"] for r in steps("ann", [
+            {"shard": i, "inputs": plan["inputs"], "job": job} for i, job in enumerate(plan["jobs"])])]
+        L = plan["records"]
+        n_parts = components("embedding", parts, L)
+        steps("embedding-uncertain", [{"shard": g, "parts": n_parts, "n_nodes": L} for g in range(S)])
+        confirmed = steps("confirm", [{"bounds": bounds, "groups": S, "n_nodes": L, "alive_step": alive_step,
+                                       "counts": counts}])[0]
+        grouped = steps("embedding-group", [{"shard": g, "bounds": bounds, "parts": n_parts, "n_nodes": L,
+                                             "alive_step": alive_step, "counts": counts, "inputs": plan["inputs"]}
+                                            for g in range(S)])
+        for key in ("embedding_candidates", "embedding_static_accepted", "embedding_uncertain",
+                    "embedding_number_guarded"):
+            stats[key] = sum(r[key] for r in grouped)
+        stats.update(embedding_confirm_checked=confirmed["embedding_confirm_checked"],
+                     embedding_confirmed=confirmed["embedding_confirmed"])
+        counts = collect("embedding", alive_step, [f"embedding-group/shard-{g:05d}" for g in range(S)])
+        drop_steps.append("embedding")
+        alive_step = "embedding"
+    stats.update(worker_stats(records, work, started))
     out = steps("write", [{"input": str(p.input), "text_field": p.text_field, "id_field": p.id_field,
                            "out_dir": str(p.out), "drop_steps": drop_steps, "alive_step": alive_step,
                            "stats": stats}])[0]
     remove_work(work)
-    logger.info("%d records in %d shards on %s: %d steps reused", split["n"], S, settings.runner.kind,
-                len(stats["steps_reused"]))
+    logger.info("%d records in %d shards on %s: %d steps, %d reused", split["n"], S, settings.runner.kind,
+                len(records), len(stats["steps_reused"]))
     return out["summary"]
+
+
+def worker_stats(records: list[dict], work, started: float) -> dict:
+    """summary.json `stats` entries from the step records: seconds, CPU, peak memory per step and worker."""
+    workers: dict[str, float] = {}
+    for r in records:
+        workers[str(r["pid"])] = max(workers.get(str(r["pid"]), 0.0), r["peak_rss_mb"])
+    return {"seconds": {r["step"]: round(r["seconds"], 3) for r in records}, "shard_workers": workers,
+            "steps": len(records) + 1, "steps_reused": [r["step"] for r in records if r.get("reused")],
+            "step_attempts": {r["step"]: work.attempts(r["step"]) for r in records},
+            "work_dir": str(work.root), "work_files": work_files(work),
+            "worker_cpu_seconds": round(sum(r.get("cpu_seconds", 0.0) for r in records), 3),
+            "work_bytes": work_bytes(work), "steps_wall_seconds": round(time.perf_counter() - started, 3),
+            "step_cost": {r["step"]: {"seconds": round(r["seconds"], 3), "cpu_seconds": round(r["cpu_seconds"], 3),
+                                      "peak_rss_mb": round(r["peak_rss_mb"], 1)} for r in records if "cpu_seconds" in r}}
 
 
 @flow(name="dedup", log_prints=True)

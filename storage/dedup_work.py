@@ -1,19 +1,27 @@
 """The work folder of a dedup whose per-record work runs on the workers (tasks/dedup/distributed.py).
 
-    WORK/plan.json                       the plan: input, settings fingerprint, shard count, rows per shard
     WORK/<step>/done.json                the step's completion marker: its counts and the files it wrote
     WORK/<step>/started-<pid>.json       one per attempt: the worker process that took the step
     WORK/records/shard-<s>.parquet       shard s's records: id, text (and score for keep="best")
-    WORK/prep/shard-<s>/<name>.npy       shard s's exact keys and MinHash sketches (every record of the shard)
-    WORK/exact/alive.npy                 per record: alive after the exact step (and its drops, drops.parquet)
-    WORK/minhash/...                     the sketches of the records alive, the band shards' pairs, the drops
-    WORK/embed/shard-<s>/vectors.npy     shard s's static vectors (its records alive after MinHash)
-    WORK/embedding/...                   the vectors, the ANN plan, the search shards' neighbours, the drops
+    WORK/records/shard-<s>/              the same texts packed (texts.npy + text_offsets.npy) and the scores
+                                         (scores.npy): arrays a worker gathers single records from
+    WORK/prep/shard-<s>/<name>.npy       shard s's exact keys and MinHash sketches (every record of the shard);
+                                         bucketed/: its exact keys, rows and packed texts sorted by exact bucket
+    WORK/<phase>/alive-<s>.npy           per record of shard s: alive after the phase; drops-<s>.parquet its
+                                         records dropped by the phase (rows, reasons), in record order
+    WORK/<phase>-cc/r<r>/...             the connected-components rounds: labels per node range, proposals per
+                                         edge part (one file each, sorted by node range, with offsets)
+    WORK/<phase>-route/part-<e>/...      edge part e's edges sorted by group (one file each, with offsets)
+    WORK/<phase>-group/shard-<g>/...     group g's drops, in record order
+    WORK/minhash/..., WORK/embedding/... the shared arrays (sketches, vectors, the ANN plan), the search parts
 
 Every file is written under a temporary name and renamed; a step's marker is written last, so a step with a
 marker is whole and a re-run (same input, same settings: the same WORK) takes it as done, and a step without
-one (its worker was killed) is redone from its inputs. WORK is a local folder every worker sees (on several
-machines: a shared file system mounted at the same path): the arrays are memory-mapped .npy files.
+one (its worker was killed) is redone from its inputs. No file count grows with the records: a step writes a
+fixed number of files per shard, and every many-to-many exchange (edges to groups, label proposals to node
+ranges) is one file per sender sorted by receiver with an offsets array, which each receiver slices. WORK is a
+local folder every worker sees (on several machines: a shared file system mounted at the same path): the
+arrays are memory-mapped .npy files.
 """
 
 from __future__ import annotations
@@ -72,6 +80,27 @@ class DedupWork:
     def records(self, shard: int) -> Path:
         return self.step("records") / f"shard-{shard:05d}.parquet"
 
+    def record_arrays(self, shard: int) -> Path:
+        return self.step("records") / f"shard-{shard:05d}"
+
+    def alive(self, phase: str, shard: int) -> Path:
+        return self.step(phase) / f"alive-{shard:05d}.npy"
+
+    def drops(self, phase: str, shard: int) -> Path:
+        return self.step(phase) / f"drops-{shard:05d}.parquet"
+
+    def labels(self, phase: str, round_: int, node_range: int) -> Path:
+        return self.step(f"{phase}-cc") / f"r{round_:03d}" / f"labels-{node_range:05d}.npy"
+
+    def proposals(self, phase: str, round_: int, part: int) -> Path:
+        return self.step(f"{phase}-cc") / f"r{round_:03d}" / f"proposals-{part:05d}"
+
+    def routed(self, phase: str, part: int) -> Path:
+        return self.step(f"{phase}-route") / f"part-{part:05d}"
+
+    def group(self, phase: str, group: int) -> Path:
+        return self.step(f"{phase}-group") / f"shard-{group:05d}"
+
 
 def _tmp(path: Path) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -123,6 +152,47 @@ class ArrayWriter:
         del self.a
         self.tmp.replace(self.path)
         return str(self.path)
+
+
+def save_strings(folder: str | Path, name: str, strings: list[str]) -> None:
+    """Strings packed as UTF-8 bytes (<name>.npy) and offsets (<name>_offsets.npy): any one of them can be read
+    from the memory-mapped files without reading the rest."""
+    enc = [x.encode("utf-8", "surrogatepass") for x in strings]
+    off = np.zeros(len(enc) + 1, np.int64)
+    np.cumsum([len(b) for b in enc], out=off[1:])
+    save_array(Path(folder) / f"{name}.npy", np.frombuffer(b"".join(enc), np.uint8))
+    save_array(Path(folder) / f"{name}_offsets.npy", off)
+
+
+class PackedStrings:
+    """The strings save_strings wrote, memory-mapped: `take(rows)` decodes only those."""
+
+    def __init__(self, folder: str | Path, name: str):
+        self.data = load_array(Path(folder) / f"{name}.npy")
+        self.off = load_array(Path(folder) / f"{name}_offsets.npy")
+
+    def __len__(self) -> int:
+        return len(self.off) - 1
+
+    def take(self, rows) -> list[str]:
+        d, o = self.data, self.off
+        return [bytes(d[o[i]: o[i + 1]]).decode("utf-8", "surrogatepass") for i in np.asarray(rows).tolist()]
+
+
+def save_grouped(folder: str | Path, arrays: dict[str, np.ndarray], dest: np.ndarray, receivers: int) -> None:
+    """One sender's rows for many receivers in one folder: `arrays` (same length) sorted by `dest` (stable: a
+    receiver gets its rows in the sender's order) and start.npy, receiver r's rows being start[r]:start[r + 1]."""
+    order = np.argsort(dest, kind="stable")
+    for k, a in arrays.items():
+        save_array(Path(folder) / f"{k}.npy", np.asarray(a)[order])
+    save_array(Path(folder) / "start.npy", np.searchsorted(dest[order], np.arange(receivers + 1)).astype(np.int64))
+
+
+def load_grouped(folder: str | Path, receiver: int, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Receiver `receiver`'s rows of a save_grouped folder (only those pages are read)."""
+    start = load_array(Path(folder) / "start.npy")
+    a, b = int(start[receiver]), int(start[receiver + 1])
+    return {k: np.array(load_array(Path(folder) / f"{k}.npy")[a:b]) for k in names}
 
 
 def write_table(path: str | Path, table: pa.Table) -> str:

@@ -5,24 +5,31 @@ configured runner (flows/dedup.py); each reads and writes files of one work fold
 returns counts and paths only:
 
     split              (1 task)   the input -> S record shards (id, text, score), contiguous row ranges
-    prep/shard-s       (S tasks)  normalise, exact keys, shingles and MinHash sketches of the shard's records
-    exact              (1 task)   exact groups over all keys (records alive after it)
+    prep/shard-s       (S tasks)  normalise, exact keys (sorted into S exact buckets), MinHash sketches
+    exact/shard-b      (S tasks)  exact groups of bucket b (tasks/dedup/group_steps.py)
+    collect-exact      (S tasks)  per record shard: its drops in record order, its alive mask
     minhash            (1 task)   the sketches of the records alive, concatenated into the shared arrays
     bands/shard-i      (S tasks)  LSH candidates and exact Jaccard of band range i (tasks/dedup/shards.py)
-    minhash-group      (1 task)   the band shards' pairs merged, MinHash groups
+    hook, apply        (S tasks per round)  connected components of the pairs (tasks/dedup/graph.py)
+    route              (S tasks)  every pair to the group shard of its component
+    minhash-group      (S tasks)  per group shard: representatives, drops; then collect-minhash (S tasks)
     embed/shard-s      (S tasks)  static vectors of the shard's records alive
     embedding          (1 task)   the vectors concatenated; the k-means ANN plan (or the exact search when small)
     ann/shard-i        (S tasks)  the ANN search of query rows range i
-    embedding-group    (1 task)   neighbours merged, full-model confirmation, number guard, leader grouping
+    hook, apply, route            as above, over the neighbour pairs
+    embedding-uncertain (S tasks) per group shard: the pairs the static model is unsure of
+    confirm            (1 task)   the full-model budget over them, in the order of one merged search
+    embedding-group    (S tasks)  confirmations, number guard, leader grouping; then collect-embedding (S tasks)
     write              (1 task)   kept.<fmt>, dropped.<fmt>, summary.json
 
-The decisions are those of `pipeline.dedup` in one process with the same settings (S included): every step
-calls the same functions on the same arrays in the same order (sketches and static vectors are functions of
-one text each, so computing them per shard changes nothing). A step whose marker exists is not run again: a
-re-run over the same input and settings reuses the finished steps, and a step whose worker was killed is redone
-alone. What is not distributed yet: the global steps (exact, the two groupings, the ANN plan) are one task
-each, on a worker: their memory is O(records) on that worker (ids, keys, the alive mask, the pairs), not on
-the driver.
+The decisions are those of `pipeline.dedup` in one process with the same settings (S included): sketches and
+static vectors are functions of one text each; a bucket holds every record of its exact key and a group shard
+whole components with their edges in one merged search's order, and the one-process rules are applied to them
+renumbered in record order, which keeps every tie-break. A step whose marker exists is not run again: a re-run
+over the same input and settings reuses the finished steps, and a step whose worker was killed is redone alone.
+Still one task each, on a worker: `minhash` and `embedding` (they write the shared arrays; `embedding` fits the
+k-means plan on `ann_kmeans_sample` vectors and assigns every vector), `confirm` (the uncertain pairs and the
+budget) and `write` (it reads the input again to write the outputs).
 """
 
 from __future__ import annotations
@@ -38,20 +45,26 @@ import numpy as np
 import pyarrow as pa
 
 from evolforge.config.sections.dedup import DedupSettings
-from evolforge.storage.dedup_work import ArrayWriter, DedupWork, load_array, read_table, save_array, write_table
+from evolforge.storage.dedup_work import (
+    ArrayWriter,
+    DedupWork,
+    load_array,
+    read_table,
+    save_array,
+    save_grouped,
+    save_strings,
+    write_table,
+)
 from evolforge.tasks.dedup import embedding as emb
+from evolforge.tasks.dedup import graph
+from evolforge.tasks.dedup import group_steps as gs
 from evolforge.tasks.dedup import minhash as mh
 from evolforge.tasks.dedup import pipeline as pl_
 from evolforge.tasks.dedup import shards as sh
-from evolforge.tasks.dedup.index import empty_data
-from evolforge.tasks.dedup.normalize import exact_groups, exact_keys, normalize_many
+from evolforge.tasks.dedup.normalize import exact_keys, normalize_many
 from evolforge.tasks.dedup.shard_tasks import peak_rss_mb, run_shard_files
 
 _SKETCH = ("offsets", "values", "signatures", "band_keys")
-_DROP_SCHEMA = pa.schema([("id", pa.string()), ("duplicate_of", pa.string()), ("method", pa.string()),
-                          ("similarity", pa.float64()), ("matched_id", pa.string()),
-                          ("matched_similarity", pa.float64()), ("detail", pa.string())])
-
 
 def settings_fingerprint(s: DedupSettings) -> str:
     return hashlib.sha1(s.model_dump_json(exclude={"shard_dir"}).encode()).hexdigest()[:16]
@@ -69,6 +82,16 @@ def work_bytes(work: DedupWork) -> int:
     return sum(f.stat().st_size for f in work.root.rglob("*") if f.is_file())
 
 
+def work_files(work: DedupWork) -> dict[str, int]:
+    """Files in the work folder per top-level step folder (the 100M simulation checks none grows with records)."""
+    out: dict[str, int] = {}
+    for f in work.root.rglob("*"):
+        if f.is_file():
+            top = f.relative_to(work.root).parts[0]
+            out[top] = out.get(top, 0) + 1
+    return out
+
+
 def remove_work(work: DedupWork) -> None:
     """The work folder, once the outputs are written."""
     shutil.rmtree(work.root, ignore_errors=True)
@@ -77,7 +100,8 @@ def remove_work(work: DedupWork) -> None:
 def run_step(step: str, root: str, args: dict, s: DedupSettings) -> dict:
     """Run one step (module docstring) unless its marker says it finished; its record (counts, paths, worker)."""
     work = DedupWork(root)
-    name = step + (f"/shard-{args['shard']:05d}" if "shard" in args else "")
+    name = step + (f"-{args['phase']}" if "phase" in args else "") + (f"/r{args['round']:03d}" if "round" in args else "") \
+        + (f"/shard-{args['shard']:05d}" if "shard" in args else "")
     done = work.done(name)
     if done is not None:
         return {**done, "reused": True}
@@ -89,37 +113,11 @@ def run_step(step: str, root: str, args: dict, s: DedupSettings) -> dict:
     return work.mark_done(name, record)
 
 
-# ----------------------------------------------------------------- shared state of the global steps
+# ----------------------------------------------------------------- alive masks
 
-def _ids_scores(work: DedupWork, n_shards: int, s: DedupSettings, texts: bool = False):
-    tables = [read_table(work.records(k)) for k in range(n_shards)]
-    ids = [x for t in tables for x in t.column("id").to_pylist()]
-    sc = None
-    if s.keep == "best":
-        sc = np.nan_to_num(np.concatenate([t.column("score").to_numpy(zero_copy_only=False).astype(np.float64)
-                                           for t in tables]), nan=-np.inf)
-    txt = [x for t in tables for x in t.column("text").to_pylist()] if texts else []
-    return ids, sc, txt
-
-
-def _run_state(ids, sc, texts, alive, s: DedupSettings) -> pl_._Run:
-    return pl_._Run(s=s, texts=texts, ids=ids, sc=sc, static=None, index=None, hist=empty_data(s), H=0,
-                    alive=alive, steps=[], bar=None, stats={"seconds": {}})
-
-
-def _save_drops(work: DedupWork, step: str, run: pl_._Run) -> str:
-    cols = {f.name: [r[f.name] for r in run.dropped] for f in _DROP_SCHEMA}
-    write_table(work.step(step) / "drops.parquet", pa.table(cols, schema=_DROP_SCHEMA))
-    return save_array(work.step(step) / "alive.npy", run.alive)
-
-
-def _alive(work: DedupWork, step: str) -> np.ndarray:
-    return np.array(load_array(work.step(step) / "alive.npy"))
-
-
-def _shard_rows(bounds: list[list[int]], alive: np.ndarray) -> list[np.ndarray]:
-    """Per record shard: its local rows alive."""
-    return [np.flatnonzero(alive[a:b]) for a, b in bounds]
+def _alive_rows(work: DedupWork, phase: str, shard: int) -> np.ndarray:
+    """Record shard `shard`'s local rows alive after `phase`."""
+    return np.flatnonzero(load_array(work.alive(phase, shard)))
 
 
 # ----------------------------------------------------------------- the steps
@@ -144,15 +142,24 @@ def step_split(work: DedupWork, s: DedupSettings, input: str, text_field: str, i
         if scores is not None:
             cols["score"] = pa.array(scores[a:b], pa.float64())
         write_table(work.records(k), pa.table(cols))
+        save_strings(work.record_arrays(k), "texts", texts[a:b])
+        if scores is not None:
+            sc = np.array([np.nan if x is None else x for x in scores[a:b]], np.float64)
+            save_array(work.record_arrays(k) / "scores.npy", np.nan_to_num(sc, nan=-np.inf))
     return {"n": n, "bounds": bounds, "fmt": fmt}
 
 
-def step_prep(work: DedupWork, s: DedupSettings, shard: int) -> dict:
+def step_prep(work: DedupWork, s: DedupSettings, shard: int, bounds: list) -> dict:
     texts = read_table(work.records(shard), ["text"]).column("text").to_pylist()
     norms = normalize_many(texts, s)
     d = work.step("prep") / f"shard-{shard:05d}"
-    save_array(d / "keys.npy", exact_keys(norms))
-    write_table(d / "norms.parquet", pa.table({"norm": pa.array(norms, pa.string())}))
+    keys = exact_keys(norms)
+    if s.exact:  # the keys, rows and texts by exact bucket, for the exact step's buckets
+        bucket = gs.exact_buckets(keys, len(bounds))
+        order = np.argsort(bucket, kind="stable")
+        save_grouped(d / "bucketed", {"rows": np.arange(len(keys), dtype=np.int64) + bounds[shard][0],
+                                      "keys": keys}, bucket, len(bounds))
+        save_strings(d / "bucketed", "norms", [norms[i] for i in order.tolist()])
     if s.minhash:
         sk = mh.sketch_many(norms, s)
         for name in _SKETCH:
@@ -160,28 +167,9 @@ def step_prep(work: DedupWork, s: DedupSettings, shard: int) -> dict:
     return {"records": len(texts)}
 
 
-def step_exact(work: DedupWork, s: DedupSettings, bounds: list) -> dict:
-    n_sh = len(bounds)
-    ids, sc, _ = _ids_scores(work, n_sh, s)
-    n = len(ids)
-    run = _run_state(ids, sc, [], np.ones(n, bool), s)
-    if s.exact:
-        prep = [work.step("prep") / f"shard-{k:05d}" for k in range(n_sh)]
-        keys = np.concatenate([np.zeros(0, np.uint64)] + [load_array(p / "keys.npy", mmap=False) for p in prep])
-        norms = [x for p in prep for x in read_table(p / "norms.parquet").column("norm").to_pylist()]
-        live = np.arange(n)
-        first = exact_groups(keys, norms)
-        own = np.flatnonzero(first != np.arange(n))
-        p = np.stack([first[own], own], 1).astype(np.int64)
-        g = pl_._groups(0, n, p, np.ones(len(p)), run.live_scores(live))
-        run.record("exact", live, *g, np.ones(len(g[0])), ["normalized text"] * len(g[0]))
-    _save_drops(work, "exact", run)
-    return {"dropped": len(run.dropped), "alive": int(run.alive.sum())}
-
-
 def step_minhash(work: DedupWork, s: DedupSettings, bounds: list) -> dict:
     """The sketches of the records alive after exact, in record order, as the shared arrays of the band shards."""
-    rows = _shard_rows(bounds, _alive(work, "exact"))
+    rows = [_alive_rows(work, "exact", k) for k in range(len(bounds))]
     prep = [work.step("prep") / f"shard-{k:05d}" for k in range(len(bounds))]
     L = int(sum(len(r) for r in rows))
     sizes = [np.diff(load_array(p / "offsets.npy"))[r] for p, r in zip(prep, rows)]
@@ -212,27 +200,11 @@ def step_minhash(work: DedupWork, s: DedupSettings, bounds: list) -> dict:
 
 def step_bands(work: DedupWork, s: DedupSettings, shard: int, inputs: dict, job: dict) -> dict:
     out = run_shard_files("minhash", inputs, job, s, str(work.step("bands") / f"out-{shard:05d}"))
-    return {"paths": out["paths"]}
-
-
-def step_minhash_group(work: DedupWork, s: DedupSettings, bounds: list, inputs: dict, parts: list) -> dict:
-    ids, sc, _ = _ids_scores(work, len(bounds), s)
-    run = _run_state(ids, sc, [], _alive(work, "exact"), s)
-    live = np.flatnonzero(run.alive)
-    L = len(live)
-    p, sim, ncand = sh.merge_minhash([{k: load_array(v) for k, v in part.items()} for part in parts], L)
-    g = pl_._groups(0, L, p, sim, run.live_scores(live))
-    offsets, values = load_array(inputs["offsets"]), load_array(inputs["values"])
-    rep_sim = mh.jaccard(offsets, values, np.stack([g[0], g[1]], 1)) if len(g[0]) else np.zeros(0)
-    run.record("minhash", live, *g, rep_sim, ["jaccard"] * len(g[0]))
-    _save_drops(work, "minhash-group", run)
-    return {"dropped": len(run.dropped), "alive": int(run.alive.sum()), "minhash_candidates": ncand,
-            "minhash_verified_pairs": len(p)}
+    return {"paths": out["paths"], "candidates": int(load_array(out["paths"]["candidates"])[0])}
 
 
 def step_embed(work: DedupWork, s: DedupSettings, shard: int, bounds: list, alive_step: str) -> dict:
-    a, b = bounds[shard]
-    r = np.flatnonzero(_alive(work, alive_step)[a:b])
+    r = _alive_rows(work, alive_step, shard)
     texts = read_table(work.records(shard), ["text"]).column("text").to_pylist()
     E = pl_._encoder("static", s).encode([texts[i] for i in r.tolist()])
     save_array(work.step("embed") / f"shard-{shard:05d}" / "vectors.npy", E)
@@ -253,7 +225,7 @@ def step_embedding(work: DedupWork, s: DedupSettings, bounds: list, dim: int) ->
     if L <= max(s.ann_exact_below, 2 * s.ann_cluster_size):
         p, sim = emb.exact_pairs(E, thr, None, max_neighbors=s.max_neighbors)
         return {"records": L, "inputs": inputs, "jobs": [],
-                "exact": {"pairs": save_array(d / "pairs.npy", p), "sims": save_array(d / "sims.npy", sim)}}
+                "parts": [{"pairs": save_array(d / "pairs.npy", p), "sims": save_array(d / "sims.npy", sim)}]}
     plan = emb.ann_plan(E, s, None)
     inputs.update({k: save_array(d / f"{k}.npy", v) for k, v in plan.items()})
     jobs = [{"rows": list(r), "threshold": thr} for r in emb.row_ranges(L, s.shards)]
@@ -265,23 +237,19 @@ def step_ann(work: DedupWork, s: DedupSettings, shard: int, inputs: dict, job: d
     return {"paths": out["paths"]}
 
 
-def step_embedding_group(work: DedupWork, s: DedupSettings, bounds: list, alive_step: str, plan: dict,
-                         parts: list) -> dict:
-    ids, sc, texts = _ids_scores(work, len(bounds), s, texts=True)
-    run = _run_state(ids, sc, texts, _alive(work, alive_step), s)
-    live = np.flatnonzero(run.alive)
-    E = load_array(plan["inputs"]["E"])
-    if plan.get("exact"):
-        p, sim = np.array(load_array(plan["exact"]["pairs"])), np.array(load_array(plan["exact"]["sims"]))
-    else:
-        p, sim = emb.merge_neighbors([{k: load_array(v) for k, v in part.items()} for part in parts], len(live))
-    p, fsim, detail, _, counts = pl_._accept_edges(run, live, p, sim)
-    g = pl_._embedding_groups(0, len(live), p, fsim, detail, s, run.live_scores(live))
-    rep_sim = np.einsum("ij,ij->i", E[g[0]], E[g[1]]) if len(g[0]) else np.zeros(0)
-    dt = pl_._edge_detail(p, detail, g[0], g[2], len(live))
-    run.record("embedding", live, *g, rep_sim, dt)
-    _save_drops(work, "embedding-group", run)
-    return {"dropped": len(run.dropped), "alive": int(run.alive.sum()), **counts}
+def step_hook(work: DedupWork, s: DedupSettings, phase: str, round: int, shard: int, part: dict,
+              ranges: list) -> dict:
+    return {"proposals": graph.hook(work, phase, round, shard, part, ranges)}
+
+
+def step_apply(work: DedupWork, s: DedupSettings, phase: str, round: int, shard: int, parts: int,
+               ranges: list) -> dict:
+    return {"changed": graph.apply(work, phase, round, shard, parts, ranges)}
+
+
+def step_route(work: DedupWork, s: DedupSettings, phase: str, round: int, shard: int, part: dict,
+               ranges: list, groups: int) -> dict:
+    return {"edges": graph.route(work, phase, round, shard, part, ranges, groups)}
 
 
 def step_write(work: DedupWork, s: DedupSettings, input: str, text_field: str, id_field: str | None,
@@ -292,15 +260,23 @@ def step_write(work: DedupWork, s: DedupSettings, input: str, text_field: str, i
 
     df, fmt = read_any_table(input)
     ids = [str(x) for x in df[id_field].to_list()] if id_field else [str(i) for i in range(df.height)]
-    alive = _alive(work, alive_step)
-    kept = [ids[i] for i in np.flatnonzero(alive).tolist()]
-    dropped = [r for step in drop_steps for r in read_table(work.step(step) / "drops.parquet").to_pylist()]
+    bounds = [list(r) for r in emb.row_ranges(len(ids), s.shards)] or [[0, 0]]
+    kept = [ids[a + i] for k, (a, _) in enumerate(bounds) for i in _alive_rows(work, alive_step, k).tolist()]
+    dropped = []
+    for phase in drop_steps:
+        for k in range(len(bounds)):
+            t = read_table(work.drops(phase, k))
+            dropped.extend({"id": ids[r["row"]], "duplicate_of": ids[r["dup_row"]], "method": r["method"],
+                            "similarity": r["similarity"], "matched_id": ids[r["matched_row"]],
+                            "matched_similarity": r["matched_similarity"], "detail": r["detail"]}
+                           for r in t.to_pylist())
     summary = pl_.write_outputs(df, fmt, location(input), text_field, ids, kept, dropped,
                                 {**stats, "kept": len(kept)}, DedupOutLayout(out_dir))
     return {"kept": summary["kept"], "dropped": summary["dropped"], "summary": summary}
 
 
-STEPS = {"split": step_split, "prep": step_prep, "exact": step_exact, "minhash": step_minhash,
-         "bands": step_bands, "minhash-group": step_minhash_group, "embed": step_embed,
-         "embedding": step_embedding, "ann": step_ann, "embedding-group": step_embedding_group,
-         "write": step_write}
+STEPS = {"split": step_split, "prep": step_prep, "exact": gs.step_exact_bucket, "minhash": step_minhash,
+         "bands": step_bands, "embed": step_embed, "embedding": step_embedding, "ann": step_ann,
+         "hook": step_hook, "apply": step_apply, "route": step_route, "minhash-group": gs.step_minhash_group,
+         "embedding-uncertain": gs.step_embedding_uncertain, "confirm": gs.step_confirm,
+         "embedding-group": gs.step_embedding_group, "collect": gs.step_collect, "write": step_write}

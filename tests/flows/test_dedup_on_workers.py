@@ -79,9 +79,9 @@ def test_a_rerun_reuses_the_finished_steps(corpus_file, one_process, tmp_path):
     out = tmp_path / "out"
     s = DedupSettings(**SMALL)
     work = work_for(str(corpus_file), str(out), s)
-    run_step("split", str(work.root), {"input": str(corpus_file), "text_field": "text", "id_field": "id"}, s)
+    split = run_step("split", str(work.root), {"input": str(corpus_file), "text_field": "text", "id_field": "id"}, s)
     for k in (0, 2):
-        run_step("prep", str(work.root), {"shard": k}, s)
+        run_step("prep", str(work.root), {"shard": k, "bounds": split["bounds"]}, s)
     summary = _flow(corpus_file, out, {"kind": "threads", "max_workers": 2})
     assert summary["stats"]["steps_reused"] == ["split", "prep/shard-00000", "prep/shard-00002"]
     _same(_decisions(out), one_process)
