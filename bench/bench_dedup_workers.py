@@ -3,6 +3,10 @@
     flock /tmp/evolforge-bench.lock .venv/bin/python bench/bench_dedup_workers.py \
         --runs 100000:dask-2,1000000:dask-2,1000000:dask-1,100000:ray-2 --shards 4
 
+A run is records:runner-workers[:shards] (default shards: --shards): the 100M shard-count simulation is e.g.
+`--runs 51200:dask-2:256,204800:dask-2:256` (256 shards at 200 and 800 records each: the driver's memory and
+the work folder's file count must not grow with the records).
+
 Each run (records:runner-workers) in its own fresh process, on testing/near_dup_corpus.py's corpus (seed 0,
 written once per size to a parquet file): the dedup flow (tasks/dedup/distributed.py: every per-record step a
 Prefect task on the workers, files in the work folder) with `dedup.shards` = S on a local Dask cluster
@@ -13,7 +17,8 @@ Figures per run:
   driver CPU share     the flow process's CPU seconds over (that + every step's CPU seconds in its worker)
   records/s            records / the steps' wall seconds (split to the last grouping; the Prefect server and
                        cluster start are not in it), and the flow's whole wall seconds
-  per-step costs       seconds, CPU seconds, worker peak RSS per step; the work folder's bytes
+  per-step costs       seconds, CPU seconds, worker peak RSS per step; the work folder's bytes, its files per
+                       step folder, the number of steps (Prefect tasks) and of component rounds
 plus the load average before and after each run. The kept ids of runs of one size must be identical.
 Writes bench/results/dedup_workers.json.
 """
@@ -38,7 +43,7 @@ def _child(a) -> None:
 
     kind, workers = a.config.split("-")
     runner: dict = {"kind": kind, "max_workers": int(workers)}
-    out = Path(a.workdir) / f"{a.n}-{a.config}"
+    out = Path(a.workdir) / f"{a.n}-{a.config}-{a.shards}"
     c0, t0 = time.process_time(), time.perf_counter()
 
     def run():
@@ -65,6 +70,8 @@ def _child(a) -> None:
         "driver_cpu_share": driver_cpu / (driver_cpu + worker_cpu),
         "driver_peak_rss_mb": peak_rss_mb(),
         "worker_peak_rss_mb": st["shard_workers"], "work_bytes": st["work_bytes"], "step_cost": st["step_cost"],
+        "steps": st["steps"], "work_files": st["work_files"], "work_files_total": sum(st["work_files"].values()),
+        "component_rounds": {k: v for k, v in st.items() if k.endswith("_component_rounds")},
         "dropped_by": {m: st.get(f"dropped_{m}") for m in ("exact", "minhash", "embedding")},
         "kept_path": summary["kept_path"]}))
 
@@ -94,8 +101,8 @@ def main(argv=None) -> dict:
            "PREFECT_LOGGING_LEVEL": "WARNING", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
     env.pop("PREFECT_API_URL", None)
     for spec in a.runs.split(","):
-        n_s, config = spec.split(":")
-        n = int(n_s)
+        n_s, config, *sh = spec.split(":")
+        n, shards = int(n_s), int(sh[0]) if sh else a.shards
         if n not in inputs:
             c = make_corpus(n, seed=0)
             inputs[n] = work / f"corpus-{n}.parquet"
@@ -103,19 +110,19 @@ def main(argv=None) -> dict:
             del c
         load_before = os.getloadavg()
         cmd = [sys.executable, __file__, "--child", "1", "--config", config, "--n", str(n), "--input",
-               str(inputs[n]), "--workdir", str(work), "--shards", str(a.shards)]
+               str(inputs[n]), "--workdir", str(work), "--shards", str(shards)]
         p = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if p.returncode:
             raise SystemExit(f"{spec} failed:\n{p.stderr[-4000:]}")
         r = json.loads(p.stdout.strip().splitlines()[-1])
-        r.update(n=n, load_before=load_before, load_after=os.getloadavg())
+        r.update(n=n, shards=shards, load_before=load_before, load_after=os.getloadavg())
         res["runs"].append(r)
         print(spec, json.dumps({k: r[k] for k in ("records_per_s", "steps_wall_seconds", "flow_wall_seconds",
-                                                  "driver_peak_rss_mb", "driver_cpu_share", "load_before",
-                                                  "load_after")}), flush=True)
+                                                  "driver_peak_rss_mb", "driver_cpu_share", "steps",
+                                                  "work_files_total", "load_before", "load_after")}), flush=True)
     by_n: dict[int, list] = {}
     for r in res["runs"]:
-        by_n.setdefault(r["n"], []).append(pl.read_parquet(r["kept_path"])["id"].to_list())
+        by_n.setdefault(f'{r["n"]}x{r["shards"]}', []).append(pl.read_parquet(r["kept_path"])["id"].to_list())
     res["same_kept_ids_per_size"] = {str(n): all(k == v[0] for k in v) for n, v in by_n.items()}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1, default=float))

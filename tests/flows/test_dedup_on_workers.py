@@ -139,3 +139,39 @@ def test_a_worker_killed_mid_shard_has_that_shard_redone_alone(corpus_file, one_
     assert attempts["embed/shard-00001"][0] == killed[0] and len(attempts["embed/shard-00001"]) == 2
     assert killed[0] not in attempts["embed/shard-00001"][1:]
     assert all(len(pids) == 1 for step, pids in attempts.items() if step != "embed/shard-00001"), attempts
+
+
+class _Inline:
+    """A task runner that runs each submitted task here and now (the steps' own logic, without Prefect)."""
+
+    class _Done:
+        def __init__(self, value):
+            self.value = value
+
+        def result(self):
+            return self.value
+
+    def submit(self, task, parameters):
+        return self._Done(task.fn(**parameters))
+
+
+@pytest.mark.parametrize("shards,keep", [(2, "earliest"), (5, "best"), (8, "earliest")])
+def test_every_shard_count_decides_as_one_process(corpus_file, tmp_path, shards, keep):
+    """The driver's step plan (flows/dedup.py on_workers) run inline: buckets, component rounds and group shards
+    give one process's decisions at shard counts that do not divide the records evenly, for both keep rules."""
+    import logging
+
+    from evolforge.flows.dedup import on_workers
+    from evolforge.testing.settings import make_settings
+
+    dedup = {**SMALL, "shards": shards, "keep": keep, "score_field": "score",
+             "shard_dir": str(tmp_path / "work")}
+    dedup_file(corpus_file, "text", tmp_path / "one", DedupSettings(**dedup), id_field="id")
+    settings = make_settings(dedup=dedup)
+    p = DedupParams(input=str(corpus_file), text_field="text", id_field="id", out=str(tmp_path / "out"))
+    summary = on_workers(_Inline(), p, settings, settings.model_dump_json(), logging.getLogger("test"))
+    _same(_decisions(tmp_path / "out"), _decisions(tmp_path / "one"))
+    st = summary["stats"]
+    assert st["minhash_component_rounds"] >= 1 and st["embedding_component_rounds"] >= 1
+    # no file count grows with the records: a fixed number per shard and step
+    assert max(st["work_files"].values()) <= 40 * shards, st["work_files"]
