@@ -70,7 +70,7 @@ def _child(a) -> None:
         "driver_cpu_share": driver_cpu / (driver_cpu + worker_cpu),
         "driver_peak_rss_mb": peak_rss_mb(),
         "worker_peak_rss_mb": st["shard_workers"], "work_bytes": st["work_bytes"], "step_cost": st["step_cost"],
-        "steps": st["steps"], "work_files": st["work_files"], "work_files_total": sum(st["work_files"].values()),
+        "steps": st["steps"], "prefect_tasks": st["prefect_tasks"], "work_files": st["work_files"], "work_files_total": sum(st["work_files"].values()),
         "component_rounds": {k: v for k, v in st.items() if k.endswith("_component_rounds")},
         "dropped_by": {m: st.get(f"dropped_{m}") for m in ("exact", "minhash", "embedding")},
         "kept_path": summary["kept_path"]}))
@@ -118,7 +118,7 @@ def main(argv=None) -> dict:
         r.update(n=n, shards=shards, load_before=load_before, load_after=os.getloadavg())
         res["runs"].append(r)
         print(spec, json.dumps({k: r[k] for k in ("records_per_s", "steps_wall_seconds", "flow_wall_seconds",
-                                                  "driver_peak_rss_mb", "driver_cpu_share", "steps",
+                                                  "driver_peak_rss_mb", "driver_cpu_share", "steps", "prefect_tasks",
                                                   "work_files_total", "load_before", "load_after")}), flush=True)
     by_n: dict[int, list] = {}
     for r in res["runs"]:

@@ -46,8 +46,10 @@ def dedup_shard_task(kind: str, inputs: dict[str, str], job: dict, settings_json
 
 
 @task(name="dedup-step", retries=2, retry_delay_seconds=1)
-def dedup_step_task(step: str, work: str, args: dict, settings_json: str) -> dict:
-    return run_step(step, work, args, settings_from_json(settings_json).dedup)
+def dedup_step_task(step: str, work: str, args: list[dict], settings_json: str) -> list[dict]:
+    """One step for one or more shards, one after the other (at most `dedup.step_tasks` tasks per step)."""
+    s = settings_from_json(settings_json).dedup
+    return [run_step(step, work, a, s) for a in args]
 
 
 def on_workers(runner, p: DedupParams, settings, settings_json: str, logger) -> dict:
@@ -56,15 +58,20 @@ def on_workers(runner, p: DedupParams, settings, settings_json: str, logger) -> 
     s = settings.dedup
     work = work_for(p.input, p.out, s)
     records: list[dict] = []
+    tasks = [0]   # Prefect tasks submitted
     started = time.perf_counter()
 
     def steps(step: str, args: list[dict]) -> list[dict]:
+        n = min(len(args), s.step_tasks)
+        chunks = [args[len(args) * i // n: len(args) * (i + 1) // n] for i in range(n)]
         futures = [runner.submit(dedup_step_task.with_options(task_run_name="dedup-" + "-".join(
-            [step] + [str(a[k]) for k in ("phase", "round", "shard") if k in a])),
-            parameters={"step": step, "work": str(work.root), "args": a, "settings_json": settings_json})
-            for a in args]
-        out = [f.result() for f in futures]
+            [step] + [str(c[0][k]) for k in ("phase", "round") if k in c[0]]
+            + ([f"{c[0]['shard']}" + (f"..{c[-1]['shard']}" if len(c) > 1 else "")] if "shard" in c[0] else []))),
+            parameters={"step": step, "work": str(work.root), "args": c, "settings_json": settings_json})
+            for c in chunks]
+        out = [r for f in futures for r in f.result()]
         records.extend(out)
+        tasks[0] += len(futures)
         return out
 
     def collect(phase: str, prev: str | None, senders: list[str]) -> list[int]:
@@ -130,13 +137,13 @@ def on_workers(runner, p: DedupParams, settings, settings_json: str, logger) -> 
         counts = collect("embedding", alive_step, [f"embedding-group/shard-{g:05d}" for g in range(S)])
         drop_steps.append("embedding")
         alive_step = "embedding"
-    stats.update(worker_stats(records, work, started))
+    stats.update(worker_stats(records, work, started), prefect_tasks=tasks[0] + 1)
     out = steps("write", [{"input": str(p.input), "text_field": p.text_field, "id_field": p.id_field,
                            "out_dir": str(p.out), "drop_steps": drop_steps, "alive_step": alive_step,
                            "stats": stats}])[0]
     remove_work(work)
-    logger.info("%d records in %d shards on %s: %d steps, %d reused", split["n"], S, settings.runner.kind,
-                len(records), len(stats["steps_reused"]))
+    logger.info("%d records in %d shards on %s: %d steps in %d tasks, %d reused", split["n"], S,
+                settings.runner.kind, len(records), stats["prefect_tasks"], len(stats["steps_reused"]))
     return out["summary"]
 
 

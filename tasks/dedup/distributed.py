@@ -67,7 +67,7 @@ from evolforge.tasks.dedup.shard_tasks import peak_rss_mb, run_shard_files
 _SKETCH = ("offsets", "values", "signatures", "band_keys")
 
 def settings_fingerprint(s: DedupSettings) -> str:
-    return hashlib.sha1(s.model_dump_json(exclude={"shard_dir"}).encode()).hexdigest()[:16]
+    return hashlib.sha1(s.model_dump_json(exclude={"shard_dir", "step_tasks"}).encode()).hexdigest()[:16]
 
 
 def work_for(input_path: str, out_dir: str, s: DedupSettings) -> DedupWork:

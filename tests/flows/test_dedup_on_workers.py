@@ -155,8 +155,8 @@ class _Inline:
         return self._Done(task.fn(**parameters))
 
 
-@pytest.mark.parametrize("shards,keep", [(2, "earliest"), (5, "best"), (8, "earliest")])
-def test_every_shard_count_decides_as_one_process(corpus_file, tmp_path, shards, keep):
+@pytest.mark.parametrize("shards,keep,step_tasks", [(2, "earliest", 16), (5, "best", 16), (8, "earliest", 3)])
+def test_every_shard_count_decides_as_one_process(corpus_file, tmp_path, shards, keep, step_tasks):
     """The driver's step plan (flows/dedup.py on_workers) run inline: buckets, component rounds and group shards
     give one process's decisions at shard counts that do not divide the records evenly, for both keep rules."""
     import logging
@@ -164,7 +164,7 @@ def test_every_shard_count_decides_as_one_process(corpus_file, tmp_path, shards,
     from evolforge.flows.dedup import on_workers
     from evolforge.testing.settings import make_settings
 
-    dedup = {**SMALL, "shards": shards, "keep": keep, "score_field": "score",
+    dedup = {**SMALL, "shards": shards, "keep": keep, "score_field": "score", "step_tasks": step_tasks,
              "shard_dir": str(tmp_path / "work")}
     dedup_file(corpus_file, "text", tmp_path / "one", DedupSettings(**dedup), id_field="id")
     settings = make_settings(dedup=dedup)
@@ -175,3 +175,5 @@ def test_every_shard_count_decides_as_one_process(corpus_file, tmp_path, shards,
     assert st["minhash_component_rounds"] >= 1 and st["embedding_component_rounds"] >= 1
     # no file count grows with the records: a fixed number per shard and step
     assert max(st["work_files"].values()) <= 40 * shards, st["work_files"]
+    if step_tasks < shards:   # several shards per Prefect task: fewer tasks than steps
+        assert st["prefect_tasks"] < st["steps"] / 2, (st["prefect_tasks"], st["steps"])
