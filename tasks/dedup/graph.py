@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from evolforge.storage.dedup_work import DedupWork, load_array, load_grouped, save_array, save_grouped
+from evolforge.storage.dedup_work import DedupWork, load_array, load_grouped, mapped, save_array, save_grouped
 from evolforge.tasks.dedup.embedding import row_ranges
 from evolforge.tasks.dedup.pipeline import components
 
@@ -46,7 +46,7 @@ class Labels:
     def __init__(self, work: DedupWork, phase: str, round_: int, ranges: list):
         self.round, self.starts = round_, np.array([a for a, _ in ranges] + [ranges[-1][1]], np.int64)
         self.files = [None] * len(ranges) if round_ == 0 else \
-            [load_array(work.labels(phase, round_, k)) for k in range(len(ranges))]
+            [mapped(work.labels(phase, round_, k)) for k in range(len(ranges))]
 
     def of(self, nodes: np.ndarray) -> np.ndarray:
         nodes = np.asarray(nodes, np.int64)

@@ -27,6 +27,7 @@ from evolforge.storage.dedup_work import (
     PackedStrings,
     load_array,
     load_grouped,
+    read_strings,
     save_array,
     save_grouped,
     write_table,
@@ -111,10 +112,10 @@ def step_exact_bucket(work: DedupWork, s: DedupSettings, shard: int, bounds: lis
     for k in range(len(bounds)):
         folder = work.step("prep") / f"shard-{k:05d}" / "bucketed"
         got = load_grouped(folder, shard, ("rows", "keys"))
-        start = load_array(folder / "start.npy")
+        start = np.load(folder / "start.npy")
         rows.append(got["rows"])
         keys.append(got["keys"])
-        norms.extend(PackedStrings(folder, "norms").take(np.arange(start[shard], start[shard + 1])))
+        norms.extend(read_strings(folder, "norms", int(start[shard]), int(start[shard + 1])))
     rows = np.concatenate([np.zeros(0, np.int64)] + rows)
     keys = np.concatenate([np.zeros(0, np.uint64)] + keys)
     m = len(rows)
