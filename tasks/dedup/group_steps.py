@@ -27,6 +27,7 @@ from evolforge.storage.dedup_work import (
     PackedStrings,
     load_array,
     load_grouped,
+    read_rows,
     read_strings,
     save_array,
     save_grouped,
@@ -112,7 +113,7 @@ def step_exact_bucket(work: DedupWork, s: DedupSettings, shard: int, bounds: lis
     for k in range(len(bounds)):
         folder = work.step("prep") / f"shard-{k:05d}" / "bucketed"
         got = load_grouped(folder, shard, ("rows", "keys"))
-        start = np.load(folder / "start.npy")
+        start = read_rows(folder / "start.npy")
         rows.append(got["rows"])
         keys.append(got["keys"])
         norms.extend(read_strings(folder, "norms", int(start[shard]), int(start[shard + 1])))
