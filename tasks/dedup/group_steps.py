@@ -98,9 +98,10 @@ def _save_drops(work: DedupWork, folder, recs: Records, rec, drop, rep, nb, nb_s
             "similarity": np.array([round(float(x), 6) for x in rep_sim], np.float64),
             "matched_similarity": np.array([round(float(x), 6) for x in nb_s], np.float64),
             "detail": np.array([DETAILS.index(d) for d in detail], np.int8)}
-    order = np.argsort(row, kind="stable")
-    cols = {k: np.asarray(v)[order] for k, v in cols.items()}
-    save_grouped(folder, cols, recs.shard_of(cols["row"]), len(recs.starts) - 1)
+    # one (drops, 6) float64 array (record numbers are exact below 2**53): a receiver reads one slice per sender
+    table = np.stack([np.asarray(cols[k], np.float64).reshape(-1) for k in _DROP_COLS], 1).reshape(-1, len(_DROP_COLS))
+    table = table[np.argsort(row, kind="stable")]
+    save_grouped(folder, {"drops": table}, recs.shard_of(table[:, 0].astype(np.int64)), len(recs.starts) - 1)
     return len(row)
 
 
@@ -241,12 +242,13 @@ def step_collect(work: DedupWork, s: DedupSettings, shard: int, phase: str, boun
     """Record shard `shard` after `phase`: its drops (from every sender folder), in record order, and its alive
     mask (the previous phase's, less the drops)."""
     a, b = bounds[shard]
-    got = [load_grouped(work.root / f, shard, _DROP_COLS) for f in senders]
-    empty = {"row": np.zeros(0, np.int64), "dup_row": np.zeros(0, np.int64), "matched_row": np.zeros(0, np.int64),
-             "similarity": np.zeros(0), "matched_similarity": np.zeros(0), "detail": np.zeros(0, np.int8)}
-    cols = {k: np.concatenate([empty[k]] + [x[k] for x in got]) for k in _DROP_COLS}
-    order = np.argsort(cols["row"], kind="stable")
-    cols = {k: v[order] for k, v in cols.items()}
+    got = [load_grouped(work.root / f, shard, ("drops",))["drops"].reshape(-1, len(_DROP_COLS)) for f in senders]
+    t = np.concatenate([np.zeros((0, len(_DROP_COLS)))] + got)
+    t = t[np.argsort(t[:, 0], kind="stable")]
+    cols = {k: t[:, i] for i, k in enumerate(_DROP_COLS)}
+    for k in ("row", "dup_row", "matched_row", "detail"):
+        cols[k] = cols[k].astype(np.int64)
+    order = cols["row"]
     alive = np.ones(b - a, bool) if prev is None else np.array(load_array(work.alive(prev, shard)))
     alive[cols["row"].astype(np.int64) - a] = False
     table = pa.table({"row": pa.array(cols["row"], pa.int64()), "dup_row": pa.array(cols["dup_row"], pa.int64()),
