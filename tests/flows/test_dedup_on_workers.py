@@ -74,16 +74,23 @@ def test_keep_best_decides_as_one_process(corpus_file, tmp_path):
     _same(_decisions(tmp_path / "out"), _decisions(tmp_path / "one"))
 
 
-def test_a_rerun_reuses_the_finished_steps(corpus_file, one_process, tmp_path):
-    """A run that stopped after the split and two of the three prep shards: the re-run does only the rest."""
+@pytest.mark.parametrize("runner", [{"kind": "threads", "max_workers": 2}, {"kind": "dask", "max_workers": 2}],
+                         ids=["threads", "dask"])
+def test_a_rerun_reuses_the_finished_steps(corpus_file, one_process, tmp_path, runner):
+    """A run that stopped after the split and two of the three prep shards: the re-run does only the rest (on the
+    threads runner and on a real local Dask cluster)."""
+    if runner["kind"] == "dask":
+        pytest.importorskip("prefect_dask")
     out = tmp_path / "out"
     s = DedupSettings(**SMALL)
     work = work_for(str(corpus_file), str(out), s)
     split = run_step("split", str(work.root), {"input": str(corpus_file), "text_field": "text", "id_field": "id"}, s)
     for k in (0, 2):
         run_step("prep", str(work.root), {"shard": k, "bounds": split["bounds"]}, s)
-    summary = _flow(corpus_file, out, {"kind": "threads", "max_workers": 2})
+    summary = _flow(corpus_file, out, runner)
     assert summary["stats"]["steps_reused"] == ["split", "prep/shard-00000", "prep/shard-00002"]
+    attempts = summary["stats"]["step_attempts"]
+    assert len(attempts["prep/shard-00000"]) == 1 and len(attempts["prep/shard-00001"]) == 1
     _same(_decisions(out), one_process)
 
 
@@ -155,8 +162,10 @@ class _Inline:
         return self._Done(task.fn(**parameters))
 
 
-@pytest.mark.parametrize("shards,keep,step_tasks", [(2, "earliest", 16), (5, "best", 16), (8, "earliest", 3)])
-def test_every_shard_count_decides_as_one_process(corpus_file, tmp_path, shards, keep, step_tasks):
+@pytest.mark.parametrize("shards,keep,step_tasks,methods", [
+    (2, "earliest", 16, {}), (5, "best", 16, {}), (8, "earliest", 3, {}),
+    (3, "earliest", 16, {"exact": False, "minhash": False}), (3, "best", 16, {"embedding": False})])
+def test_every_shard_count_decides_as_one_process(corpus_file, tmp_path, shards, keep, step_tasks, methods):
     """The driver's step plan (flows/dedup.py on_workers) run inline: buckets, component rounds and group shards
     give one process's decisions at shard counts that do not divide the records evenly, for both keep rules."""
     import logging
@@ -165,14 +174,15 @@ def test_every_shard_count_decides_as_one_process(corpus_file, tmp_path, shards,
     from evolforge.testing.settings import make_settings
 
     dedup = {**SMALL, "shards": shards, "keep": keep, "score_field": "score", "step_tasks": step_tasks,
-             "shard_dir": str(tmp_path / "work")}
+             "shard_dir": str(tmp_path / "work"), **methods}
     dedup_file(corpus_file, "text", tmp_path / "one", DedupSettings(**dedup), id_field="id")
     settings = make_settings(dedup=dedup)
     p = DedupParams(input=str(corpus_file), text_field="text", id_field="id", out=str(tmp_path / "out"))
     summary = on_workers(_Inline(), p, settings, settings.model_dump_json(), logging.getLogger("test"))
     _same(_decisions(tmp_path / "out"), _decisions(tmp_path / "one"))
     st = summary["stats"]
-    assert st["minhash_component_rounds"] >= 1 and st["embedding_component_rounds"] >= 1
+    for m in ("minhash", "embedding"):
+        assert (st.get(f"{m}_component_rounds", 0) >= 1) == methods.get(m, True), st
     # no file count grows with the records: a fixed number per shard and step
     assert max(st["work_files"].values()) <= 40 * shards, st["work_files"]
     if step_tasks < shards:   # several shards per Prefect task: fewer tasks than steps
