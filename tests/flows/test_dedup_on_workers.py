@@ -163,8 +163,9 @@ class _Inline:
 
 
 @pytest.mark.parametrize("shards,keep,step_tasks,methods", [
-    (2, "earliest", 16, {}), (5, "best", 16, {}), (8, "earliest", 3, {}),
-    (3, "earliest", 16, {"exact": False, "minhash": False}), (3, "best", 16, {"embedding": False})])
+    pytest.param(2, "earliest", 16, {}, marks=pytest.mark.slow), (5, "best", 16, {}), (8, "earliest", 3, {}),
+    pytest.param(3, "earliest", 16, {"exact": False, "minhash": False}, marks=pytest.mark.slow),
+    pytest.param(3, "best", 16, {"embedding": False}, marks=pytest.mark.slow)])
 def test_every_shard_count_decides_as_one_process(corpus_file, tmp_path, shards, keep, step_tasks, methods):
     """The driver's step plan (flows/dedup.py on_workers) run inline: buckets, component rounds and group shards
     give one process's decisions at shard counts that do not divide the records evenly, for both keep rules."""
