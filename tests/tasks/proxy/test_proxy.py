@@ -19,6 +19,7 @@ from evolforge.storage.proxy_sets import ProxyLayout, iter_events, iter_records
 from evolforge.tasks.proxy.app import ProxyConfigError
 from evolforge.tasks.proxy.server import running_proxy
 from evolforge.testing.agent_upstream import AgentUpstream
+from evolforge.testing.net import free_port
 from evolforge.testing.settings import make_settings
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
@@ -211,8 +212,10 @@ def test_rewards_and_finish_events(proxy):
 
 def test_a_public_bind_needs_a_token_and_clients_must_send_it(upstream, tmp_path, monkeypatch):
     monkeypatch.delenv("EVOLFORGE_PROXY_TOKEN", raising=False)
-    r = subprocess.run([sys.executable, "-m", "evolforge.cli", "proxy", "--host", "0.0.0.0", "--upstream",
-                        upstream.base_url, "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
+    # a free port: the default 8787 may be taken by another test's proxy on a parallel worker
+    r = subprocess.run([sys.executable, "-m", "evolforge.cli", "proxy", "--host", "0.0.0.0", "--port", str(free_port()),
+                        "--upstream", upstream.base_url, "--out", str(tmp_path / "x")],
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "EVOLFORGE_PROXY_TOKEN" in r.stderr
     from evolforge.tasks.proxy.app import check_bind
 
