@@ -101,7 +101,8 @@ def test_run_many_in_parallel_keeps_order():
     results = run_many(jobs, _settings(max_parallel=4))
     elapsed = time.monotonic() - t0
     assert [r.passed for r in results] == [True, True, True, True, False, True]
-    assert elapsed < 0.7 * sum(r.duration_s for r in results)  # runs overlapped
+    # runs overlapped: one after the other would take at least the sum (0.9: a loaded 2-core host gave 0.80)
+    assert elapsed < 0.9 * sum(r.duration_s for r in results)
 
 
 def test_bwrap_missing_refuses_unless_rlimits_only_is_chosen():
