@@ -91,15 +91,22 @@ def test_processes_of_an_earlier_check_are_gone(one_worker):
         "print('spawned')\n"
     )
     assert _script(spawn).passed
+    # The scan is repeated while a process has an empty command line: the fork that started this check's solution
+    # process exits as soon as it has, and for a moment it is neither running nor a zombie (a CI run saw it).
+    # A process left by the earlier check would still have its command line (sleep 5150.<pid>).
     look = (
-        "import json, os\nimport solution  # connected: the solution process is up\nprocs, nested = {}, []\n"
-        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
-        "    try:\n        if 'State:\\tZ' in open(f'/proc/{pid}/status').read():\n            continue  # a zombie: exited, "
-        "not yet reaped (it runs nothing)\n"
-        "        procs[pid] = open(f'/proc/{pid}/cmdline', 'rb').read().decode(errors='replace')\n"
-        "        ns = [l for l in open(f'/proc/{pid}/status') if l.startswith('NSpid:')][0].split()[1:]\n"
-        "        if len(ns) > 1:\n            nested.append(int(pid))\n"
-        "    except OSError as e:\n        procs[pid] = type(e).__name__\n"
+        "import json, os, time\nimport solution  # connected: the solution process is up\n"
+        "def scan():\n    procs, nested = {}, []\n"
+        "    for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "        try:\n            if 'State:\\tZ' in open(f'/proc/{pid}/status').read():\n"
+        "                continue  # a zombie: exited, not yet reaped (it runs nothing)\n"
+        "            procs[pid] = open(f'/proc/{pid}/cmdline', 'rb').read().decode(errors='replace')\n"
+        "            ns = [l for l in open(f'/proc/{pid}/status') if l.startswith('NSpid:')][0].split()[1:]\n"
+        "            if len(ns) > 1:\n                nested.append(int(pid))\n"
+        "        except OSError as e:\n            procs[pid] = type(e).__name__\n"
+        "    return procs, nested\n"
+        "for _ in range(200):\n    procs, nested = scan()\n"
+        "    if all(procs.values()):\n        break\n    time.sleep(0.01)\n"
         "print(json.dumps({'procs': procs, 'nested': nested, 'me': os.getpid(), 'parent': os.getppid()}))\n"
     )
     second = _script(look)
