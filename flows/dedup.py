@@ -67,7 +67,7 @@ def on_workers(runner, p: DedupParams, settings, settings_json: str, logger) -> 
         futures = [runner.submit(dedup_step_task.with_options(task_run_name="dedup-" + "-".join(
             [step] + [str(c[0][k]) for k in ("phase", "round") if k in c[0]]
             + ([f"{c[0]['shard']}" + (f"..{c[-1]['shard']}" if len(c) > 1 else "")] if "shard" in c[0] else []))),
-            parameters={"step": step, "work": str(work.root), "args": c, "settings_json": settings_json})
+            parameters={"step": step, "work": work.location, "args": c, "settings_json": settings_json})
             for c in chunks]
         out = [r for f in futures for r in f.result()]
         records.extend(out)
@@ -154,8 +154,8 @@ def worker_stats(records: list[dict], work, started: float) -> dict:
         workers[str(r["pid"])] = max(workers.get(str(r["pid"]), 0.0), r["peak_rss_mb"])
     return {"seconds": {r["step"]: round(r["seconds"], 3) for r in records}, "shard_workers": workers,
             "steps": len(records) + 1, "steps_reused": [r["step"] for r in records if r.get("reused")],
-            "step_attempts": {r["step"]: work.attempts(r["step"]) for r in records},
-            "work_dir": str(work.root), "work_files": work_files(work),
+            "step_attempts": {r["step"]: r.get("attempts") or [r["pid"]] for r in records},
+            "work_dir": work.location, "work_files": work_files(work),
             "worker_cpu_seconds": round(sum(r.get("cpu_seconds", 0.0) for r in records), 3),
             "work_bytes": work_bytes(work), "steps_wall_seconds": round(time.perf_counter() - started, 3),
             "step_cost": {r["step"]: {"seconds": round(r["seconds"], 3), "cpu_seconds": round(r["cpu_seconds"], 3),

@@ -19,9 +19,12 @@ Every file is written under a temporary name and renamed; a step's marker is wri
 marker is whole and a re-run (same input, same settings: the same WORK) takes it as done, and a step without
 one (its worker was killed) is redone from its inputs. No file count grows with the records: a step writes a
 fixed number of files per shard, and every many-to-many exchange (edges to groups, label proposals to node
-ranges) is one file per sender sorted by receiver with an offsets array, which each receiver slices. WORK is a
-local folder every worker sees (on several machines: a shared file system mounted at the same path): the
-arrays are memory-mapped .npy files.
+ranges) is one file per sender sorted by receiver with an offsets array, which each receiver slices.
+
+WORK is a local folder every worker sees (on several machines: a shared file system mounted at the same path),
+or a URL of any fsspec filesystem (s3://bucket/prefix, ...): then each machine keeps a local mirror of the files
+its steps read and write, uploading what it writes before the step's marker (storage/dedup_mirror.py). Either
+way the arrays are memory-mapped local .npy files.
 """
 
 from __future__ import annotations
@@ -38,19 +41,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from evolforge.storage import dedup_mirror as mirror
+from evolforge.storage.fs import is_url
+
 
 class DedupWork:
     """Paths and markers of one work folder (see the module docstring)."""
 
     def __init__(self, root: str | Path):
-        self.root = Path(root)
+        self.location = str(root).rstrip("/") if is_url(root) else str(root)   # what the steps are given
+        self.root = mirror.mirror_root(self.location) if is_url(root) else Path(root)
 
     @staticmethod
     def for_input(base: str | Path, input_path: str | Path, settings_fingerprint: str, shards: int) -> "DedupWork":
         """The work folder of this input (path, size, mtime), these settings and this shard count under `base`."""
-        st = os.stat(input_path)
-        key = json.dumps([str(Path(input_path).resolve()), st.st_size, st.st_mtime_ns, settings_fingerprint, shards])
-        return DedupWork(Path(base) / hashlib.sha1(key.encode()).hexdigest()[:16])
+        key = json.dumps([*_identity(input_path), settings_fingerprint, shards])
+        name = hashlib.sha1(key.encode()).hexdigest()[:16]
+        return DedupWork(f"{str(base).rstrip('/')}/{name}" if is_url(base) else Path(base) / name)
 
     def step(self, name: str) -> Path:
         return self.root / name
@@ -61,7 +68,8 @@ class DedupWork:
     def done(self, name: str) -> dict | None:
         """The marker of a finished step, None when it did not finish."""
         try:
-            return json.loads(self.marker(name).read_text())
+            raw = mirror.read_fresh(self.marker(name))
+            return None if raw is None else json.loads(raw)
         except (OSError, ValueError):
             return None
 
@@ -71,8 +79,17 @@ class DedupWork:
 
     def attempts(self, name: str) -> list[int]:
         """The worker processes that started the step, oldest first."""
-        found = [read_json(p) for p in self.step(name).glob("started-*.json")]
-        return [r["pid"] for r in sorted(found, key=lambda r: r["time"])]
+        found = [json.loads(mirror.read_fresh(self.step(name) / n) or b"null")
+                 for n in mirror.names(self.step(name), "started-")]
+        return [r["pid"] for r in sorted((r for r in found if r), key=lambda r: r["time"])]
+
+    def files(self) -> list[tuple[str, int]]:
+        """(path in the folder, bytes) of every file the folder holds (on the store when it is a URL)."""
+        return mirror.files(self.root)
+
+    def remove(self) -> None:
+        """The whole folder (and this machine's mirror of it)."""
+        mirror.remove(self.root)
 
     def mark_done(self, name: str, record: dict) -> dict:
         write_json(self.marker(name), record)
@@ -103,6 +120,19 @@ class DedupWork:
         return self.step(f"{phase}-group") / f"shard-{group:05d}"
 
 
+def _identity(input_path: str | Path) -> list:
+    """What names an input file's version: its absolute path or URL, size and modification time (or ETag)."""
+    if is_url(input_path):
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(str(input_path))
+        info = fs.info(path)
+        return [str(input_path), info.get("size"), str(info.get("ETag") or info.get("LastModified")
+                                                       or info.get("mtime") or info.get("updated") or "")]
+    st = os.stat(input_path)
+    return [str(Path(input_path).resolve()), st.st_size, st.st_mtime_ns]
+
+
 def _tmp(path: Path) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
 
@@ -113,10 +143,11 @@ def write_json(path: str | Path, obj) -> None:
     tmp = _tmp(path)
     tmp.write_text(json.dumps(obj, default=float))
     tmp.replace(path)
+    mirror.publish(path)
 
 
 def read_json(path: str | Path):
-    return json.loads(Path(path).read_text())
+    return json.loads(Path(mirror.local(path)).read_text())
 
 
 def save_array(path: str | Path, a: np.ndarray) -> str:
@@ -125,11 +156,12 @@ def save_array(path: str | Path, a: np.ndarray) -> str:
     tmp = _tmp(path).with_suffix(".npy")
     np.save(tmp, np.ascontiguousarray(a), allow_pickle=False)
     tmp.replace(path)
+    mirror.publish(path)
     return str(path)
 
 
 def load_array(path: str | Path, mmap: bool = True) -> np.ndarray:
-    return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    return np.load(mirror.local(path), mmap_mode="r" if mmap else None, allow_pickle=False)
 
 
 _MAPPED: dict[tuple, np.ndarray] = {}
@@ -139,8 +171,9 @@ def mapped(path: str | Path) -> np.ndarray:
     """load_array, memory-mapped once per process and file version (path, inode, mtime): a worker that reads
     the same label files in every step of a round sets up each map once. Files here are written once (renamed
     into place), so a new version is a new inode."""
+    path = mirror.local(path)
     st = os.stat(path)
-    key = (str(path), st.st_ino, st.st_mtime_ns)
+    key = (path, st.st_ino, st.st_mtime_ns)
     a = _MAPPED.get(key)
     if a is None:
         if len(_MAPPED) > 4096:
@@ -169,6 +202,7 @@ class ArrayWriter:
         self.a.flush()
         del self.a
         self.tmp.replace(self.path)
+        mirror.publish(self.path)
         return str(self.path)
 
 
@@ -223,7 +257,7 @@ def read_rows(path: str | Path, a: int = 0, b: int | None = None) -> np.ndarray:
     """Rows a:b (b None: to the end) of a .npy file this module wrote, read with one seek: a memory map or
     np.load costs ~0.25 ms of set-up and header parsing, which a receiver slicing hundreds of senders' files
     pays hundreds of times; this parses the header with one regular expression."""
-    with open(path, "rb") as fh:
+    with open(mirror.local(path), "rb") as fh:
         head = fh.read(12)
         if head[:6] != b"\x93NUMPY":
             raise ValueError(f"{path}: not a .npy file")
@@ -258,8 +292,9 @@ def write_table(path: str | Path, table: pa.Table) -> str:
     tmp = _tmp(path)
     pq.write_table(table, tmp)
     tmp.replace(path)
+    mirror.publish(path)
     return str(path)
 
 
 def read_table(path: str | Path, columns: list[str] | None = None) -> pa.Table:
-    return pq.read_table(path, columns=columns)
+    return pq.read_table(mirror.local(path), columns=columns)

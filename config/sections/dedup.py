@@ -156,10 +156,13 @@ class DedupSettings(Section):
         "memory-mapped), and pairs found in two shards' bands are verified twice."
     )
     shard_dir: str = Field(
-        "", description="Local folder through which the dedup flow's driver and its shard workers exchange arrays "
-        "(.npy files the workers memory-map). Every worker must see it at the same path: any local folder for a "
-        "one-machine cluster, a shared file system across machines. Empty: the system temporary folder. Each stage's "
-        "files are removed once read."
+        "", description="Where the dedup flow's driver and its shard workers exchange files (.npy arrays the "
+        "workers memory-map, parquet, completion markers): a local folder every worker sees at the same path (any "
+        "local folder for a one-machine cluster, a shared file system across machines), or an fsspec URL "
+        "(s3://bucket/prefix, gs://..., with its package installed and credentials in the environment), which "
+        "each machine reaches through a local mirror under the system temporary folder "
+        "(storage/dedup_mirror.py). Empty: the system temporary folder. A run's files are removed once its "
+        "outputs are written."
     )
     step_tasks: int = Field(
         16, ge=1, le=4096, description="Most Prefect tasks per step of the dedup on the workers: with more shards "

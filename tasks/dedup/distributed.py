@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -71,30 +70,29 @@ def settings_fingerprint(s: DedupSettings) -> str:
 
 
 def work_for(input_path: str, out_dir: str, s: DedupSettings) -> DedupWork:
-    """The work folder of this dedup of this input into this output folder: under `dedup.shard_dir`, else the
-    system temporary folder (a local folder every worker sees)."""
-    base = Path(s.shard_dir) if s.shard_dir else Path(tempfile.gettempdir()) / "evolforge-dedup-work"
+    """The work folder of this dedup of this input into this output folder: under `dedup.shard_dir` (a folder
+    every worker sees, or an fsspec URL), else the system temporary folder."""
+    base = s.shard_dir or str(Path(tempfile.gettempdir()) / "evolforge-dedup-work")
     return DedupWork.for_input(base, input_path, settings_fingerprint(s) + str(out_dir), s.shards)
 
 
 def work_bytes(work: DedupWork) -> int:
     """Bytes of the work folder's files (what the shared store holds at the end of a run)."""
-    return sum(f.stat().st_size for f in work.root.rglob("*") if f.is_file())
+    return sum(size for _, size in work.files())
 
 
 def work_files(work: DedupWork) -> dict[str, int]:
     """Files in the work folder per top-level step folder (the 100M simulation checks none grows with records)."""
     out: dict[str, int] = {}
-    for f in work.root.rglob("*"):
-        if f.is_file():
-            top = f.relative_to(work.root).parts[0]
-            out[top] = out.get(top, 0) + 1
+    for rel, _ in work.files():
+        top = rel.split("/", 1)[0]
+        out[top] = out.get(top, 0) + 1
     return out
 
 
 def remove_work(work: DedupWork) -> None:
     """The work folder, once the outputs are written."""
-    shutil.rmtree(work.root, ignore_errors=True)
+    work.remove()
 
 
 def run_step(step: str, root: str, args: dict, s: DedupSettings) -> dict:
@@ -109,7 +107,7 @@ def run_step(step: str, root: str, args: dict, s: DedupSettings) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     out = STEPS[step](work, s, **args)
     record = {**out, "step": name, "pid": os.getpid(), "seconds": time.perf_counter() - t0,
-              "cpu_seconds": time.process_time() - c0, "peak_rss_mb": peak_rss_mb()}
+              "cpu_seconds": time.process_time() - c0, "peak_rss_mb": peak_rss_mb(), "attempts": work.attempts(name)}
     return work.mark_done(name, record)
 
 

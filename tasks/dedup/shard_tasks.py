@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from evolforge.config.sections.dedup import DedupSettings
 from evolforge.config.settings import Settings
-from evolforge.storage.dedup_shards import load_arrays, new_stage_dir, remove_stage_dir, save_arrays
+from evolforge.storage.dedup_shards import load_arrays, new_stage_dir, register_store, remove_stage_dir, save_arrays
 from evolforge.tasks.core import progress as live_progress
 from evolforge.tasks.dedup.shards import run_shard
 
@@ -34,6 +34,7 @@ Submit = Callable[[str, dict], Any]  # (task run name, task parameters) -> a fut
 def run_shard_files(kind: str, inputs: dict[str, str], job: dict, settings: DedupSettings, out_dir: str) -> dict:
     """One shard on a worker: memory-map the shared inputs, run it, write its result; paths and worker stats back."""
     t0 = time.perf_counter()
+    register_store(settings.shard_dir)
     out = run_shard(kind, load_arrays(inputs), job, settings)
     return {"paths": save_arrays(out_dir, out), "pid": os.getpid(), "seconds": time.perf_counter() - t0,
             "peak_rss_mb": peak_rss_mb()}

@@ -8,28 +8,22 @@ from __future__ import annotations
 import json
 import os
 
-import polars as pl
 import pytest
 
 from evolforge.config.sections.dedup import DedupSettings
 from evolforge.flows.dedup import DedupParams, dedup_flow
 from evolforge.tasks.dedup import dedup_file
 from evolforge.tasks.dedup.distributed import run_step, work_for
-from evolforge.testing.near_dup_corpus import make_corpus
+from evolforge.testing.dedup_decisions import SMALL, write_corpus
+from evolforge.testing.dedup_decisions import assert_same as _same
+from evolforge.testing.dedup_decisions import decisions as _decisions
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-
-# small, and configured so the embedding search takes the k-means (ANN) path and the full model confirms some pairs
-SMALL = dict(ann_exact_below=500, ann_cluster_size=50, ann_kmeans_sample=1000, max_confirm_records=24, shards=3)
 
 
 @pytest.fixture(scope="module")
 def corpus_file(tmp_path_factory):
-    texts = make_corpus(1500, seed=5).texts
-    path = tmp_path_factory.mktemp("corpus") / "in.jsonl"
-    path.write_text("".join(json.dumps({"id": f"r{i}", "text": t, "score": (i * 7919) % 101}) + "\n"
-                            for i, t in enumerate(texts)))
-    return path
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "in.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -37,19 +31,6 @@ def one_process(corpus_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("one")
     dedup_file(corpus_file, "text", out, DedupSettings(**SMALL), id_field="id")
     return _decisions(out)
-
-
-def _decisions(out):
-    return pl.read_ndjson(out / "kept.jsonl")["id"].to_list(), pl.read_ndjson(out / "dropped.jsonl")
-
-
-def _same(got, want):
-    kept, dropped = got
-    assert kept == want[0]
-    floats = [c for c, t in want[1].schema.items() if t.is_float()]
-    assert dropped.drop(floats).equals(want[1].drop(floats))   # same rows, same order, same reasons
-    for c in floats:  # float32 vectors computed in other processes may differ in the last bits
-        assert (dropped[c] - want[1][c]).abs().fill_null(0).max() < 1e-5, c
 
 
 def _flow(corpus_file, out, runner, **dedup):

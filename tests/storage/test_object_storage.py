@@ -9,13 +9,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 
 import fsspec
 import polars as pl
@@ -30,50 +24,16 @@ from evolforge.storage.journal import CallJournal
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import LedgerWriter, read_ledger
 from evolforge.storage.parts import read_part, write_table_atomic
+from evolforge.testing.s3_server import moto_s3
 
 s3fs = pytest.importorskip("s3fs")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def s3():
     """A moto S3 server process; fsspec's s3 config points at it (as FSSPEC_S3 would)."""
-    venv_exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    exe = venv_exe if os.path.exists(venv_exe) else shutil.which("moto_server")
-    port = _free_port()
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    saved = dict(fsspec.config.conf.get("s3", {}))
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 30
-        while True:
-            try:
-                urllib.request.urlopen(url, timeout=1)
-                break
-            except OSError:
-                if time.time() > deadline or proc.poll() is not None:
-                    pytest.fail("moto_server did not start")
-                time.sleep(0.2)
-        fsspec.config.conf["s3"] = {"endpoint_url": url, "key": "testing", "secret": "testing",
-                                    "client_kwargs": {"region_name": "us-east-1"}}
-        s3fs.S3FileSystem.clear_instance_cache()
-        import boto3
-
-        boto3.client("s3", endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
-                     region_name="us-east-1").create_bucket(Bucket="evolforge")
+    with moto_s3("evolforge"):
         yield fsspec.filesystem("s3")
-    finally:
-        fsspec.config.conf["s3"] = saved
-        s3fs.S3FileSystem.clear_instance_cache()
-        proc.kill()
-        proc.wait()
 
 
 @pytest.mark.parametrize("root", ["memory://evolforge-unit", "s3://evolforge/unit"])
