@@ -207,11 +207,12 @@ def _ray_runner(cfg: RunnerSettings) -> TaskRunner:
         def submit(self, task, parameters, wait_for=None, dependencies=None):
             if not self._started:
                 raise RuntimeError("The task runner must be started before submitting work.")
-            if self._worker_settings is None:
+            if self._worker_settings is None or self._worker_settings[0] is None:
                 return self._submit(task, parameters, wait_for, dependencies)
             from prefect.context import SettingsContext
 
-            with SettingsContext(profile=SettingsContext.get().profile, settings=self._worker_settings):
+            profile, settings = self._worker_settings
+            with SettingsContext(profile=profile, settings=settings):
                 return self._submit(task, parameters, wait_for, dependencies)
 
         def _submit(self, task, parameters, wait_for, dependencies):
