@@ -105,7 +105,8 @@ def run_step(step: str, root: str, args: dict, s: DedupSettings) -> dict:
         return {**done, "reused": True}
     work.mark_started(name)
     t0, c0 = time.perf_counter(), time.process_time()
-    out = STEPS[step](work, s, **args)
+    with emb.one_thread_math():   # the same float32 bits in every worker, whatever its thread settings
+        out = STEPS[step](work, s, **args)
     record = {**out, "step": name, "pid": os.getpid(), "seconds": time.perf_counter() - t0,
               "cpu_seconds": time.process_time() - c0, "peak_rss_mb": peak_rss_mb(), "attempts": work.attempts(name)}
     return work.mark_done(name, record)

@@ -19,13 +19,21 @@ Cascade (the full all-MiniLM-L6-v2 runs at only ~30-100 texts/s on 2 CPU cores):
   3. Pairs with static cosine >= static_accept_cosine are duplicates; pairs in
      [static_candidate_cosine, static_accept_cosine) are confirmed by the full
      model's cosine >= cosine_threshold (at most max_confirm_records texts).
+
+Every cosine that a decision compares (the candidate and accept thresholds, the budget's order, the full
+model's threshold) is computed single-threaded (`one_thread_math`): a BLAS matrix product or a torch forward
+pass gives float32 results whose last bits depend on the thread count, and a pair at a threshold or at the
+budget's edge then flips between processes configured differently (measured: 2 of 1M records decided
+differently by Dask workers with 2 BLAS threads and Ray workers with 1). Parallelism comes from the shards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
+import sys
 import threading
 from itertools import chain
 from pathlib import Path
@@ -178,7 +186,9 @@ class StaticEncoder:
                 import torch
 
                 starts = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)[:-1]]))
-                bag = torch.nn.functional.embedding_bag(torch.from_numpy(flat), torch.from_numpy(vecs), starts, mode="sum")
+                with one_thread_math():   # torch may have been imported only now
+                    bag = torch.nn.functional.embedding_bag(torch.from_numpy(flat), torch.from_numpy(vecs), starts,
+                                                            mode="sum")
                 out[s: s + len(docs)] = bag.numpy()
             _normalize_rows_inplace(out[s: s + len(docs)])
         return out
@@ -212,9 +222,27 @@ class FullEncoder:
             self._model.max_seq_length = self.settings.max_seq_length
         if not len(texts):
             return np.zeros((0, self._model.get_sentence_embedding_dimension()), np.float32)
-        e = self._model.encode(list(texts), batch_size=self.settings.batch_size, normalize_embeddings=True,
-                               convert_to_numpy=True, show_progress_bar=False)
+        with one_thread_math():   # torch was imported only now: its pool is set here too
+            e = self._model.encode(list(texts), batch_size=self.settings.batch_size, normalize_embeddings=True,
+                                   convert_to_numpy=True, show_progress_bar=False)
         return np.asarray(e, dtype=np.float32)
+
+
+@contextlib.contextmanager
+def one_thread_math():
+    """BLAS / OpenMP pools and torch's intra-op pool at one thread inside, restored after (module docstring)."""
+    from threadpoolctl import threadpool_limits
+
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        if torch is not None and before is not None:
+            torch.set_num_threads(before)
 
 
 def _keep_top(best_i: np.ndarray, best_s: np.ndarray, rows: np.ndarray, cand_i: np.ndarray, cand_s: np.ndarray) -> None:

@@ -245,6 +245,7 @@ def _encoder(kind: str, settings: DedupSettings):
     return _ENCODERS[key]
 
 
+@emb.one_thread_math()   # decisions must not depend on the thread count (tasks/dedup/embedding.py)
 def dedup(texts: Sequence[str] | Sequence[Mapping], ids: Sequence[str] | None = None, settings: DedupSettings | None = None,
           index_dir: str | Path | None = None, scores: Sequence[float] | None = None, text_field: str = "text",
           index_source: Mapping | None = None, shard_runner: sh.ShardRunner | None = None,

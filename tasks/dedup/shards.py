@@ -42,7 +42,9 @@ def run_shard(kind: str, shared: dict[str, np.ndarray], job: dict, settings: Ded
         return {"pairs": p, "sims": sims, "candidates": np.array([ncand], np.int64)}
     if kind == "ann":
         plan = {k: shared[k] for k in _PLAN_KEYS}
-        return emb.ann_search(shared["E"], plan, tuple(job["rows"]), float(job["threshold"]), settings.max_neighbors)
+        with emb.one_thread_math():
+            return emb.ann_search(shared["E"], plan, tuple(job["rows"]), float(job["threshold"]),
+                                  settings.max_neighbors)
     raise ValueError(f"unknown dedup shard kind {kind!r}")
 
 

@@ -112,3 +112,32 @@ def test_dask_workers_share_an_s3_work_folder_configured_from_the_environment(co
     assert_same(decisions(tmp_path / "out"), want)
     assert len(summary["stats"]["shard_workers"]) == 2 and summary["stats"]["work_files"]["prep"] >= 3
     assert not s3.exists("evolforge/dask-work") or not s3.find("evolforge/dask-work")
+
+
+def test_the_index_paths_search_shards_exchange_arrays_through_the_store(corpus, s3, tmp_path):
+    """With a persistent index the sharded dedup runs on the driver and only the two searches on the workers
+    (tasks/dedup/shard_tasks.py): with `shard_dir` on the store, each shard, run as on a machine of its own,
+    reads the shared arrays from the store and writes its result there."""
+    from evolforge.tasks.core.batch import settings_from_json
+    from evolforge.tasks.dedup.shard_tasks import SubmittedShards, run_shard_files
+
+    path, _ = corpus
+    dedup = {**SMALL, "shard_dir": "s3://evolforge/search-shards"}
+    settings = make_settings(dedup=dedup)
+    runs: list[str] = []
+
+    def submit(name, parameters):
+        shutil.rmtree(MIRRORS, ignore_errors=True)
+        runs.append(name)
+        value = run_shard_files(parameters["kind"], parameters["inputs"], parameters["job"],
+                                settings_from_json(parameters["settings_json"]).dedup, parameters["out_dir"])
+        assert all(p.startswith(str(MIRRORS)) for p in value["paths"].values())
+        return _EachStepOnANewMachine._Done(value)
+
+    shards = SubmittedShards(submit, settings, "test")
+    dedup_file(path, "text", tmp_path / "out", settings.dedup, id_field="id", index_dir=tmp_path / "idx",
+               shard_runner=shards)
+    dedup_file(path, "text", tmp_path / "one", DedupSettings(**SMALL), id_field="id", index_dir=tmp_path / "idx-one")
+    assert_same(decisions(tmp_path / "out"), decisions(tmp_path / "one"))
+    assert any("minhash" in r for r in runs) and any("ann" in r for r in runs), runs
+    assert not s3.find("evolforge/search-shards")   # each search's folder removed once its results were read
