@@ -17,6 +17,7 @@ run needs PREFECT_API_URL set to a server every machine reaches, and is warned w
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import socket
@@ -107,28 +108,23 @@ class _DriverApi:
 _SERIALIZED: dict[tuple[int, bool], tuple[Any, dict]] = {}
 
 
+@functools.cache
 def _settings_context_class():
     """A Prefect SettingsContext whose serialize() is computed once per settings object (what a task runner sends
     with each task): the same dict, so the workers get the same settings."""
-    global _SettingsContextOnce
-    if _SettingsContextOnce is None:
-        from prefect.context import SettingsContext
+    from prefect.context import SettingsContext
 
-        class SettingsContextOnce(SettingsContext):
-            def serialize(self, include_secrets: bool = True) -> dict:
-                key = (id(self.settings), include_secrets)
-                hit = _SERIALIZED.get(key)
-                if hit is None or hit[0] is not self.settings:   # the entry holds the settings: no id reuse
-                    if len(_SERIALIZED) > 64:
-                        _SERIALIZED.clear()
-                    hit = _SERIALIZED[key] = (self.settings, super().serialize(include_secrets=include_secrets))
-                return hit[1]
+    class SettingsContextOnce(SettingsContext):
+        def serialize(self, include_secrets: bool = True) -> dict:
+            key = (id(self.settings), include_secrets)
+            hit = _SERIALIZED.get(key)
+            if hit is None or hit[0] is not self.settings:   # the entry holds the settings: no id reuse
+                if len(_SERIALIZED) > 64:
+                    _SERIALIZED.clear()
+                hit = _SERIALIZED[key] = (self.settings, super().serialize(include_secrets=include_secrets))
+            return hit[1]
 
-        _SettingsContextOnce = SettingsContextOnce
-    return _SettingsContextOnce
-
-
-_SettingsContextOnce = None
+    return SettingsContextOnce
 
 
 def _dask_runner(cfg: RunnerSettings) -> TaskRunner:

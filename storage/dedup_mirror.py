@@ -30,12 +30,13 @@ import uuid
 from pathlib import Path
 
 _MARK = "evolforge-dedup-mirror"
+_HASH = 16   # hex digits of a mirror's name
 _URLS: dict[str, tuple[object, str]] = {}   # mirror hash -> (fsspec filesystem, the URL's path on it)
 
 
 def mirror_root(url: str) -> Path:
     """This machine's mirror of the work folder at `url`, registered so that its paths map to the URL."""
-    h = hashlib.sha1(url.rstrip("/").encode()).hexdigest()[:16]
+    h = hashlib.sha1(url.rstrip("/").encode()).hexdigest()[:_HASH]
     if h not in _URLS:
         import fsspec
 
@@ -53,7 +54,8 @@ def remote(path: str | Path) -> tuple[object, str, str] | None:
     i = p.find(f"/{_MARK}/")
     if i < 0:
         return None
-    h, rest = p[i + len(_MARK) + 2: i + len(_MARK) + 18], p[i + len(_MARK) + 18:]
+    start = i + len(_MARK) + 2   # past "/<mark>/"
+    h, rest = p[start: start + _HASH], p[start + _HASH:]
     entry = _URLS.get(h)
     if entry is None:
         return None
