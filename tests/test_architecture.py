@@ -268,3 +268,38 @@ def test_every_stage_flow_body_reads_as_its_dag():
     long = {k: n for k, n in bodies.items() if n > FLOW_BODY_MAX_LINES}
     assert not long, f"flow bodies over {FLOW_BODY_MAX_LINES} lines: {long}"
 
+
+
+# A stage's own prompts and checks are its own: what several stages share (the policy's prompts, ground truth, the
+# split: tasks/problems/; answer checks: tasks/text/) has a home of its own. The one known exception: the reward
+# stage's IRM writes its ranking pool with Evol-Instruct's own operations (evolve's prompts, by design).
+CROSS_STAGE_PROMPT_EXCEPTIONS = {("evolforge.tasks.reward.irm", "evolforge.tasks.evolve.prompts")}
+
+
+def test_no_stage_imports_another_stages_prompts_or_checks():
+    words = _stage_words()
+    bad = []
+    for module, path in FILES.items():
+        parts = module.split(".")
+        if len(parts) < 3 or parts[1] != "tasks" or parts[2] not in words:
+            continue
+        for imported, line, _, _ in imports_of(path):
+            ip = imported.split(".")
+            if (len(ip) >= 4 and ip[1] == "tasks" and ip[2] in words and ip[2] != parts[2]
+                    and ip[3] in ("prompts", "checks") and (module, ".".join(ip[:4])) not in
+                    CROSS_STAGE_PROMPT_EXCEPTIONS):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {imported}")
+    assert not bad, ("stages importing another stage's prompts or checks (shared ones live in tasks/problems/ "
+                     "and tasks/text/):\n" + "\n".join(bad))
+
+
+def test_no_stage_imports_another_stages_split_or_policy_loader():
+    """SFT, PPO and eval read the problems, the split and the base policy from tasks/problems/ and tasks/core/:
+    none of them imports another of the three."""
+    trio = {"sft", "ppo", "eval"}
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {i}" for m, p in FILES.items()
+           if m.split(".")[1:3][0:1] == ["tasks"] and len(m.split(".")) > 2 and m.split(".")[2] in trio
+           for i, line, _, _ in imports_of(p)
+           if i.startswith("evolforge.tasks.") and len(i.split(".")) > 2 and i.split(".")[2] in trio
+           and i.split(".")[2] != m.split(".")[2]]
+    assert not bad, "SFT, PPO and eval importing each other:\n" + "\n".join(bad)

@@ -19,7 +19,7 @@ from evolforge.storage.layout import RunLayout
 from evolforge.storage.ppo import PPOLayout
 from evolforge.storage.sft_sets import SFTFolder
 from evolforge.storage.synthesis_sets import SynthLayout
-from evolforge.tasks.eval.benchmarks import Problem
+from evolforge.tasks.problems.benchmarks import Problem
 from evolforge.tasks.text.ngrams import NgramIndex, check_table
 
 

@@ -1,5 +1,6 @@
-"""The policy under evaluation: a local transformers folder (batched generation in this process) or a model behind
-the project's gateway (any OpenAI-compatible endpoint, or the embedded model).
+"""The policy under evaluation: a local transformers folder (batched generation in this process,
+tasks/core/policy.py LocalPolicy, re-exported here) or a model behind the project's gateway (any OpenAI-compatible
+endpoint, or the embedded model).
 
     LocalPolicy(folder, cfg).generate(prompts, n)     n completions per prompt: greedy when n == 1, else sampled
                                                       (eval.temperature, eval.top_p), eval.batch_size prompts per call
@@ -13,56 +14,10 @@ at the stop sequences.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from evolforge.config.sections.eval import EvalSettings
-from evolforge.tasks.eval.prompts import cut
-
-
-class LocalPolicy:
-    chat_only = False
-
-    def __init__(self, folder: str | Path, cfg: EvalSettings):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        torch.set_num_threads(cfg.threads)
-        self.cfg, self.name = cfg, str(folder)
-        self.tok = AutoTokenizer.from_pretrained(folder)
-        self.tok.padding_side = "left"
-        if self.tok.pad_token_id is None:
-            self.tok.pad_token = self.tok.eos_token
-        gpu = torch.cuda.is_available()  # a GPU when there is one (bf16 where supported), else the CPU in fp32
-        dtype = torch.bfloat16 if gpu and torch.cuda.is_bf16_supported() else torch.float32
-        self.device = "cuda" if gpu else "cpu"
-        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(self.device).eval()
-
-    def _text(self, prompt: dict) -> str:
-        if "raw" in prompt:
-            return prompt["raw"]
-        return self.tok.apply_chat_template(prompt["chat"], tokenize=False, add_generation_prompt=True)
-
-    def generate(self, prompts: list[dict], n: int, on_batch=None) -> list[list[str]]:
-        import torch
-
-        cfg, out = self.cfg, []
-        torch.manual_seed(cfg.seed)
-        for i in range(0, len(prompts), cfg.batch_size):
-            batch = prompts[i:i + cfg.batch_size]
-            enc = self.tok([self._text(p) for p in batch], return_tensors="pt", padding=True,
-                           add_special_tokens="raw" in batch[0]).to(self.device)
-            sample = n > 1
-            with torch.inference_mode():
-                gen = self.model.generate(**enc, max_new_tokens=cfg.max_new_tokens, do_sample=sample,
-                                          temperature=cfg.temperature if sample else None,
-                                          top_p=cfg.top_p if sample else None, num_return_sequences=n,
-                                          pad_token_id=self.tok.pad_token_id)
-            texts = self.tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-            for j, p in enumerate(batch):
-                out.append([cut(t, p.get("stop") or []) for t in texts[j * n:(j + 1) * n]])
-            if on_batch:
-                on_batch(len(batch))
-        return out
+from evolforge.tasks.core.policy import LocalPolicy as LocalPolicy
+from evolforge.tasks.core.policy import cut
 
 
 class EndpointPolicy:

@@ -1,11 +1,11 @@
 """Every prompt template of the evaluation, in one file (change a prompt here), and how a completion is checked.
 
     WIZARDMATH_COT      WizardMath's published chain-of-thought prompt (Alpaca form, "Let's think step by step.")
-    evolforge_steps     the step-by-step answer prompt the SFT and PPO data use (tasks/evolve/prompts.py)
+    evolforge_steps     the step-by-step answer prompt the SFT and PPO data use (tasks/problems/prompts.py)
     HumanEval completion  the problem's own prompt, continued as raw text and cut at Codex's stop sequences
                         (Chen et al. 2021: "\\nclass", "\\ndef", "\\n#", "\\nif", "\\nprint")
     HumanEval instruct  a chat message asking for the whole function in a python block (a chat endpoint)
-    own code tasks      the synthesis stage's solver prompt (tasks/synthesis/prompts.py SOLVE_CODE)
+    own code tasks      the solver prompt of SFT and PPO (tasks/problems/prompts.py SOLVE_CODE)
 
 A prompt is {"raw": text} (a local policy continues it as it is) or {"chat": messages} (the chat template, or an
 endpoint's chat API). `stop` sequences cut the completion after generation.
@@ -18,11 +18,10 @@ endpoint's chat API). `stop` sequences cut the completion after generation.
 from __future__ import annotations
 
 from evolforge.config.sections.eval import EvalSettings
-from evolforge.tasks.eval.benchmarks import Problem
-from evolforge.tasks.evolve.prompts import answer_messages
-from evolforge.tasks.synthesis.checks import extract_code
-from evolforge.tasks.synthesis.prompts import SOLVE_CODE
+from evolforge.tasks.problems.benchmarks import Problem
+from evolforge.tasks.problems.prompts import answer_messages, code_messages
 from evolforge.tasks.text.answers import answer_correct
+from evolforge.tasks.text.checks import extract_code
 
 WIZARDMATH_COT = ("Below is an instruction that describes a task. Write a response that appropriately completes the "
                   "request.\n\n### Instruction:\n{instruction}\n\n### Response: Let's think step by step.")
@@ -40,21 +39,14 @@ def prompt_for(problem: Problem, cfg: EvalSettings, chat_only: bool = False) -> 
         return {"chat": [{"role": "user", "content": HUMANEVAL_INSTRUCT.format(prompt=problem.text.strip())}],
                 "stop": [], "template": "humaneval_instruct"}
     if problem.domain == "code":
-        return {"chat": [{"role": "user", "content": SOLVE_CODE.format(entry_point=problem.check["entry_point"],
-                                                                       statement=problem.text)}],
+        return {"chat": code_messages(problem.check["entry_point"], problem.text.strip()),
                 "stop": [], "template": "synthesis_solve_code"}
     if cfg.math_template == "evolforge_steps":
-        return {"chat": answer_messages(problem.text, True), "stop": [], "template": "evolforge_steps"}
+        return {"chat": answer_messages(problem.text.strip(), True), "stop": [], "template": "evolforge_steps"}
     text = WIZARDMATH_COT.format(instruction=problem.text)
     if chat_only:
         return {"chat": [{"role": "user", "content": text}], "stop": [], "template": "wizardmath_cot"}
     return {"raw": text, "stop": ["### Instruction"], "template": "wizardmath_cot"}
-
-
-def cut(text: str, stop: list[str]) -> str:
-    """The completion up to the first stop sequence."""
-    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
-    return text[:min(cuts)] if cuts else text
 
 
 def humaneval_test(problem: Problem) -> str:

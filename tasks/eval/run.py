@@ -13,9 +13,9 @@ from evolforge.config.settings import Settings
 from evolforge.storage import eval_sets as store
 from evolforge.storage.synthesis_sets import read_kept_tasks
 from evolforge.tasks.core.progress import StepProgress
-from evolforge.tasks.eval import benchmarks as B
 from evolforge.tasks.eval import prompts, scoring
 from evolforge.tasks.eval.stage import EvalParams, inputs
+from evolforge.tasks.problems import benchmarks as B
 from evolforge.tasks.sandbox.run import run_many
 
 

@@ -1,5 +1,5 @@
 """The evaluation stage: its parameters (the Prefect UI form and the CLI flags), its input check and its descriptor
-(tasks/core/stages.py). The flow: flows/eval.py; the problems: tasks/eval/benchmarks.py; prompts and checks:
+(tasks/core/stages.py). The flow: flows/eval.py; the problems: tasks/problems/benchmarks.py; prompts and checks:
 tasks/eval/prompts.py; the policy: tasks/eval/policy.py; the run: tasks/eval/run.py; the figures:
 tasks/eval/scoring.py and report.py; the files: storage/eval_sets.py."""
 

@@ -4,9 +4,13 @@ In-depth operations and the in-breadth template follow WizardLM; the downward
 templates follow WizardMath; the code operations follow WizardCoder. The
 rewriter rule (10 to 20 added words; never the words 'given prompt' or
 'rewritten prompt') is part of every upward template.
+The answer prompt (what the answer model, and later the policy at SFT, PPO and eval, is asked) lives in
+tasks/problems/prompts.py and is re-exported here for the evolution.
 """
 
 from __future__ import annotations
+
+from evolforge.tasks.problems.prompts import answer_messages as answer_messages
 
 # Markers: substrings each kind of prompt contains (the templates below are built from them, so they cannot
 # drift apart); the scripted test server (testing/scripted_server.py) recognises a stage's request by them.
@@ -101,14 +105,6 @@ EQUAL_JUDGE = (
     + MARKER_EQUAL_JUDGE
 )
 
-ANSWER_STEPS = (
-    "Answer the following instruction. Reason step by step and write every step on its own line as "
-    "'Step 1: ...', 'Step 2: ...', and so on; end with 'The answer is: ...' when there is a final answer.\n\n"
-    "{instruction}"
-)
-
-ANSWER_PLAIN = "{instruction}"
-
 # Operation name -> direction, for lineage and survival statistics.
 DIRECTION = {
     **{op: "up" for op in DEPTH_METHODS},
@@ -145,7 +141,3 @@ def evolve_messages(operation: str, instruction: str) -> list[dict]:
 def equal_messages(parent: str, child: str) -> list[dict]:
     return [{"role": "user", "content": EQUAL_JUDGE.format(parent=parent, child=child)}]
 
-
-def answer_messages(instruction: str, in_steps: bool) -> list[dict]:
-    tpl = ANSWER_STEPS if in_steps else ANSWER_PLAIN
-    return [{"role": "user", "content": tpl.format(instruction=instruction)}]

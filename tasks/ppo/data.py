@@ -8,7 +8,7 @@ One row per distinct evolved instruction (seeds + accepted evolutions), and one 
     ability       the domain: math, code or general
     reward_model  {"style": "rule", "ground_truth": X} or {"style": "model", "ground_truth": ""}, X by source:
                     synthesis_math  a kept math task: its majority-verified answer evaluated to a number
-                                    (tasks/synthesis/checks.py eval_number)
+                                    (tasks/problems/truth.py)
                     synthesis_code  a kept code task: JSON {"entry_point", "tests"} (its own pytest tests,
                                     run against the response's code by tasks/ppo/reward.py)
                     own_answer      an evolved math instruction whose evolve answer states a final answer X
@@ -23,63 +23,22 @@ One row per distinct evolved instruction (seeds + accepted evolutions), and one 
 With an IRM selection (tasks/reward/selection.py, reward.select_by_irm) each evolved row's lineage also carries
 irm_score, irm_rank and irm_selected, and evolved training rows the IRM did not select are left out (counted as
 dropped.irm_selection); test rows and synthesis tasks are never filtered.
-The test split holds whole seed lineages (a stable hash of seed_id; a task carries its instruction's seed_id),
-so no evolution of a held-out seed, nor a task drawn from one, is trained on.
+The test split holds whole seed lineages (tasks/problems/split.py, the split SFT and eval use too; a task carries
+its instruction's seed_id), so no evolution of a held-out seed, nor a task drawn from one, is trained on. The
+prompt is tasks/problems/prompts.py task_messages, byte-identical to SFT's and eval's.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
-from evolforge.tasks.evolve.prompts import answer_messages
-from evolforge.tasks.synthesis.checks import eval_number
-from evolforge.tasks.synthesis.prompts import SOLVE_CODE
-from evolforge.tasks.text.answers import extract_answer
+from evolforge.tasks.problems.prompts import task_messages
+from evolforge.tasks.problems.split import problem_records, split_lineages
+from evolforge.tasks.problems.truth import ground_truth_of
 
-KEEP_STATUS = {"seed", "accepted"}
 UNVERIFIED = ("exclude", "own_answer")  # ppo.unverified_ground_truth
 IRM_FIELDS = ("irm_score", "irm_rank", "irm_selected")  # lineage of the RLEIF IRM filter (tasks/reward/selection.py)
 SOURCES = ("synthesis_math", "synthesis_code", "own_answer", "none")  # where a row's ground truth comes from
-
-
-def ground_truth_of(answer: str | None, domain: str | None) -> str:
-    """The reference answer of a math record (its final answer, tasks/text/answers.py), else ""."""
-    if domain != "math" or not answer:
-        return ""
-    return extract_answer(answer) or ""
-
-
-def number_text(value: float) -> str:
-    """A verified number as a ground-truth string: 12.0 -> "12", 0.75 -> "0.75"."""
-    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else format(value, ".12g")
-
-
-def task_ground_truth(task: dict) -> tuple[str, str] | None:
-    """(source, ground truth) of a kept synthesized task, or None when it has nothing to check against."""
-    if task.get("kind") == "math":
-        value = eval_number(task.get("answer") or "")
-        return ("synthesis_math", number_text(value)) if value is not None else None
-    if task.get("kind") == "code" and (task.get("tests") or "").strip() and (task.get("entry_point") or "").strip():
-        return "synthesis_code", json.dumps({"entry_point": task["entry_point"], "tests": task["tests"]})
-    return None
-
-
-def _bucket(seed_id: str, split_seed: int) -> float:
-    digest = hashlib.sha256(f"{split_seed}:{seed_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
-
-
-def split_lineages(seed_ids: list[str], test_fraction: float, split_seed: int) -> set[str]:
-    """The seed ids held out for test; at least one, and never all of them when there are two or more."""
-    distinct = sorted(set(seed_ids), key=lambda s: _bucket(s, split_seed))
-    test = {s for s in distinct if _bucket(s, split_seed) < test_fraction}
-    if not test and len(distinct) >= 2:
-        test = {distinct[0]}
-    if len(test) == len(distinct) and len(distinct) >= 2:
-        test.discard(distinct[-1])
-    return test
 
 
 def verl_row(rec: dict, split: str, index: int, answer_in_steps: bool = True,
@@ -91,11 +50,8 @@ def verl_row(rec: dict, split: str, index: int, answer_in_steps: bool = True,
     else:
         gt = ground_truth_of(rec.get("answer"), domain) if unverified_ground_truth == "own_answer" else ""
         source = "own_answer" if gt else "none"
-    if source == "synthesis_code":
-        prompt = [{"role": "user", "content": SOLVE_CODE.format(entry_point=rec["entry_point"],
-                                                               statement=rec["instruction"])}]
-    else:
-        prompt = answer_messages(rec["instruction"], answer_in_steps)
+    prompt = task_messages("code" if source == "synthesis_code" else "text", rec["instruction"],
+                           rec.get("entry_point"), answer_in_steps)
     return {
         "data_source": f"evolforge/{domain}",
         "prompt": prompt,
@@ -110,48 +66,22 @@ def verl_row(rec: dict, split: str, index: int, answer_in_steps: bool = True,
     }
 
 
-def task_records(tasks: list[dict]) -> tuple[list[dict], int]:
-    """Kept synthesized tasks -> records for `verl_row` (statement as instruction, task kind as domain), and how
-    many kept tasks had no checkable ground truth (skipped)."""
-    out, skipped = [], 0
-    for t in tasks:
-        if (t.get("status") or "kept") != "kept" or (verified := task_ground_truth(t)) is None:
-            skipped += 1
-            continue
-        out.append({"id": t.get("task_id"), "parent_id": None, "seed_id": t.get("seed_id") or t.get("task_id"),
-                    "round": None, "operation": "synthesis", "direction": None, "status": "accepted",
-                    "instruction": t.get("statement") or "", "domain": t["kind"], "entry_point": t.get("entry_point"),
-                    "answer": (t.get("answer") if t["kind"] == "math" else t.get("solution")) or "",
-                    "_ground_truth": verified})
-    return out, skipped
-
-
 def build_prompt_rows(records: list[dict], test_fraction: float = 0.1, split_seed: int = 42,
                       answer_in_steps: bool = True, tasks: list[dict] | None = None,
                       unverified_ground_truth: str = "exclude",
-                      selection: dict[str, dict] | None = None) -> tuple[list[dict], list[dict], dict]:
+                      selection: dict[str, dict] | None = None,
+                      held_out: list[str] | tuple[str, ...] = ()) -> tuple[list[dict], list[dict], dict]:
     """Evolved records (+ kept synthesized tasks) -> (train rows, test rows, counts). Drops eliminated or errored
     records, empty instructions and repeated instructions (the first occurrence is kept; tasks come first, so a
     verified task wins over an identical unverified instruction). `unverified_ground_truth`: "exclude" (evolved
-    instructions get no ground truth) or "own_answer" (their evolve answer's final answer, see module doc)."""
+    instructions get no ground truth) or "own_answer" (their evolve answer's final answer, see module doc).
+    `held_out`: seed lineages held out by name (ppo.held_out_seeds) in place of the hash split."""
     if unverified_ground_truth not in UNVERIFIED:
         raise ValueError(f"unverified_ground_truth must be one of {UNVERIFIED}, got {unverified_ground_truth!r}")
-    task_recs, unverifiable = task_records(tasks or [])
-    seen: set[str] = set()
-    kept = []
-    dropped = {"status": 0, "empty": 0, "duplicate": 0} | ({"irm_selection": 0} if selection is not None else {})
-    for rec in task_recs + list(records):
-        text = (rec.get("instruction") or "").strip()
-        if (rec.get("status") or "seed") not in KEEP_STATUS:
-            dropped["status"] += 1
-        elif not text:
-            dropped["empty"] += 1
-        elif " ".join(text.lower().split()) in seen:
-            dropped["duplicate"] += 1
-        else:
-            seen.add(" ".join(text.lower().split()))
-            kept.append({**rec, "instruction": text, "seed_id": rec.get("seed_id") or rec.get("id")})
-    test_seeds = split_lineages([r["seed_id"] for r in kept], test_fraction, split_seed)
+    kept, dropped, unverifiable = problem_records(records, tasks)
+    if selection is not None:
+        dropped["irm_selection"] = 0
+    test_seeds = split_lineages([r["seed_id"] for r in kept], test_fraction, split_seed, held_out)
     train, test = [], []
     for rec in kept:
         split, rows = ("test", test) if rec["seed_id"] in test_seeds else ("train", train)

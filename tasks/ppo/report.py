@@ -236,7 +236,7 @@ def policy_rewards(initial: list[float], trained: list[float], eval_split: str =
 
 # the PPO settings a card shows: what shapes the prompt data and its reward, never the cluster's address, job
 # environment (ray_env_vars may hold tokens) or paths
-PPO_DATA_KEYS = ("test_fraction", "split_seed", "unverified_ground_truth", "answer_in_steps", "aggregation",
+PPO_DATA_KEYS = ("test_fraction", "split_seed", "held_out_seeds", "unverified_ground_truth", "answer_in_steps", "aggregation",
                  "answer_weight", "adv_estimator", "kl_coef", "max_prompt_length", "max_response_length")
 
 

@@ -9,7 +9,7 @@
         Without a ground truth (reward_model.style "model", or an empty ground_truth) rA is the PRM part alone.
         Code rows (data_source "evolforge/code", ground truth JSON {"entry_point", "tests"}: a synthesized task's
         own pytest tests, tasks/ppo/data.py): correct is whether the tests pass against the code extracted from
-        the response (tasks/synthesis/checks.py extract_code), run in the project's sandbox (tasks/sandbox/run.py
+        the response (tasks/text/checks.py extract_code), run in the project's sandbox (tasks/sandbox/run.py
         run_many, one call per batch; SandboxSettings from reward_kwargs["sandbox"], else the config's [sandbox]).
         Those modules are imported only when a code row is scored; where evolforge is not importable a code row
         scores with the PRM alone, and a warning says so once.
@@ -157,7 +157,7 @@ def _sandbox_tools():
     try:
         from evolforge.config.sections.sandbox import SandboxSettings
         from evolforge.tasks.sandbox.run import run_many
-        from evolforge.tasks.synthesis.checks import extract_code
+        from evolforge.tasks.text.checks import extract_code
     except ImportError:
         return None
 

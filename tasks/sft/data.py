@@ -4,8 +4,8 @@ Sources (each optional but one):
   evolved        an evolve run's SFT view (dataset/sft/train.parquet: user instruction, assistant answer). The
                  answer must be in the step form the PRM was trained on ('Step 1: ... Step 2: ...', the one step
                  splitter of tasks/text/steps.py); the prompt becomes the step-by-step answer prompt the PPO data
-                 uses (tasks/evolve/prompts.py answer_messages), so SFT, PPO and the PRM see one format.
-  synthesis_code a kept code task of the synthesis stage: the solver prompt (tasks/synthesis/prompts.py SOLVE_CODE)
+                 uses (tasks/problems/prompts.py answer_messages), so SFT, PPO and the PRM see one format.
+  synthesis_code a kept code task of the synthesis stage: the solver prompt (tasks/problems/prompts.py SOLVE_CODE)
                  and its reference solution, which passed the task's own tests in the sandbox. Kept math tasks have
                  a verified final answer but no stored worked solution: they are skipped with that reason (no
                  answer is written by hand).
@@ -16,7 +16,7 @@ Sources (each optional but one):
 Left out, with the reason (data/skipped.parquet): evolved rows the IRM did not select (reward.select_by_irm with
 --irm-dir: tasks/reward/selection.py; the reason holds the score and rank), answers not in step form, a seed
 lineage held out for evaluation (the PPO stage's test split over the same evolve run and tasks:
-tasks/eval/benchmarks.py held_out_seeds), a row sharing an n-gram with an evaluation set (sft.decontaminate = drop), repeats of a prompt already taken.
+tasks/problems/split.py), a row sharing an n-gram with an evaluation set (sft.decontaminate = drop), repeats of a prompt already taken.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 
 from evolforge.config.sections.sft import SFTSettings
 from evolforge.storage.sft_sets import message
-from evolforge.tasks.evolve.prompts import answer_messages
-from evolforge.tasks.synthesis.prompts import SOLVE_CODE
+from evolforge.tasks.problems.prompts import answer_messages, task_messages
 from evolforge.tasks.text.ngrams import NgramIndex, check_table
 from evolforge.tasks.text.steps import steps_or_reason
 from evolforge.tasks.trajectories.samples import tool_call
@@ -108,8 +107,7 @@ def task_rows(tasks: list[dict], held_out: set[str], out: Built,
         before = len(rows)
         code = t.get("kind") == "code" and (t.get("entry_point") or "").strip()
         statement = (t.get("statement") or "").strip()
-        prompt = ([message("user", SOLVE_CODE.format(entry_point=t["entry_point"], statement=statement))] if code
-                  else [message(m["role"], m["content"]) for m in answer_messages(statement, True)])
+        prompt = [message(m["role"], m["content"]) for m in task_messages(t.get("kind"), statement, t.get("entry_point"))]
         if code and (t.get("solution") or "").strip():
             rows.append({"id": tid, "source": "synthesis_code", "seed_id": seed, "domain": "code", "prompt": prompt,
                          "completion": [message("assistant", f"```python\n{t['solution'].strip()}\n```")]})

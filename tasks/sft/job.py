@@ -23,7 +23,7 @@ from evolforge.storage.ledger import LedgerWriter
 from evolforge.storage.reward_sets import META_FILE
 from evolforge.storage.synthesis_sets import read_kept_tasks
 from evolforge.tasks.core.progress import StepProgress
-from evolforge.tasks.eval.benchmarks import eval_index, held_out_seeds, own_problems
+from evolforge.tasks.problems.benchmarks import eval_index, held_out_seeds, own_problems
 from evolforge.tasks.reward.selection import irm_selection
 from evolforge.tasks.sft import data, rejection, train
 from evolforge.tasks.sft.stage import SFTParams, inputs
@@ -63,7 +63,7 @@ def rejection_sample(tasks: list[dict], held_out: set[str], settings: Settings,
                      folder: store.SFTFolder) -> tuple[dict[str, list[str]], dict]:
     """sft.rejection_samples answers of the base policy per training task, verified (tasks/sft/rejection.py);
     every sample with its verdict goes to data/rejection_samples.parquet. Returns (task_id -> kept answers, counts)."""
-    from evolforge.tasks.eval.policy import LocalPolicy
+    from evolforge.tasks.core.policy import LocalPolicy
 
     cfg = settings.sft
     todo = rejection.training_tasks(tasks, held_out)

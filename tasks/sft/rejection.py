@@ -1,10 +1,10 @@
 """Rejection sampling (RFT, STaR): the policy's own answers to verified training tasks, kept only when verified.
 
     training_tasks(tasks, held_out)            the kept synthesis tasks outside the held-out seed lineages
-    prompt_of(task)                            the prompt a sample answers: math, the step-by-step answer prompt of the
-                                               SFT and PPO data (tasks/evolve/prompts.py); code, the solver prompt
+    prompt_of(task)                            the prompt a sample answers: the one prompt of SFT, PPO and eval
+                                               (tasks/problems/prompts.py task_messages)
     sample(tasks, policy, cfg, sandbox)        sft.rejection_samples answers per task from `policy` (a local
-                                               transformers policy: tasks/eval/policy.py LocalPolicy), each verified:
+                                               transformers policy: tasks/core/policy.py LocalPolicy), each verified:
                                                math by its final answer against the task's majority-verified answer
                                                (tasks/text/answers.py) and step form (at least sft.min_steps steps,
                                                tasks/text/steps.py); code by the task's own tests in the sandbox
@@ -23,11 +23,10 @@ from __future__ import annotations
 from evolforge.config.sections.eval import EvalSettings
 from evolforge.config.sections.sandbox import SandboxSettings
 from evolforge.config.sections.sft import SFTSettings
-from evolforge.tasks.evolve.prompts import answer_messages
-from evolforge.tasks.ppo.data import number_text
-from evolforge.tasks.synthesis.checks import eval_number, extract_code
-from evolforge.tasks.synthesis.prompts import SOLVE_CODE
+from evolforge.tasks.problems.prompts import task_messages
+from evolforge.tasks.problems.truth import math_truth
 from evolforge.tasks.text.answers import answer_correct
+from evolforge.tasks.text.checks import eval_number, extract_code
 from evolforge.tasks.text.steps import steps_or_reason
 
 
@@ -45,10 +44,7 @@ def training_tasks(tasks: list[dict], held_out: set[str]) -> list[dict]:
 
 
 def prompt_of(task: dict) -> list[dict]:
-    if task["kind"] == "code":
-        return [{"role": "user", "content": SOLVE_CODE.format(entry_point=task["entry_point"],
-                                                               statement=task["statement"])}]
-    return answer_messages(task["statement"].strip(), True)
+    return task_messages(task["kind"], task["statement"], task.get("entry_point"))
 
 
 def sampling_settings(cfg: SFTSettings) -> EvalSettings:
@@ -59,7 +55,7 @@ def sampling_settings(cfg: SFTSettings) -> EvalSettings:
 
 
 def _math_verdict(task: dict, completion: str, min_steps: int) -> tuple[bool, str]:
-    truth = number_text(eval_number(str(task["answer"])))
+    truth = math_truth(task)
     if not answer_correct(completion, truth):
         return False, f"final answer is not the verified {truth}"
     steps, why = steps_or_reason(completion, min_steps)

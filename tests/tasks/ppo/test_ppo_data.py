@@ -6,7 +6,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from evolforge.storage.ppo import PPOLayout, read_evolved, write_prompt_parquet
-from evolforge.tasks.ppo.data import build_prompt_rows, ground_truth_of, split_lineages
+from evolforge.tasks.ppo.data import build_prompt_rows
+from evolforge.tasks.problems.split import split_lineages
+from evolforge.tasks.problems.truth import ground_truth_of
 from evolforge.testing.ppo_models import (
     minilm_dir,
     one_torch_thread,  # noqa: F401 (autouse fixture)
@@ -99,8 +101,8 @@ def test_training_prompts_overlapping_an_evaluation_set_are_dropped_and_reported
     default and counted per table; 'report' counts it and keeps it."""
     from evolforge.config.settings import Settings
     from evolforge.storage.ppo import read_json, read_prompt_rows
-    from evolforge.tasks.eval.benchmarks import humaneval_problems
     from evolforge.tasks.ppo import job
+    from evolforge.tasks.problems.benchmarks import humaneval_problems
 
     path = write_evolved(tmp_path / "evolved.parquet", n_seeds=8)
     table = pq.read_table(path).to_pylist()

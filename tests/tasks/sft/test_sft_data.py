@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from evolforge.config.settings import Settings
 from evolforge.storage.sft_sets import chat_messages
-from evolforge.tasks.eval.benchmarks import eval_index, humaneval_problems
+from evolforge.tasks.problems.benchmarks import eval_index, humaneval_problems
 from evolforge.tasks.sft.data import build
 from evolforge.tasks.text.ngrams import NgramIndex, check_table, ngrams
 

