@@ -97,11 +97,12 @@ def is_user_error(e: BaseException) -> bool:
     from evolforge.config.settings import ConfigError
     from evolforge.storage.folder import FolderOfAnotherStage
     from evolforge.storage.inputs import SeedFileError
+    from evolforge.storage.locks import FolderLocked
     from evolforge.tasks.core.checks import InputError
     from evolforge.tasks.core.keys import InsecureKeyTransport
 
     kinds: tuple[type, ...] = (ConfigError, InputError, SeedFileError, InsecureKeyTransport, ParamsError,
-                               FolderOfAnotherStage)
+                               FolderOfAnotherStage, FolderLocked)
     if "evolforge.storage.run_record" in sys.modules:  # loaded only by a run that got that far
         kinds += (sys.modules["evolforge.storage.run_record"].RunInputsChanged,)
     return isinstance(e, kinds)
@@ -205,20 +206,40 @@ def short_summary(name: str, result, out: str | None, log=None) -> str:
     return "\n".join(lines)
 
 
-def run_stage(stage, params) -> int:
+def add_wait_arg(p) -> None:
+    """--wait [SECONDS]: wait for another run over the same output folder to finish instead of refusing."""
+    p.add_argument("--wait", nargs="?", type=float, const=float("inf"), default=0.0, metavar="SECONDS",
+                   help="when another run writes to the output folder, wait for it to finish (for at most SECONDS) "
+                        "instead of stopping at once")
+
+
+def output_lock(out: str | None, wait: float = 0.0):
+    """The output folder's run lock (storage/locks.py): one writer per folder, taken before Prefect starts and
+    held until the command is done; another run holding it is one line naming it (exit 2), or waited for."""
+    if not out:
+        return contextlib.nullcontext()
+    from evolforge.storage.fs import location
+    from evolforge.storage.locks import run_lock
+
+    return run_lock(location(out), wait=wait or 0.0)
+
+
+def run_stage(stage, params, wait: float = 0.0) -> int:
     """Run a registered stage's flow with live progress; print what the stage presents (else a short summary),
-    or one clear line when it fails (with the resume hint when it left checkpoints)."""
+    or one clear line when it fails (with the resume hint when it left checkpoints). The output folder is locked
+    for the whole run (`output_lock`)."""
     from evolforge.cli.progress import live_progress
     from evolforge.cli.terminal import quiet_terminal
 
     prefect_env()
     out = stage.out_of(params)
     log = None
-    try:
-        with prefect_defaults(params), live_progress(), quiet_terminal(out, VERBOSE) as log:
-            result = stage.load_flow()(params)
-    except Exception as e:
-        return failed(stage.cli_name, e, out, log)
+    with output_lock(out, wait):
+        try:
+            with prefect_defaults(params), live_progress(), quiet_terminal(out, VERBOSE) as log:
+                result = stage.load_flow()(params)
+        except Exception as e:
+            return failed(stage.cli_name, e, out, log)
     if stage.present:
         print(stage.present(result, params) + (f"\nlog: {log.path}" if log is not None and log.path else ""))
     else:

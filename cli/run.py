@@ -17,7 +17,7 @@ stage's `present` (what was reopened, then what the stage's own command prints).
 
 from __future__ import annotations
 
-from evolforge.cli.common import run_stage
+from evolforge.cli.common import add_wait_arg, run_stage
 
 
 def retry_stage(out: str):
@@ -48,7 +48,7 @@ def cmd_retry(args) -> int:
     extra = {name: getattr(args, name) for name in retry_flags(stage) if getattr(args, name, None) is not None}
     params = stage.params(**{stage.out_field: args.out, "retry": True}, **extra)
     stage.check(params, params.settings())  # a retry's check reads the run's record (before Prefect starts)
-    return run_stage(stage, params)
+    return run_stage(stage, params, args.wait)
 
 
 def register(sub) -> None:
@@ -56,6 +56,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("retry", help="re-run only the failed or rejected batches of the run at --out")
     p.add_argument("--out", required=True)
+    add_wait_arg(p)
     seen: set[str] = set()
     for stage in stages():
         for name in retry_flags(stage):

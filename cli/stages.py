@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from evolforge.cli.common import run_stage
+from evolforge.cli.common import add_wait_arg, run_stage
 from evolforge.cli.stage_args import add_param_flags, params_from_args
 from evolforge.tasks.core.stages import get, stages
 
@@ -30,7 +30,7 @@ def cmd_stage(args) -> int:
         return 2
     if stage.check is not None:
         stage.check(params, settings)  # before any Prefect server starts: a user error is one line, exit 2
-    return run_stage(stage, params)
+    return run_stage(stage, params, getattr(args, "wait", 0.0))
 
 
 def register(sub) -> None:
@@ -39,6 +39,8 @@ def register(sub) -> None:
     for stage in stages():
         p = sub.add_parser(stage.cli_name, help=stage.help, description=stage.help)
         add_param_flags(p, stage)
+        if stage.out_field:
+            add_wait_arg(p)
         p.set_defaults(fn=cmd_stage, stage=stage.name, fast_exit=stage.fast_exit)
     for stage in stages():  # a stage's further commands (Stage.commands), after every stage's own
         for ref in stage.commands:

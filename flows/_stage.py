@@ -39,6 +39,7 @@ from evolforge.flows._runners import build_task_runner
 from evolforge.storage.folder import BatchedSet, StageFolder
 from evolforge.storage.fs import AnyPath, exists, location, remove_tree, write_json_atomic
 from evolforge.storage.ledger import read_ledger
+from evolforge.storage.locks import run_lock, run_lock_created_folder
 from evolforge.tasks.core.batch import close_gateways, gateway_for
 from evolforge.tasks.core.checks import PreflightError
 from evolforge.tasks.core.gateway import Gateway, GatewayError
@@ -148,19 +149,22 @@ def stage_run(name: str, params: BaseModel) -> Iterator[StageRun]:
     stage = get(name)
     logger = get_run_logger()
     settings = params.settings()  # a bad config fails here, before anything is read or created
-    if stage.check is not None:
-        stage.check(params, settings)  # the same check the CLI runs, before anything is created
     out = stage.out_of(params)
-    fresh = out is not None and not exists(location(out))
-    folder = stage.folder(out).ensure()
-    folder.start_marker(stage.name)
-    run = StageRun(stage, params, settings, folder, flow_run.id or f"local-{int(time.time())}", time.time(), logger)
-    try:
-        yield run
-    except PreflightError:
-        if fresh and run.preflight_failed:  # made by this run, whose own pre-flight failed before any work
-            remove_tree(location(out))
-        raise
+    # one writer per output folder, for the whole run (the CLI took it already: re-entrant; storage/locks.py)
+    with run_lock(location(out)) if out is not None else contextlib.nullcontext():
+        if stage.check is not None:
+            stage.check(params, settings)  # the same check the CLI runs, before anything is created
+        fresh = out is not None and run_lock_created_folder(location(out))
+        folder = stage.folder(out).ensure()
+        folder.start_marker(stage.name)
+        run = StageRun(stage, params, settings, folder, flow_run.id or f"local-{int(time.time())}", time.time(),
+                       logger)
+        try:
+            yield run
+        except PreflightError:
+            if fresh and run.preflight_failed:  # made by this run, whose own pre-flight failed before any work
+                remove_tree(location(out))
+            raise
 
 
 def batch_totals(batches: list[dict]) -> dict:
