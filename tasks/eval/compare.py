@@ -8,12 +8,16 @@
                                  95% interval: Newcombe's hybrid score interval for paired proportions (Newcombe 1998,
                                  method 10) when every problem has one sample (greedy), else the normal interval of
                                  the mean per-problem difference
+    mcnemar_exact(wins, losses)  the exact two-sided McNemar p: a binomial test on the discordant problems,
+                                 min(1, 2 P[X <= min(wins, losses)]) for X ~ Binomial(wins + losses, 1/2)
     markdown(result)             the table as markdown
 
 The policies must have been evaluated on the same problems with the same prompt template: a benchmark whose problem
 ids or templates differ between runs is refused with the difference named, never compared on its overlap. RLEIF's
-bar is +3 points of pass@1 of the RL policy over its SFT policy; `bar` reports the measured change and interval
-against it (at_or_above: the point estimate is at least 3 points; excludes_zero: the interval excludes 0).
+bar is +3 points of pass@1 of the RL policy over its SFT policy; `rleif_bar` reports the measured change and
+interval against it, and `goals` any goal given per change (`goals={"sft": 5}`: the change into sft from the policy
+before it). A goal is met only when the point estimate reaches it and the exact McNemar p is below 0.05
+(at_or_above, significant, met); the paired interval is reported beside the p, it does not decide.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from evolforge.storage import eval_sets as store
 from evolforge.tasks.eval.scoring import Z95, per_problem, wilson
 
 RLEIF_BAR_POINTS = 3.0
+ALPHA = 0.05
 
 
 class NotComparable(ValueError):
@@ -75,14 +80,35 @@ def paired_difference(a: list[tuple[int, int]], b: list[tuple[int, int]], z: flo
             "wins": sum(v > 0 for v in d), "losses": sum(v < 0 for v in d)}
 
 
+def mcnemar_exact(wins: int, losses: int) -> float:
+    """Exact two-sided McNemar p over the discordant problems (wins: only the second policy right; losses: only
+    the first); 1.0 with none."""
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(wins, losses) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
 def _points(d: dict) -> dict:
     return {"points": round(100 * d["difference"], 2), "ci95_points": [round(100 * v, 2) for v in d["ci95"]],
             "excludes_zero": d["ci95"][0] > 0 or d["ci95"][1] < 0, "method": d["method"], "problems": d["problems"],
-            "wins": d["wins"], "losses": d["losses"]}
+            "wins": d["wins"], "losses": d["losses"], "mcnemar_p": mcnemar_exact(d["wins"], d["losses"])}
 
 
-def compare(runs: dict[str, str | Path], reference: str | None = None) -> dict:
-    """See the module docstring. `reference` defaults to the first run."""
+def verdict(change: dict, goal_points: float) -> dict:
+    """The measured change against a goal: met only when the point estimate reaches it and p < 0.05."""
+    at = change["points"] >= goal_points
+    significant = change["mcnemar_p"] < ALPHA
+    return {"benchmark": change["benchmark"], "from": change["from"], "to": change["to"],
+            "points": change["points"], "ci95_points": change["ci95_points"], "mcnemar_p": change["mcnemar_p"],
+            "goal_points": goal_points, "at_or_above": at, "significant": significant, "met": at and significant,
+            "excludes_zero": change["excludes_zero"]}
+
+
+def compare(runs: dict[str, str | Path], reference: str | None = None, goals: dict[str, float] | None = None) -> dict:
+    """See the module docstring. `reference` defaults to the first run; `goals`: policy name -> points its change
+    from the policy before it should reach."""
     if len(runs) < 2:
         raise NotComparable("compare needs at least two eval runs (NAME=EVAL_OUT ...)")
     names = list(runs)
@@ -120,17 +146,24 @@ def compare(runs: dict[str, str | Path], reference: str | None = None) -> dict:
             changes.append({"benchmark": bench, "from": a, "to": b, **_points(d)})
     last = names[-1]
     before = names[-2]
-    bar = [{"benchmark": c["benchmark"], "from": before, "to": last, "points": c["points"],
-            "ci95_points": c["ci95_points"], "bar_points": RLEIF_BAR_POINTS,
-            "at_or_above": c["points"] >= RLEIF_BAR_POINTS, "excludes_zero": c["excludes_zero"]}
+    bar = [{**verdict(c, RLEIF_BAR_POINTS), "bar_points": RLEIF_BAR_POINTS}
            for c in changes if c["from"] == before and c["to"] == last]
+    unknown = sorted(set(goals or {}) - set(names[1:]))
+    if unknown:
+        raise NotComparable(f"goal for {unknown}: not a policy after the first ({', '.join(names[1:])})")
+    goal_rows = [verdict(c, (goals or {})[c["to"]]) for c in changes
+                 if c["to"] in (goals or {}) and names.index(c["from"]) == names.index(c["to"]) - 1]
     return {"policies": names, "reference": reference, "benchmarks": benches, "rows": rows, "changes": changes,
-            "rleif_bar": bar}
+            "rleif_bar": bar, "goals": goal_rows, "alpha": ALPHA}
 
 
 def _pt(v: float) -> str:
     """Points with a sign, to one decimal (two near 0, so a bound just above 0 does not read as +0.0)."""
     return f"{v:+.2f}" if 0 < abs(v) < 0.1 else f"{v:+.1f}"
+
+
+def _p(p: float) -> str:
+    return f"{p:.2g}" if p < 0.01 else f"{p:.3f}"
 
 
 def markdown(result: dict) -> str:
@@ -139,17 +172,23 @@ def markdown(result: dict) -> str:
         lo, hi = r["pass@1_ci95"]
         lines.append(f"| {r['benchmark']} | {r['policy']} | {r['problems']} | {100 * r['pass@1']:.1f}% | "
                      f"{100 * lo:.1f} to {100 * hi:.1f} |")
-    lines += ["", "| benchmark | change | points | paired 95% interval | excludes 0 | wins / losses |",
-              "|---|---|---:|---|---|---|"]
+    lines += ["", "| benchmark | change | points | paired 95% interval (Newcombe) | exact McNemar p | wins / losses |",
+              "|---|---|---:|---|---:|---|"]
     for c in result["changes"]:
         lo, hi = c["ci95_points"]
         lines.append(f"| {c['benchmark']} | {c['from']} -> {c['to']} | {c['points']:+.1f} | {_pt(lo)} to {_pt(hi)} | "
-                     f"{'yes' if c['excludes_zero'] else 'no'} | {c['wins']} / {c['losses']} |")
-    for b in result["rleif_bar"]:
+                     f"{_p(c['mcnemar_p'])} | {c['wins']} / {c['losses']} |")
+
+    def said(b: dict, what: str) -> str:
         lo, hi = b["ci95_points"]
-        lines.append("")
-        lines.append(f"RLEIF's bar on {b['benchmark']} ({b['to']} over {b['from']}, +{b['bar_points']:g} points of "
-                     f"pass@1): measured {b['points']:+.1f} points ({_pt(lo)} to {_pt(hi)}); "
-                     f"{'at or above' if b['at_or_above'] else 'below'} the bar, interval "
-                     f"{'excludes' if b['excludes_zero'] else 'includes'} 0.")
+        return (f"{what} on {b['benchmark']} ({b['to']} over {b['from']}, +{b['goal_points']:g} points of pass@1): "
+                f"measured {b['points']:+.1f} points ({_pt(lo)} to {_pt(hi)}, exact McNemar p = {_p(b['mcnemar_p'])})"
+                f"; {'met' if b['met'] else 'not met'} (point estimate "
+                f"{'at or above' if b['at_or_above'] else 'below'} the goal, p "
+                f"{'<' if b['significant'] else '>='} {result.get('alpha', ALPHA):g}).")
+
+    for b in result.get("goals", []):
+        lines += ["", said(b, "Goal")]
+    for b in result["rleif_bar"]:
+        lines += ["", said(b, "RLEIF's bar")]
     return "\n".join(lines) + "\n"

@@ -1,6 +1,7 @@
 """`evolforge compare`: the A/B of policies evaluated on the same problems (base vs SFT vs RL).
 
     evolforge compare base=runs/eval-base sft=runs/eval-sft rl=runs/eval-rl [--reference base] [--out DIR]
+                      [--goal sft=5 --goal rl=3]
 
 Each NAME=FOLDER is an eval stage's output folder; the order is the order of the table (each policy is compared with
 the one before it, and with --reference). The figures: tasks/eval/compare.py. The eval stage's descriptor names
@@ -30,12 +31,27 @@ def _runs(pairs: list[str]) -> dict[str, str]:
     return runs
 
 
+def _goals(pairs: list[str]) -> dict[str, float]:
+    from evolforge.tasks.core.checks import InputError
+
+    out = {}
+    for pair in pairs:
+        name, sep, points = pair.partition("=")
+        try:
+            out[name.strip()] = float(points)
+        except ValueError:
+            raise InputError(f"--goal {pair!r}: give NAME=POINTS (e.g. rl=3)") from None
+        if not sep or not name.strip():
+            raise InputError(f"--goal {pair!r}: give NAME=POINTS (e.g. rl=3)")
+    return out
+
+
 def cmd_compare(args) -> int:
     from evolforge.tasks.core.checks import InputError
     from evolforge.tasks.eval import compare
 
     try:
-        result = compare.compare(_runs(args.runs), args.reference)
+        result = compare.compare(_runs(args.runs), args.reference, _goals(args.goal or []))
     except compare.NotComparable as e:
         raise InputError(str(e)) from None
     table = compare.markdown(result)
@@ -56,4 +72,7 @@ def register(sub) -> None:
     p.add_argument("--reference", default=None, help="the policy every other one is also compared with (default: "
                    "the first)")
     p.add_argument("--out", default=None, help="folder for compare.json and compare.md")
+    p.add_argument("--goal", action="append", metavar="NAME=POINTS", help="a goal for the change into NAME from the "
+                   "policy before it, in points of pass@1 (repeatable); met only when the point estimate reaches it "
+                   "and the exact McNemar p < 0.05")
     p.set_defaults(fn=cmd_compare)

@@ -115,3 +115,39 @@ def test_cli_prints_the_table_and_refuses_bad_runs_in_one_line(tmp_path):
     empty.mkdir()
     bad = subprocess.run(cli + [f"base={base}", f"e={empty}"], capture_output=True, text=True)
     assert bad.returncode == 2 and "no finished benchmark" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("wins, losses, p", [
+    (18, 8, 0.07550),  # the previous learning run's base -> SFT: 18 wins, 8 losses
+    (12, 3, 576 / 32768 * 2),  # 2 * (C(15,0)+C(15,1)+C(15,2)+C(15,3)) / 2**15
+    (5, 0, 0.0625), (6, 0, 0.03125), (0, 6, 0.03125), (10, 10, 1.0), (0, 0, 1.0)])
+def test_exact_mcnemar_against_known_values(wins, losses, p):
+    assert compare.mcnemar_exact(wins, losses) == pytest.approx(p, abs=5e-5)
+
+
+def test_a_goal_is_met_only_with_the_point_estimate_and_p_below_005(tmp_path):
+    base = _run(tmp_path / "base", [False] * 80 + [True] * 20)
+    sft = _run(tmp_path / "sft", [True] * 10 + [False] * 70 + [True] * 20)  # +10: 10 wins, 0 losses
+    rl = _run(tmp_path / "rl", [True] * 14 + [False] * 66 + [True] * 20)  # +4: 4 wins, 0 losses (p = 0.125)
+    res = compare.compare({"base": base, "sft": sft, "rl": rl}, goals={"sft": 5, "rl": 3})
+    goals = {g["to"]: g for g in res["goals"]}
+    assert goals["sft"]["mcnemar_p"] == pytest.approx(2 / 1024) and goals["sft"]["met"]
+    assert goals["rl"]["at_or_above"] and not goals["rl"]["significant"] and not goals["rl"]["met"]
+    assert not res["rleif_bar"][0]["met"] and res["rleif_bar"][0]["mcnemar_p"] == pytest.approx(0.125)
+    # significant but below the goal: not met either
+    big = compare.compare({"base": base, "sft": sft}, goals={"sft": 12})["goals"][0]
+    assert big["significant"] and not big["at_or_above"] and not big["met"]
+    text = compare.markdown(res)
+    assert "Goal on own (sft over base, +5 points of pass@1): measured +10.0 points" in text
+    assert "exact McNemar p = 0.125); not met (point estimate at or above the goal, p >= 0.05)" in text
+    with pytest.raises(compare.NotComparable, match="goal for"):
+        compare.compare({"base": base, "sft": sft}, goals={"base": 1})
+
+
+def test_cli_takes_goals(tmp_path):
+    base = _run(tmp_path / "base", [False] * 30 + [True] * 10)
+    sft = _run(tmp_path / "sft", [True] * 8 + [False] * 22 + [True] * 10)
+    ok = subprocess.run([sys.executable, "-m", "evolforge.cli", "compare", f"base={base}", f"sft={sft}",
+                         "--goal", "sft=5"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "exact McNemar p = 0.0078); met" in ok.stdout
