@@ -99,8 +99,9 @@ def evolve_round(run: StageRun, r: int, index_dir: str | None) -> dict:
     table = round_store.round_table(lay, r)
     round_store.mark_round_complete(lay, r, {"batches": lay.round_set(r).batch_count(),
                                              **{k: table[k] for k in ("attempts", "accepted")}})
-    run.logger.info("round %d: %d attempts, %d accepted (survival %.1f%%), eliminated by rule %s",
-                    r, table["attempts"], table["accepted"], 100 * table["survival"], table["by_rule"])
+    run.logger.info("round %d: %d attempts, %d accepted (survival %.1f%%); eliminated because the rewrite: %s",
+                    r, table["attempts"], table["accepted"], 100 * table["survival"],
+                    report.rules_in_words(table["by_rule"]))
     return table
 
 

@@ -26,6 +26,11 @@ class EvolInstructSettings(Section):
     concurrency: int = Field(8, ge=1, le=1024, description="Records in flight inside one batch.")
     seed: int = Field(42, description="Seed of the RNG that picks operations (per record, reproducible on resume).")
     equal_check: bool = Field(True, description="Elimination rule 1: ask the judge whether the evolution is Equal to its parent.")
+    equal_judge: Literal["auto", "model", "words"] = Field(
+        "auto", description="Who decides rule 1. 'model': the judge model, asked WizardLM's Equal prompt. 'words': "
+        "no call; the evolution is Equal to its parent when it adds no word the parent lacks (stop words aside). "
+        "'auto': 'words' on the embedded model (its 135M judge answers Equal to every pair, changed or not), "
+        "'model' on any other endpoint.")
     unparseable_verdict: Literal["keep", "eliminate"] = Field(
         "keep", description="What an Equal-judge reply that says neither 'Equal' nor 'Not Equal' does (always counted)."
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evolforge.config.settings import Settings
+from evolforge.config.settings import EvolInstructSettings, Settings
 from evolforge.storage import parts
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.schemas import LINEAGE_SCHEMA
@@ -35,9 +35,17 @@ def _counts(statuses: list[str]) -> dict:
             "errors": statuses.count("error")}
 
 
+def equal_judge_resolved(settings: Settings) -> EvolInstructSettings:
+    """The evolve settings with `equal_judge = 'auto'` made 'words' (embedded model) or 'model' (any other)."""
+    cfg = settings.evol_instruct
+    if cfg.equal_judge != "auto":
+        return cfg
+    return cfg.model_copy(update={"equal_judge": "words" if settings.uses_embedded_model else "model"})
+
+
 def evolve_batch_spec(out_dir: str | Path, round_no: int, batch_index: int, settings: Settings) -> BatchSpec:
     layout = RunLayout(out_dir)
-    cfg = settings.evol_instruct
+    cfg = equal_judge_resolved(settings)
     model = settings.models.for_stage("evolve")
 
     def work(row: dict, gw: Gateway, journal) -> dict:

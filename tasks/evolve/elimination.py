@@ -9,8 +9,12 @@ An evolution fails when
   3. `answer_only_punctuation`: the answer is only punctuation and stop words;
   4. `copies_prompt_words`: the instruction copies words of the evolving prompt
      ("given prompt", "rewritten prompt", "#Rewritten Prompt#", ...).
-Plus `empty_evolution`: the rewriter returned nothing usable.
+Plus two rules of evolforge's own, for rewriters that do not follow the prompt (small models often don't):
+  - `empty_evolution`: the rewriter returned nothing usable;
+  - `not_an_instruction`: the rewrite poses no task: it answers its parent (or some task) instead, or is a
+    poem, story or statement with no question or request in it (`not_an_instruction`).
 A failed instruction's parent goes back into the pool for the next round.
+`RULE_WORDS` says what each rule means in plain words; every report a user reads names rules by those words.
 The cheap rules run before any further model call is spent.
 """
 
@@ -23,25 +27,100 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from evolforge.tasks.core.json_parse import JSONParseFailure, extract_json
-from evolforge.tasks.evolve.prompts import FORBIDDEN_COPIES
+from evolforge.tasks.evolve.prompts import FORBIDDEN_COPIES, METHOD_OPENINGS
 
 RULE_EQUAL = "no_information_gain"
 RULE_SORRY = "sorry_short_answer"
 RULE_PUNCT = "answer_only_punctuation"
 RULE_COPY = "copies_prompt_words"
 RULE_EMPTY = "empty_evolution"
+RULE_NOT_TASK = "not_an_instruction"
+
+# What each rule means, for the terminal, the dataset card, the Prefect artifacts and the plots.
+RULE_WORDS = {
+    RULE_EQUAL: "no more demanding than its parent (the judge found them equal)",
+    RULE_SORRY: "the answer was a short apology",
+    RULE_PUNCT: "the answer was only punctuation and stop words",
+    RULE_COPY: "copied the rewriting prompt's template words (e.g. '#The Given Prompt#')",
+    RULE_EMPTY: "the rewriter returned nothing usable",
+    RULE_NOT_TASK: "answered or wrote something else instead of a new instruction",
+}
+
+
+def rule_words(rule: str) -> str:
+    """A rule in plain words; a round's dedup step names its drops `duplicate_<method>` (an unknown rule name is
+    returned as it is)."""
+    if rule.startswith("duplicate_") and rule not in RULE_WORDS:
+        return f"duplicated an instruction kept earlier ({rule.removeprefix('duplicate_')} match)"
+    return RULE_WORDS.get(rule, rule)
 
 STOP_WORDS = frozenset(
     """a an and are as at be but by for from has have he her his i if in into is it its me my no not of on or our
     she so than that the their them then there these they this to too us was we were what when which who will with
-    you your yes ok okay""".split()
+    you your yes ok okay do does did""".split()
 )
 _WORD = re.compile(r"[A-Za-z0-9']+")
 
 
 def copies_prompt_words(instruction: str) -> bool:
-    low = instruction.lower()
-    return any(s in low for s in FORBIDDEN_COPIES)
+    """The rewrite contains the rewriting prompt's template words, or repeats one of its method sentences."""
+    low = " ".join(instruction.lower().split())
+    return any(s in low for s in FORBIDDEN_COPIES) or any(m in low for m in METHOD_OPENINGS)
+
+
+# A task asks something: a question, or a sentence that starts with a request ("Write ...", "Find ...").
+_REQUEST_VERBS = frozenset(
+    """write create explain describe list give find calculate compute determine implement design compose summarize
+    summarise translate compare identify name suggest provide generate make draw solve show prove estimate classify
+    rewrite convert outline discuss evaluate analyze analyse develop propose plan build predict tell imagine suppose
+    consider assume given use count sort return print define state recommend choose select decide rank simplify
+    express find convert fill complete answer help construct derive approximate check verify format extract
+    explore brainstorm argue justify illustrate demonstrate predict reverse merge split parse read calculate""".split()
+)
+_QUESTION_WORDS = ("how ", "what ", "which ", "why ", "who ", "when ", "where ", "can you", "could you",
+                   "would you", "please ", "your task", "you are given", "imagine ", "suppose ", "the task is to ",
+                   "you need to ", "you'll need a ")
+# An answer or a reply speaks: it agrees, computes a result, or concludes.
+_ANSWER_OPENINGS = re.compile(r"^\W*(sure|certainly|of course|here is|here's|here are|yes\b|no,|i am\b|i'm\b|"
+                              r"i will\b|i would\b|as an ai|great question|absolutely|okay|ok\b|you can\b|"
+                              r"you could\b|let's\b|let me\b|when i\b|i'd\b|i'll\b|to (find|solve|calculate|determine|answer|"
+                              r"do this|optimize|improve)\b|```)", re.I)
+_ANSWER_MARKS = re.compile(r"the answer is|final answer|\bstep 1\s*:|\btherefore\b|\bin conclusion\b|"
+                           r"\bthis will (return|print|output|give)\b|\bhere's (a|an|the)\b|"
+                           r"\d\s*[-+*/x\u00d7]\s*\d+(?:\.\d+)?\s*=\s*\$?\d", re.I)
+# a question answered right after it: "What is the area ...? The area is 40 m²."
+_ANSWERED_QUESTION = re.compile(r"\?\s+[^?]*\b(is|are|equals|was|will be)\s+(about\s+)?\$?\d[^?]*$", re.I)
+_SENTENCE = re.compile(r"(?:^|[.!:;,\n]\s*|\bso\s+)([A-Za-z][A-Za-z']*)")
+
+
+def poses_task(instruction: str) -> bool:
+    """The text asks something: it has a question mark, a question word, or a sentence opening with a request."""
+    low = " ".join(instruction.lower().split())
+    if "?" in low or any(low.startswith(w) or f". {w}" in low or f"\n{w}" in low for w in _QUESTION_WORDS):
+        return True
+    return any(m.group(1).lower() in _REQUEST_VERBS for m in _SENTENCE.finditer(instruction))
+
+
+def not_an_instruction(instruction: str) -> bool:
+    """Rule `not_an_instruction`: the rewrite answers (opens like a reply, states 'the answer is', works a sum out
+    as 'a * b = c' with no question left) or asks nothing at all (a poem, a story, a statement)."""
+    text = instruction.strip().lstrip("#* ").strip()
+    if _ANSWER_OPENINGS.match(text) or _ANSWERED_QUESTION.search(text):
+        return True
+    if not poses_task(text):
+        return True
+    marks = _ANSWER_MARKS.findall(text)
+    return bool(marks) and "?" not in text and not re.match(r"^\W*(solve|compute|calculate|check|verify|simplify|"
+                                                            r"evaluate|prove|explain|find)\b", text, re.I)
+
+
+def adds_no_information(parent: str, child: str) -> bool:
+    """Rule 1 without a model (`evol_instruct.equal_judge = 'words'`): the child adds no word, number or name that
+    its parent lacks (case and stop words aside), so it cannot ask for more than its parent does."""
+    def words(text: str) -> set[str]:
+        return {w for w in (m.lower().strip("'") for m in _WORD.findall(text)) if w and w not in STOP_WORDS}
+
+    return not (words(child) - words(parent))
 
 
 def is_empty(instruction: str) -> bool:
@@ -96,6 +175,8 @@ def instruction_rule(instruction: str) -> str | None:
         return RULE_EMPTY
     if copies_prompt_words(instruction):
         return RULE_COPY
+    if not_an_instruction(instruction):
+        return RULE_NOT_TASK
     return None
 
 

@@ -67,7 +67,7 @@ def evolution_id(parent_id: str, round_no: int, operation: str) -> str:
 
 
 _LABEL = re.compile(
-    r"^\s*#*\s*(the\s+)?(rewritten|created|new)\s+(prompt|question|instruction)\s*(#+\s*:?|:)\s*",
+    r"^\s*#*\s*(the\s+)?(rewritten|created|new|rewrite)\s+(prompt|question|instruction|task)\s*(#+\s*:?|:)\s*",
     re.I,
 )
 
@@ -119,7 +119,11 @@ def evolve_record(
         rule = rules.answer_rule(evo.answer, cfg.sorry_max_words)
         if rule:
             return _eliminate(evo, rule)
-    if cfg.equal_check:
+    if cfg.equal_check and cfg.equal_judge == "words":
+        evo.judge_verdict = "equal" if rules.adds_no_information(parent_text, evo.instruction) else "not_equal"
+        if evo.judge_verdict == "equal":
+            return _eliminate(evo, rules.RULE_EQUAL)
+    elif cfg.equal_check:
         verdict_res = call("judge", prompts.equal_messages(parent_text, evo.instruction), "equal",
                            max_tokens=rules.EQUAL_JUDGE_MAX_TOKENS, temperature=0.0, schema=rules.EqualVerdict)
         verdict = rules.parse_equal_reply(verdict_res.text)

@@ -1,9 +1,9 @@
 """Every prompt template of Evol-Instruct, in one file (change a prompt here).
 
-In-depth operations and the in-breadth template follow WizardLM; the downward
-templates follow WizardMath; the code operations follow WizardCoder. The
-rewriter rule (10 to 20 added words; never the words 'given prompt' or
-'rewritten prompt') is part of every upward template.
+The operations are the published ones: in-depth and in-breadth from WizardLM, the downward ones from WizardMath,
+the code operations from WizardCoder, each with its method sentence; the rewriter rules (10 to 20 added words for
+an upward rewrite; never the template's words) are in every request. How they are asked (a system turn, one worked
+example, then the request) is evolforge's: see the note above `SYSTEM`.
 The answer prompt (what the answer model, and later the policy at SFT, PPO and eval, is asked) lives in
 tasks/problems/prompts.py and is re-exported here for the evolution.
 """
@@ -14,29 +14,30 @@ from evolforge.tasks.problems.prompts import answer_messages as answer_messages
 
 # Markers: substrings each kind of prompt contains (the templates below are built from them, so they cannot
 # drift apart); the scripted test server (testing/scripted_server.py) recognises a stage's request by them.
-MARKER_EVOLVE_REWRITE = "#Rewritten Prompt#:"  # the in-depth (up) and the `easier` (down) rewrites
-MARKER_EVOLVE_CREATE = "#Created Prompt#:"  # in-breadth and `new_easier_topic` (down): a brand-new prompt
-MARKER_EVOLVE_CODE = "#Rewritten Question#:"  # the code operations (WizardCoder)
+MARKER_EVOLVE_REWRITE = "Rewritten task:"  # the in-depth (up) and the `easier` (down) rewrites
+MARKER_EVOLVE_CREATE = "Created task:"  # in-breadth and `new_easier_topic` (down): a brand-new task
+MARKER_EVOLVE_CODE = "Rewritten question:"  # the code operations (WizardCoder)
 MARKER_EVOLVE = (MARKER_EVOLVE_REWRITE, MARKER_EVOLVE_CREATE, MARKER_EVOLVE_CODE)  # one of them: an evolve prompt
 MARKER_EQUAL_JUDGE = "Your Judgement (Just answer: Equal or Not Equal. No need to explain the reason.):"
 
-DEPTH_BASE = (
-    "I want you to act as a Prompt Rewriter.\n"
-    "Your objective is to rewrite a given prompt into a more complex version to make those famous AI systems "
-    "(e.g., chatgpt and GPT4) a bit harder to handle.\n"
-    "But the rewritten prompt must be reasonable and must be understood and responded by humans.\n"
-    "Your rewriting cannot omit the non-text parts such as the table and code in #The Given Prompt#. "
-    "Also, please do not omit the input in #The Given Prompt#.\n"
-    "You SHOULD complicate the given prompt using the following method:\n"
-    "{method}\n"
-    "You should try your best not to make the #Rewritten Prompt# become verbose, "
-    "#Rewritten Prompt# can only add 10 to 20 words into #The Given Prompt#.\n"
-    "'#The Given Prompt#', '#Rewritten Prompt#', 'given prompt' and 'rewritten prompt' are not allowed to appear "
-    "in #Rewritten Prompt#\n"
-    "#The Given Prompt#:\n{instruction}\n"
-    + MARKER_EVOLVE_REWRITE + "\n"
+# How a rewrite is asked. The published templates (WizardLM, WizardMath, WizardCoder) put the whole job in one
+# long user turn that ends in '#Rewritten Prompt#:'; a small model (the embedded 135M one) then echoes the template,
+# answers the task or writes a poem (measured: 19 of 60 rewrites of the sample seeds passed the rules). Here the
+# same operations and rules are asked in three parts, which a small model follows far more often (24 of 60, and
+# most of those are instructions; BENCHMARKS.md, "The sample run"):
+#   1. a system turn: the role and the rules (reply with the new task only; never answer it; no template words);
+#   2. one worked example of the same kind of operation, as a user turn and the assistant's reply;
+#   3. the real request: the operation's published method sentence and the instruction to evolve.
+# A capable model gets the same information as from the published templates.
+SYSTEM = (
+    "You rewrite tasks for an AI assistant. Your whole reply is the new task, written as a question or a request "
+    "that a person could answer. Never answer or solve the task, never explain what you changed, and never write "
+    "the words 'given prompt', 'rewritten prompt' or 'new task'."
 )
 
+ASK = "{lead}\nMethod: {method}\n{limit}Reply with the new task only.\n\nTask: {instruction}\n\n{marker}"
+
+# the published method sentences of the in-depth operations (WizardLM)
 DEPTH_METHODS = {
     "add_constraints": "Please add one more constraints/requirements into #The Given Prompt#.",
     "deepening": "If #The Given Prompt# contains inquiries about certain issues, the depth and breadth of the inquiry can be increased.",
@@ -46,53 +47,45 @@ DEPTH_METHODS = {
     "complicate_input": "Please add structured input data to #The Given Prompt#, such as a table, a piece of code, "
     "a formula, JSON or XML, and make the task depend on it.",
 }
-
-BREADTH = (
-    "I want you to act as a Prompt Creator.\n"
-    "Your goal is to draw inspiration from the #Given Prompt# to create a brand new prompt.\n"
-    "This new prompt should belong to the same domain as the #Given Prompt# but be even more rare.\n"
-    "The LENGTH and complexity of the #Created Prompt# should be similar to that of the #Given Prompt#.\n"
-    "The #Created Prompt# must be reasonable and must be understood and responded by humans.\n"
-    "'#Given Prompt#', '#Created Prompt#', 'given prompt' and 'created prompt' are not allowed to appear in #Created Prompt#\n"
-    "#Given Prompt#:\n{instruction}\n"
-    + MARKER_EVOLVE_CREATE + "\n"
-)
-
+# the in-breadth operation (WizardLM) and the downward ones (WizardMath), in the same sentence form
+BREADTH_METHOD = ("Draw inspiration from the task to create a brand new task. It should belong to the same domain "
+                  "but be even more rare, with similar length and complexity.")
 DOWN = {
-    "easier": (
-        "I want you to act as a Prompt Rewriter.\n"
-        "Your objective is to rewrite a given question into an easier version that a student who finds the original "
-        "too hard could solve, keeping it reasonable and answerable.\n"
-        "Make the numbers smaller or remove one step or one condition.\n"
-        "'#The Given Prompt#', '#Rewritten Prompt#', 'given prompt' and 'rewritten prompt' are not allowed to appear "
-        "in #Rewritten Prompt#\n"
-        "#The Given Prompt#:\n{instruction}\n"
-        + MARKER_EVOLVE_REWRITE + "\n"
-    ),
-    "new_easier_topic": (
-        "I want you to act as a Prompt Creator.\n"
-        "Draw inspiration from the #Given Prompt# to write a brand new question on a different topic that is "
-        "easier to solve than the #Given Prompt#.\n"
-        "'#Given Prompt#', '#Created Prompt#', 'given prompt' and 'created prompt' are not allowed to appear in #Created Prompt#\n"
-        "#Given Prompt#:\n{instruction}\n"
-        + MARKER_EVOLVE_CREATE + "\n"
-    ),
+    "easier": "Rewrite the task into an easier version that a student who finds the original too hard could solve: "
+              "make the numbers smaller or remove one step or one condition.",
+    "new_easier_topic": "Draw inspiration from the task to write a brand new task on a different topic that is "
+                        "easier to solve.",
 }
-
-CODE_BASE = (
-    "Please increase the difficulty of the given programming test question a bit.\n\n"
-    "You can increase the difficulty using, but not limited to, the following methods:\n"
-    "{method}\n\n"
-    "#Given Question#:\n{instruction}\n\n"
-    + MARKER_EVOLVE_CODE + "\n"
-)
-
+# the code operations (WizardCoder)
 CODE_METHODS = {
     "code_add_constraints": "Add new constraints and requirements to the original problem, adding approximately 10 additional words.",
     "code_specific_requirement": "Replace a commonly used requirement in the programming task with a less common and more specific one.",
     "code_more_reasoning": "If the original problem can be solved with only a few logical steps, please add more reasoning steps.",
     "code_erroneous_reference": "Provide a piece of erroneous code as a reference to increase misdirection.",
     "code_complexity": "Propose higher time or space complexity requirements, but please refrain from doing so frequently.",
+}
+
+# One worked example per kind of operation: (lead, limit, marker, example task, example reply).
+_UP_LIMIT = "Add only 10 to 20 words to the task.\n"
+KINDS = {
+    "up": ("Rewrite the task into a more complex version that is still reasonable and answerable.", _UP_LIMIT,
+           MARKER_EVOLVE_REWRITE,
+           "Tom has 15 marbles. He gives 6 to his sister. How many marbles does he have now?",
+           "Tom has 15 marbles. He gives 6 to his sister and then buys twice as many as he gave away. How many "
+           "marbles does he have now?"),
+    "breadth": ("Create a brand new task.", "", MARKER_EVOLVE_CREATE,
+                "Write a haiku about the sea.",
+                "Write a haiku about a lighthouse keeper's last night before the light is automated."),
+    "easier": ("Rewrite the task into an easier version.", "", MARKER_EVOLVE_REWRITE,
+               "A shop sells pens at $1.20 each with 15% off for orders over 50 pens. What do 60 pens cost?",
+               "A shop sells pens at $1 each. What do 6 pens cost?"),
+    "new_easier_topic": ("Create a brand new, easier task.", "", MARKER_EVOLVE_CREATE,
+                         "A shop sells pens at $1.20 each with 15% off for orders over 50 pens. What do 60 pens cost?",
+                         "Anna has 3 apples and picks 2 more. How many apples does she have?"),
+    "code": ("Increase the difficulty of the programming question a bit.", "", MARKER_EVOLVE_CODE,
+             "Write a Python function that returns the largest number in a list.",
+             "Write a Python function that returns the second largest distinct number in a list, or None if there "
+             "is none, without sorting the list."),
 }
 
 EQUAL_JUDGE = (
@@ -119,23 +112,42 @@ UP_OPERATIONS = list(DEPTH_METHODS)
 DOWN_OPERATIONS = list(DOWN)
 CODE_OPERATIONS = list(CODE_METHODS)
 
-# Strings that may never appear in an evolved instruction (elimination rule 4).
+# Strings that may never appear in an evolved instruction (elimination rule 4): the template words of the published
+# prompts and of these.
 FORBIDDEN_COPIES = ("#the given prompt#", "#rewritten prompt#", "given prompt", "rewritten prompt",
-                    "#created prompt#", "created prompt", "#given question#", "#rewritten question#")
+                    "#created prompt#", "created prompt", "#given question#", "#rewritten question#",
+                    "rewritten task:", "created task:", "rewritten question:")
+
+
+# The first words of every method sentence, lower-case: a rewrite that repeats one copies the template (rule 4).
+METHOD_OPENINGS = tuple(" ".join(m.lower().split()[:8]) for m in (*DEPTH_METHODS.values(), BREADTH_METHOD,
+                                                                     *DOWN.values(), *CODE_METHODS.values()))
+
+
+def _kind(operation: str) -> tuple[str, str]:
+    """(kind of worked example, the operation's method sentence)."""
+    if operation in DEPTH_METHODS:
+        return "up", DEPTH_METHODS[operation].replace("#The Given Prompt#", "the task")
+    if operation == "in_breadth":
+        return "breadth", BREADTH_METHOD
+    if operation in DOWN:
+        return operation, DOWN[operation]
+    if operation in CODE_METHODS:
+        return "code", CODE_METHODS[operation]
+    raise ValueError(f"unknown evolution operation {operation!r}")
 
 
 def evolve_messages(operation: str, instruction: str) -> list[dict]:
-    if operation in DEPTH_METHODS:
-        text = DEPTH_BASE.format(method=DEPTH_METHODS[operation], instruction=instruction)
-    elif operation == "in_breadth":
-        text = BREADTH.format(instruction=instruction)
-    elif operation in DOWN:
-        text = DOWN[operation].format(instruction=instruction)
-    elif operation in CODE_METHODS:
-        text = CODE_BASE.format(method=CODE_METHODS[operation], instruction=instruction)
-    else:
-        raise ValueError(f"unknown evolution operation {operation!r}")
-    return [{"role": "user", "content": text}]
+    """The rewrite request of one operation: the rules, one worked example of its kind, then the instruction."""
+    kind, method = _kind(operation)
+    lead, limit, marker, example, reply = KINDS[kind]
+
+    def ask(text: str) -> str:
+        return ASK.format(lead=lead, method=method, limit=limit, instruction=text, marker=marker)
+
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": ask(example)}, {"role": "assistant", "content": reply},
+            {"role": "user", "content": ask(instruction)}]
 
 
 def equal_messages(parent: str, child: str) -> list[dict]:

@@ -25,6 +25,7 @@ from evolforge.storage.fs import AnyPath
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import LedgerTail
 from evolforge.tasks.core.reporting import markdown_table, usd
+from evolforge.tasks.evolve.elimination import rule_words
 from evolforge.tasks.report.card import as_yaml, card_cost, card_models, common_sections
 
 ROUND_KEYS = ("round", "attempts", "accepted", "eliminated", "errors", "survival", "by_rule", "by_operation", "calls",
@@ -67,6 +68,36 @@ class RoundCosts:
         return self.tally.add(self.tail.new_rows()).cost_of(ids)
 
 
+LOW_SURVIVAL = 0.25  # under this share of accepted attempts, the run's reports say why and what to do
+
+
+def rules_in_words(by_rule: dict) -> str:
+    """Eliminations of a round in plain words, most frequent first: '19 copied the ...; 10 no more demanding ...'."""
+    items = sorted(by_rule.items(), key=lambda kv: (-kv[1], kv[0] or ""))
+    return "; ".join(f"{n} {rule_words(rule or '(no rule)')}" for rule, n in items) or "none"
+
+
+def survival_note(summary: dict) -> str | None:
+    """A note when few attempts survived, naming the main reason and, on the embedded model, the way out."""
+    rounds = summary.get("rounds") or []
+    attempts = sum(r["attempts"] for r in rounds)
+    accepted = sum(r["accepted"] for r in rounds)
+    if not attempts or accepted / attempts >= LOW_SURVIVAL:
+        return None
+    by_rule: dict[str, int] = defaultdict(int)
+    for r in rounds:
+        for rule, n in (r.get("by_rule") or {}).items():
+            by_rule[rule] += n
+    main = max(by_rule.items(), key=lambda kv: kv[1])[0] if by_rule else None
+    text = (f"only {accepted} of {attempts} rewrites survived ({accepted / attempts:.0%})"
+            + (f"; most were eliminated because the rewrite {rule_words(main)}" if main else "") + ".")
+    if str(summary.get("endpoint", "")).startswith("embedded"):
+        text += (" This is expected of the embedded 135M model, which proves the pipeline end to end but often "
+                 "fails to rewrite; point the gateway at a real model (--base-url or [gateway] base_url) for data "
+                 "worth training on.")
+    return text
+
+
 def round_summary(table: dict) -> dict:
     """A round as summary.json's `rounds` lists it (a round table with its cost_usd)."""
     return {k: table[k] for k in ROUND_KEYS}
@@ -85,7 +116,8 @@ def round_rows(table: dict, cost_usd: float | None = None) -> list[dict]:
                  "prompt_tokens": table["prompt_tokens"], "completion_tokens": table["completion_tokens"],
                  "cost_usd": "unpriced" if cost_usd is None else round(cost_usd, 6)})
     for rule, n in sorted(table["by_rule"].items()):
-        rows.append({"round": table["round"], "operation": f"eliminated: {rule}", "direction": "", "attempts": n,
+        rows.append({"round": table["round"], "operation": f"eliminated: {rule_words(rule)}", "direction": "",
+                     "attempts": n,
                      "accepted": "", "survival": "", "prompt_tokens": "", "completion_tokens": "", "cost_usd": ""})
     return rows
 
@@ -96,9 +128,11 @@ def markdown(summary: dict) -> str:
              f"Output folder: `{summary['out_dir']}`  ", f"Endpoint: `{summary['endpoint']}`", "",
              "## Rounds", ""]
     lines += markdown_table(
-        ["round", "attempts", "accepted", "eliminated", "errors", "survival", "removed by rule"],
+        ["round", "attempts", "accepted", "eliminated", "errors", "survival", "eliminated because the rewrite"],
         [[r["round"], r["attempts"], r["accepted"], r["eliminated"], r["errors"], f"{r['survival']:.1%}",
-          ", ".join(f"{k}: {v}" for k, v in sorted(r["by_rule"].items())) or "-"] for r in summary["rounds"]])
+          rules_in_words(r["by_rule"])] for r in summary["rounds"]])
+    if note := survival_note(summary):
+        lines += ["", f"**Survival:** {note}"]
     cost = summary["cost"]
     lines += ["", "## Cost per stage", "", f"Total: {usd(cost.get('cost_usd'))} over {cost.get('attempts', 0)} attempts "
               f"({cost.get('failed_attempts', 0)} failed); prices from: {', '.join(cost.get('price_sources', [])) or '-'}",
@@ -130,9 +164,11 @@ def card(summary: dict, settings: dict) -> dict:
         "generation": {"evol_instruct": evo, "models": settings.get("models", {})},
         "models": card_models(summary["cost"]), "cost": card_cost(summary["cost"]),
     }
-    rounds = ["| round | attempts | accepted | survival | eliminated by rule |", "|---|---|---|---|---|"] + [
-        f"| {r['round']} | {r['attempts']} | {r['accepted']} | {r['survival']:.1%} | "
-        f"{', '.join(f'{k}: {v}' for k, v in sorted(r['by_rule'].items())) or '-'} |" for r in summary["rounds"]]
+    rounds = ["| round | attempts | accepted | survival | eliminated because the rewrite |", "|---|---|---|---|---|"] + [
+        f"| {r['round']} | {r['attempts']} | {r['accepted']} | {r['survival']:.1%} | {rules_in_words(r['by_rule'])} |"
+        for r in summary["rounds"]]
+    if note := survival_note(summary):
+        rounds += ["", f"Survival: {note}"]
     sections = {
         "Lineage": [f"Seeds: `{summary.get('seeds')}`, evolved over {len(summary['rounds'])} Evol-Instruct round(s) "
                     "(in-depth and in-breadth operations, each attempt judged and eliminated by rule). Every record "
@@ -220,6 +256,13 @@ def survival_by_operation(rounds: list[dict]) -> bytes:
     return empty_plot("Survival by operation and round", "no evolution attempts") if fig is None else png(fig)
 
 
+def _wrap(text: str, width: int = 34) -> str:
+    """A rule's words on lines of about `width` characters (a bar label)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
 def eliminations_by_rule(rounds: list[dict]) -> bytes:
     """Attempts eliminated per rule, stacked by round (horizontal bars: rule names stay readable)."""
     from evolforge.tasks.report.plots import COLORS, empty_plot, plt, png
@@ -228,12 +271,12 @@ def eliminations_by_rule(rounds: list[dict]) -> bytes:
     counts: dict[str, dict[int, int]] = defaultdict(dict)
     for t in rounds:
         for rule, n in (t.get("by_rule") or {}).items():
-            counts[rule or "(no rule)"][t["round"]] = n
+            counts[_wrap(rule_words(rule or "(no rule)"))][t["round"]] = n
     if not counts:
         return empty_plot(title, "nothing was eliminated")
     rules = sorted(counts, key=lambda r: sum(counts[r].values()))
     round_nos = sorted({r for c in counts.values() for r in c})
-    fig, ax = plt.subplots(figsize=(7, 1.6 + 0.45 * len(rules)))
+    fig, ax = plt.subplots(figsize=(8, 1.6 + 0.6 * len(rules)))
     left = [0] * len(rules)
     for k, rno in enumerate(round_nos):
         vals = [counts[rule].get(rno, 0) for rule in rules]

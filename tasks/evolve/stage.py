@@ -143,14 +143,20 @@ def retry_lines(retried: dict) -> list[str]:
 
 def present(summary: dict, params: EvolveParams) -> str:
     """What `evolforge run` (and `evolforge retry`) prints when the run is done: rounds, datasets, cost per stage."""
+    from evolforge.tasks.evolve.elimination import rule_words
+    from evolforge.tasks.evolve.report import survival_note
+
     retried = summary.get("retry") or {}
     if retried.get("nothing_to_retry"):
         return f"nothing to retry in {RunLayout(params.out).root}: every batch finished without errors"
     cost = summary["cost"].get("cost_usd")
     lines = [*retry_lines(retried), "", "== evolforge run complete =="]
     for r in summary["rounds"]:
-        lines.append(f"round {r['round']}: {r['accepted']}/{r['attempts']} accepted (survival {r['survival']:.0%}), "
-                     f"eliminated by rule: {r['by_rule'] or '-'}")
+        lines.append(f"round {r['round']}: {r['accepted']}/{r['attempts']} accepted (survival {r['survival']:.0%})")
+        lines += [f"  {n:>4} eliminated: {rule_words(rule)}"
+                  for rule, n in sorted(r["by_rule"].items(), key=lambda kv: (-kv[1], kv[0] or ""))]
+    if note := survival_note(summary):
+        lines.append(f"note: {note}")
     if summary.get("rounds_note"):
         lines.append(f"note: {summary['rounds_note']}")
     lines += [
