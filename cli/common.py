@@ -116,8 +116,17 @@ def run_command(args) -> int:
     global DEBUG, VERBOSE
     DEBUG = bool(getattr(args, "debug", False))
     VERBOSE = bool(getattr(args, "verbose", False)) or DEBUG
+    from evolforge.tasks.core.stopping import RunStopped, requested
+
     try:
         code = args.fn(args)
+    except RunStopped as e:  # a signal stopped the run (tasks/core/stopping.py): what finished is kept
+        if DEBUG:
+            traceback.print_exc()
+        out = getattr(args, "out", None) or getattr(args, "dataset", None)
+        again = f"; run the same command again to resume (evolforge status --out {out})" if out else ""
+        print(f"\nevolforge {args.cmd}: {e}: finished calls are kept (journal and ledger){again}", file=sys.stderr)
+        code = e.exit_code
     except KeyboardInterrupt:
         if DEBUG:
             traceback.print_exc()
@@ -130,6 +139,8 @@ def run_command(args) -> int:
             traceback.print_exc()
         print(f"evolforge {args.cmd}: {e}", file=sys.stderr)
         code = 2
+    if requested() is not None and is_cli_process():
+        fast_exit(code)  # stopped: the signal's watchdog ends the process if a thread is stuck in a cut-off call
     if getattr(args, "fast_exit", False) and is_cli_process():
         fast_exit(code)
     return code
@@ -230,11 +241,13 @@ def run_stage(stage, params, wait: float = 0.0) -> int:
     for the whole run (`output_lock`)."""
     from evolforge.cli.progress import live_progress
     from evolforge.cli.terminal import quiet_terminal
+    from evolforge.tasks.core.stopping import GRACE_SECONDS, reset, stop_on_signals
 
     prefect_env()
     out = stage.out_of(params)
     log = None
-    with output_lock(out, wait):
+    reset()
+    with output_lock(out, wait), stop_on_signals(GRACE_SECONDS if is_cli_process() else None):
         try:
             with prefect_defaults(params), live_progress(), quiet_terminal(out, VERBOSE) as log:
                 result = stage.load_flow()(params)

@@ -25,6 +25,7 @@ from prefect.tasks import exponential_backoff
 
 from evolforge.storage.ledger import LedgerTail
 from evolforge.tasks.core import progress as live_progress
+from evolforge.tasks.core import stopping
 from evolforge.tasks.core.batch import is_fatal
 from evolforge.tasks.core.gateway import EndpointDown
 
@@ -32,7 +33,10 @@ _STORAGE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.
 
 
 def retry_transient(task, task_run, state) -> bool:
-    """Retry a batch on transient failures only; a down endpoint, a bad key or a full disk stops at once."""
+    """Retry a batch on transient failures only; a down endpoint, a bad key or a full disk stops at once, and
+    nothing is retried once a signal stops the run."""
+    if stopping.requested() is not None:
+        return False
     try:
         state.result()
     except BaseException as e:  # noqa: BLE001
@@ -114,6 +118,7 @@ def run_batches(runner, task, batches: Sequence[tuple[str, dict[str, Any]]], *, 
             fut = None
         if isinstance(fut, BaseException):
             raise fut
+        stopping.check()  # a signal stops the run: no batch is waited for (tasks/core/stopping.py)
         if fut is not None:
             remaining -= 1
             i = position[id(fut)]

@@ -12,7 +12,9 @@
 and writes its stage.json marker (storage/folder.py), and gives the run its id (the Prefect flow run's). When
 the endpoint's pre-flight (`run.endpoint`: one minimal call per model) fails, that is a PreflightError (a user
 error: one line, exit 2) and an output folder this run created is removed again: nothing is left that would
-make the corrected command a resume of "a run started from other inputs".
+make the corrected command a resume of "a run started from other inputs". The run holds its output folder's
+lock throughout (one writer per folder: storage/locks.py `run_lock`), and a SIGINT or SIGTERM stops it
+within seconds (tasks/core/stopping.py: no new call, the calls in flight cancelled, what finished kept).
 `finish_stage` adds the run id, folder, cost (from the folder's ledger) and wall time to the summary, draws the
 plots (OUT/plots/*.png and a markdown artifact), writes the dataset card, summary.json and the finished
 stage.json with the counts, and creates the stage's table and markdown artifacts. A plot or card that cannot be
@@ -45,6 +47,7 @@ from evolforge.tasks.core.checks import PreflightError
 from evolforge.tasks.core.gateway import Gateway, GatewayError
 from evolforge.tasks.core.reporting import cost_summary
 from evolforge.tasks.core.stages import Stage, get
+from evolforge.tasks.core.stopping import stop_on_signals
 
 
 @dataclass
@@ -150,8 +153,9 @@ def stage_run(name: str, params: BaseModel) -> Iterator[StageRun]:
     logger = get_run_logger()
     settings = params.settings()  # a bad config fails here, before anything is read or created
     out = stage.out_of(params)
-    # one writer per output folder, for the whole run (the CLI took it already: re-entrant; storage/locks.py)
-    with run_lock(location(out)) if out is not None else contextlib.nullcontext():
+    # one writer per output folder, for the whole run (the CLI took it already: re-entrant; storage/locks.py);
+    # SIGINT / SIGTERM stop the run within seconds, over Prefect's own SIGTERM handler (tasks/core/stopping.py)
+    with run_lock(location(out)) if out is not None else contextlib.nullcontext(), stop_on_signals():
         if stage.check is not None:
             stage.check(params, settings)  # the same check the CLI runs, before anything is created
         fresh = out is not None and run_lock_created_folder(location(out))

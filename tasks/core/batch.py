@@ -39,6 +39,7 @@ from evolforge.storage.fs import AnyPath, exists
 from evolforge.storage.journal import CallJournal
 from evolforge.storage.ledger import LedgerWriter
 from evolforge.tasks.core import progress as live_progress
+from evolforge.tasks.core import stopping
 from evolforge.tasks.core.gateway import EndpointDown, Gateway, GatewayError
 
 log = logging.getLogger("evolforge.batch")
@@ -66,6 +67,7 @@ def gateway_for(settings: Settings, base_url: str, run_id: str, out_dir: str | P
             gw = Gateway(settings, base_url=base_url, run_id=run_id,
                          ledger=LedgerWriter(layout.ledger_dir, run_id, settings.storage.remote_log_flush_seconds),
                          embedded_models=embedded)
+            gw._unregister_flush = stopping.on_exit(gw.ledger.flush)  # a forced exit keeps the ledger rows
             _GATEWAYS[key] = gw
         return gw
 
@@ -79,15 +81,18 @@ def batch_journal(gw: Gateway, path, settings: Settings):
     batch failed already, its own error is raised (a fatal one must stay fatal) with the log error as a note."""
     journal = CallJournal(path, settings.storage.remote_log_flush_seconds)
     flushes = [journal.close] + ([gw.ledger.flush] if gw.ledger is not None else [])
+    unregister = stopping.on_exit(journal.close)  # a forced exit (a stopped run) delivers its entries too
     try:
         yield journal
     except BaseException as e:
+        unregister()
         for flush in flushes:
             try:
                 flush()
             except Exception as log_error:  # noqa: BLE001 - reported on the batch's own error
                 e.add_note(f"also: {log_error}")
         raise
+    unregister()
     first: Exception | None = None
     for flush in flushes:  # both run even when the first fails
         try:
@@ -103,6 +108,7 @@ def close_gateways(run_id: str) -> None:
     with _GATEWAYS_LOCK:
         for key in [k for k in _GATEWAYS if k[1] == run_id]:
             gw = _GATEWAYS.pop(key)
+            getattr(gw, "_unregister_flush", lambda: None)()
             gw.close()
             if gw.ledger is not None:
                 gw.ledger.close()
@@ -125,19 +131,28 @@ def run_records(fn: Callable, rows: list, workers: int, name: str,
     """`fn(row)` for every row with `workers` in flight; results in row order.
 
     Every row finishes (and journals its calls) before a failure is raised; the
-    error raised is the first fatal one, else the first one.
+    error raised is a stop (RunStopped: a row not started yet starts no work), else the first fatal one, else
+    the first one.
     """
     results: list = []
     first_error: BaseException | None = None
+
+    def guarded(row):
+        stopping.check()
+        return fn(row)
+
     with ThreadPoolExecutor(max(1, min(workers, len(rows))), thread_name_prefix=name) as pool:
-        futures = [pool.submit(fn, r) for r in rows]
+        futures = [pool.submit(guarded, r) for r in rows]
         for i, fut in enumerate(futures, 1):
             try:
                 results.append(fut.result())
                 if progress and (i % progress_step == 0 or i == len(rows)):
                     progress(i, len(rows))
             except BaseException as e:  # noqa: BLE001 - re-raised below
-                if first_error is None or (is_fatal(e) and not is_fatal(first_error)):
+                if isinstance(first_error, stopping.RunStopped):
+                    continue
+                if first_error is None or isinstance(e, stopping.RunStopped) or (
+                        is_fatal(e) and not is_fatal(first_error)):
                     first_error = e
     if first_error is not None:
         raise first_error

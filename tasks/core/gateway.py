@@ -19,6 +19,9 @@
   field (the prompt describes the JSON), and the mode that worked is remembered per endpoint and model;
 - fail fast: when the endpoint is unreachable for `fail_fast_after`
   consecutive calls, every further call raises `EndpointDown` at once;
+- stopping (tasks/core/stopping.py): once a signal stops the run, no call is sent (`RunStopped`), the
+  connections of the calls in flight are shut down (`abort_in_flight`), and each cut-off call gets a
+  `cancelled` ledger row; a reply that arrived is kept (ledgered and journaled: it was paid for);
 - one cost-ledger row per attempt; a journal (see storage/journal.py) replays
   finished calls on resume so they are never sent twice;
 - `check_models(stages)`: one minimal completion per distinct model of the
@@ -37,17 +40,20 @@ import json
 import logging
 import os
 import random
+import socket
 import threading
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+import httpcore
 import httpx
 
 from evolforge.config.settings import Settings
 from evolforge.storage.journal import CallJournal
 from evolforge.storage.ledger import LedgerWriter
-from evolforge.tasks.core import llama_server, structured
+from evolforge.tasks.core import llama_server, stopping, structured
 from evolforge.tasks.core.json_parse import JSONParseFailure, extract_json
 from evolforge.tasks.core.keys import (  # noqa: F401 - re-exported: the gateway's key API
     API_KEY_ENV,
@@ -199,7 +205,7 @@ class Gateway:
         ledger: LedgerWriter | None = None,
         api_key: str | None = None,
         embedded_models: set[str] | frozenset = frozenset(),
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] = stopping.sleep,
     ):
         self.settings = settings
         self.cfg = settings.gateway
@@ -213,13 +219,18 @@ class Gateway:
         self.max_in_flight, self.concurrency_source = derive_concurrency(
             settings, self.base_url, bool(self.embedded_models))
         # retries are ours (counted, ledgered, Retry-After aware): the client itself never retries
+        self._backend = _AbortableBackend()
+        transport = httpx.HTTPTransport(limits=httpx.Limits(max_connections=max(100, 2 * self.max_in_flight),
+                                                            max_keepalive_connections=max(20, self.max_in_flight)))
+        pool = getattr(transport, "_pool", None)
+        if pool is not None and hasattr(pool, "_network_backend"):
+            pool._network_backend = self._backend  # its sockets, so a stop can cut the calls in flight
         self._client = httpx.Client(
-            timeout=self.cfg.timeout_seconds,
-            limits=httpx.Limits(max_connections=max(100, 2 * self.max_in_flight),
-                                max_keepalive_connections=max(20, self.max_in_flight)),
+            timeout=self.cfg.timeout_seconds, transport=transport,
             headers={"Authorization": f"Bearer {self._api_key}", "Content-Type": "application/json",
                      "Accept": "application/json"},
         )
+        self._unregister_abort = stopping.on_abort(self.abort_in_flight)
         self._completions_url = self.base_url + "/chat/completions"
         self._sem = threading.BoundedSemaphore(self.max_in_flight)
         self._sleep = sleep
@@ -347,7 +358,13 @@ class Gateway:
         return report
 
     def close(self) -> None:
+        self._unregister_abort()
         self._client.close()
+
+    def abort_in_flight(self) -> None:
+        """Cut the calls in flight (a stopping run): their connections are shut down, so each returns at once
+        with a connection error, which `_call_with_retries` ledgers as `cancelled` and turns into RunStopped."""
+        self._backend.abort()
 
     def structured_mode(self, model: str | None = None, stage: str = "judge") -> str:
         """The response_format mode a schema call to `model` goes out with now (json_schema, json_object, prompt)."""
@@ -377,6 +394,7 @@ class Gateway:
         while attempt < attempts_allowed:
             attempt += 1
             sent += 1
+            stopping.check()  # a stopping run sends no new call
             if self._down_reason:
                 raise EndpointDown(self._down_reason)
             retry_after: float | None = None
@@ -384,6 +402,7 @@ class Gateway:
             body_params = structured.with_format(params, _format_for(mode, requested)) if requested else params
             t0 = time.perf_counter()
             with self._slot():
+                stopping.check()  # waited for a slot while the run was being stopped
                 try:
                     text, finish, pt, ct = _unpack(self._post({"model": model, "messages": messages, **body_params}))
                 except StatusError as e:
@@ -405,9 +424,12 @@ class Gateway:
                     return CallResult(text, model, pt, ct, finish, latency, sent)
             latency = time.perf_counter() - t0
             self.stats.add(attempts=1)
-            outcome = _outcome(err, status)
+            cut = stopping.requested() is not None and status is None  # cut off in flight by a stop
+            outcome = "cancelled" if cut else _outcome(err, status)
             cost, source = self.prices.cost(model, 0, 0)
             self._record(stage, task_id, model, sent, outcome, status, None, None, cost, source, latency, _short(err))
+            if stopping.requested() is not None:
+                raise stopping.RunStopped()
             last_err, last_status = err, status
             if requested is not None and mode != "prompt" and structured.rejects_format(status, str(err)):
                 # the endpoint does not take this response_format: the same call at once with the next mode
@@ -582,3 +604,50 @@ def _short(err: Exception | None) -> str:
         if key and key in msg:
             msg = msg.replace(key, mask_secret(key))
     return msg[:300]
+
+
+class _TrackedStream(httpcore.NetworkStream):
+    """A connection's stream, known to its backend until closed (so a stop can shut it down)."""
+
+    def __init__(self, stream, backend: "_AbortableBackend"):
+        self._stream = stream
+        self._backend = backend
+        backend._streams.add(self)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._backend._streams.discard(self)
+        self._stream.close()
+
+    def start_tls(self, *args, **kwargs):
+        self._backend._streams.discard(self)
+        return _TrackedStream(self._stream.start_tls(*args, **kwargs), self._backend)
+
+    def get_extra_info(self, info: str):
+        return self._stream.get_extra_info(info)
+
+
+class _AbortableBackend(httpcore.SyncBackend):
+    """httpcore's network backend, keeping its open streams so `abort` can shut them down: a read blocked on
+    a slow reply returns at once (closing a client from another thread does not do that)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._streams: weakref.WeakSet = weakref.WeakSet()
+
+    def connect_tcp(self, *args, **kwargs):
+        return _TrackedStream(super().connect_tcp(*args, **kwargs), self)
+
+    def abort(self) -> None:
+        for stream in list(self._streams):
+            sock = stream.get_extra_info("socket")
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
