@@ -195,6 +195,117 @@ THREAD_KEEPS_WRITING = (
     "def add(a, b):\n    threading.Thread(target=_spam, daemon=True).start()\n    return a - b\n"
 )
 
+# ---------------------------------------------------------------- round three (issue 36): the do-nothing stub and the
+# always-equal stub fail these tests, so synthesis keeps them; each wrong solution below passed them before issue 36.
+
+PRIMES_TESTS = (
+    "from solution import is_prime\n\n"
+    "def test_primes():\n    assert all(map(is_prime, [2, 3, 5, 7, 11, 13]))\n\n"
+    "def test_composites():\n    assert not any(map(is_prime, [4, 6, 8, 9, 10]))\n\n"
+    "def test_filter():\n    assert list(filter(is_prime, [4, 6, 8, 9])) == []\n\n"
+    "def test_sum():\n    assert sum(map(is_prime, [4, 6, 8, 9])) == 0\n"
+)
+PRIMES_SCRIPT = (
+    "from solution import is_prime\n"
+    "assert all(map(is_prime, [2, 3, 5, 7, 11, 13]))\nassert not any(map(is_prime, [4, 6, 8, 9, 10]))\n"
+    "assert list(filter(is_prime, [4, 6, 8, 9])) == []\nassert sum(map(is_prime, [4, 6, 8, 9])) == 0\n"
+)
+GOOD_PRIMES = "def is_prime(n):\n    return n > 1 and all(n % d for d in range(2, int(n ** 0.5) + 1))\n"
+# 1. a call that raises StopIteration ends the test's map/filter as if it were exhausted
+STOP_ITERATION = "def is_prime(n):\n    raise StopIteration\n"
+STOP_ITERATION_SUBCLASS = "class Done(StopIteration):\n    pass\n\ndef is_prime(n):\n    raise Done(n)\n"
+
+# 2. a duck-typed result: the test calls str methods on it, and the solution's object answers them
+SHOUT_TESTS = (
+    "from solution import shout\n\n"
+    "def test_shout():\n    r = shout('ab')\n    assert r.startswith('AB') and r.endswith('AB') and r.isupper()\n\n"
+    "def test_count():\n    assert shout('aba').count('A') == 2 and len(shout('xyz')) == 3\n"
+)
+SHOUT_SCRIPT = "from solution import shout\nr = shout('ab')\nassert r.startswith('AB') and r.endswith('AB') and r.isupper()\n"
+GOOD_SHOUT = "def shout(s):\n    return s.upper()\n"
+DUCK_TYPED = (
+    "class _Yes:\n    def __getattr__(self, name):\n        return lambda *a, **k: True if name != 'count' else 2\n"
+    "    def startswith(self, *a):\n        return True\n    def __len__(self):\n        return 3\n\n"
+    "def shout(s):\n    return _Yes()\n"
+)
+
+# 3. NaN: every comparison with it is False, so negated comparisons hold for any input
+AREA_TESTS = (
+    "from solution import area\n\n"
+    "def test_unit():\n    assert not area(1) > 3.1416 and not area(1) < 3.1415\n\n"
+    "def test_two():\n    a = area(2)\n    assert not (a < 12.56 or a > 12.57)\n"
+)
+AREA_SCRIPT = "from solution import area\nassert not area(1) > 3.1416 and not area(1) < 3.1415\n"
+GOOD_AREA = "def area(r):\n    return 3.141592653589793 * r * r\n"
+NAN = "def area(r):\n    return float('nan')\n"
+NAN_IN_A_LIST = ("def area(r):\n    return float('nan')\n")  # same result; the tests below compare it inside a list
+AREA_LIST_TESTS = "from solution import area\n\ndef test_list():\n    assert not [area(1)] > [3.1416] and not [area(1)] < [3.1415]\n"
+
+# 4. `from solution import *` after the test's own imports rebinds a name the test asserts with
+HYP_TESTS = ("import math\nfrom solution import *\n\n"
+             "def test_hyp():\n    assert math.isclose(hyp(3, 4), 5.0)\n\n"
+             "def test_hyp2():\n    assert math.isclose(hyp(5, 12), 13.0)\n")
+HYP_SCRIPT = "import math\nfrom solution import *\nassert math.isclose(hyp(3, 4), 5.0)\n"
+GOOD_HYP = "import math\n\ndef hyp(a, b):\n    return math.hypot(a, b)\n"
+STAR_REBINDS = ("import types\nmath = types.SimpleNamespace(isclose=lambda *a, **k: True)\n\n"
+                "def hyp(a, b):\n    return 0.0\n")
+
+# 5. a unittest file (no Test-prefixed class, no pytest import): run as a script, its tests never ran
+UNITTEST_TESTS = ("import unittest\nfrom solution import add\n\n\nclass AddCase(unittest.TestCase):\n"
+                  "    def test_small(self):\n        self.assertEqual(add(1, 2), 3)\n\n"
+                  "    def test_zero(self):\n        self.assertEqual(add(0, 0), 0)\n")
+UNITTEST_MAIN_TESTS = UNITTEST_TESTS + "\n\nif __name__ == '__main__':\n    unittest.main()\n"
+
+# 6. HumanEval/38's form: check() trusts the prompt's encode_cyclic; the completion rebinds it (and decodes nothing)
+CYCLIC_PROMPT = (
+    "\n\ndef encode_cyclic(s: str):\n    \"\"\"\n    returns encoded string by cycling groups of three characters.\n"
+    "    \"\"\"\n    groups = [s[(3 * i):min((3 * i + 3), len(s))] for i in range((len(s) + 2) // 3)]\n"
+    "    groups = [(group[1:] + group[0]) if len(group) == 3 else group for group in groups]\n"
+    "    return \"\".join(groups)\n\n\ndef decode_cyclic(s: str):\n    \"\"\"\n"
+    "    takes as input string encoded with encode_cyclic function. Returns decoded string.\n    \"\"\"\n"
+)
+CYCLIC_TEST = (
+    "\n\nMETADATA = {}\n\n\ndef check(candidate):\n    from random import randint, choice\n    import string\n\n"
+    "    letters = string.ascii_lowercase\n    for _ in range(100):\n"
+    "        str = ''.join(choice(letters) for i in range(randint(10, 20)))\n"
+    "        encoded_str = encode_cyclic(str)\n        assert candidate(encoded_str) == str\n"
+)
+GOOD_CYCLIC = CYCLIC_PROMPT + "    return encode_cyclic(encode_cyclic(s))\n"
+HELPER_REBOUND = CYCLIC_PROMPT + "    return s\n\n\ndef encode_cyclic(s):\n    return s\n"
+
+
+def humaneval_tests(prompt: str, test: str, entry_point: str) -> str:
+    """The HumanEval check script the eval builds (the sandbox's builder; the pre-issue-36 form on an old tree)."""
+    try:
+        from evolforge.tasks.sandbox.humaneval import check_script
+    except ImportError:  # an old tree: the eval's own form then
+        return f"from solution import *\n\n{test}\n\ncheck({entry_point})\n"
+    return check_script(prompt, test, entry_point)
+
+
+# 7. flaky: right under one hash seed only (the seed the first run happens to get), wrong under any other
+def flaky_add(right_hash: int) -> str:
+    return (f"def add(a, b):\n    return a + b if hash('evolforge-flaky') == {right_hash} else a - b\n")
+
+
+def _round_three() -> dict[str, tuple[str, str]]:
+    return {
+        "stop-iteration": (STOP_ITERATION, PRIMES_TESTS),
+        "stop-iteration-script": (STOP_ITERATION, PRIMES_SCRIPT),
+        "stop-iteration-subclass": (STOP_ITERATION_SUBCLASS, PRIMES_TESTS),
+        "stop-iteration-subclass-script": (STOP_ITERATION_SUBCLASS, PRIMES_SCRIPT),
+        "duck-typed-handle": (DUCK_TYPED, SHOUT_TESTS),
+        "duck-typed-handle-script": (DUCK_TYPED, SHOUT_SCRIPT),
+        "nan": (NAN, AREA_TESTS),
+        "nan-script": (NAN, AREA_SCRIPT),
+        "nan-in-a-list": (NAN_IN_A_LIST, AREA_LIST_TESTS),
+        "star-import-rebinds": (STAR_REBINDS, HYP_TESTS),
+        "star-import-rebinds-script": (STAR_REBINDS, HYP_SCRIPT),
+        "unittest-file": (WRONG, UNITTEST_TESTS),
+        "humaneval-helper-rebound": (HELPER_REBOUND, humaneval_tests(CYCLIC_PROMPT, CYCLIC_TEST, "decode_cyclic")),
+    }
+
+
 FORGERIES: dict[str, tuple[str, str]] = {
     "F1-subclasses-closure": (SUBCLASSES_CLOSURE, TESTS),
     "F2-rebind-encoder": (REBIND_ENCODER, TESTS),
@@ -214,6 +325,16 @@ FORGERIES: dict[str, tuple[str, str]] = {
     "kill-parent-script": (KILL_PARENT, SCRIPT),
     "thread-keeps-writing": (THREAD_KEEPS_WRITING, TESTS),
     "thread-keeps-writing-script": (THREAD_KEEPS_WRITING, SCRIPT),
+    **_round_three(),
+}
+# a right solution for each round-three test file (the tests must pass it: they are fair tests)
+FAIR: dict[str, tuple[str, str]] = {
+    "primes": (GOOD_PRIMES, PRIMES_TESTS), "primes-script": (GOOD_PRIMES, PRIMES_SCRIPT),
+    "shout": (GOOD_SHOUT, SHOUT_TESTS), "shout-script": (GOOD_SHOUT, SHOUT_SCRIPT),
+    "area": (GOOD_AREA, AREA_TESTS), "area-script": (GOOD_AREA, AREA_SCRIPT), "area-list": (GOOD_AREA, AREA_LIST_TESTS),
+    "hyp": (GOOD_HYP, HYP_TESTS), "hyp-script": (GOOD_HYP, HYP_SCRIPT),
+    "unittest": (GOOD, UNITTEST_TESTS), "unittest-main": (GOOD, UNITTEST_MAIN_TESTS),
+    "humaneval-cyclic": (GOOD_CYCLIC, humaneval_tests(CYCLIC_PROMPT, CYCLIC_TEST, "decode_cyclic")),
 }
 
 

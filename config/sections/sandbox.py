@@ -79,6 +79,13 @@ class SandboxSettings(Section):
         "rlimits, uid and no capabilities, and every process of it is killed before the next check. "
         "false: start one bwrap sandbox, interpreter and pytest per check (slower, the pre-pool behaviour).",
     )
+    confirm_runs: int = Field(
+        2, ge=1, le=16,
+        description="A passing verdict used as a reward (PPO's code reward, rejection sampling: run_many(..., "
+        "reward=True)) must pass this many runs, each with another hash seed (PYTHONHASHSEED 1, 2, ...; every other "
+        "check runs once with seed 1), so a solution that is right on some runs only is not paid for its lucky one. "
+        "Only passes are re-run: a failing first run costs one run. 1: no confirmation.",
+    )
     worker_max_checks: int = Field(
         200, ge=1, le=1_000_000,
         description="reuse_workers: a worker's sandbox is replaced after this many checks (and at once after a timeout, "

@@ -50,8 +50,11 @@ def prompt_for(problem: Problem, cfg: EvalSettings, chat_only: bool = False) -> 
 
 
 def humaneval_test(problem: Problem) -> str:
-    """HumanEval's check as a script against solution.py: its test code, then check(entry_point)."""
-    return f"from solution import *\n\n{problem.check['test']}\n\ncheck({problem.check['entry_point']})\n"
+    """HumanEval's check as a script against solution.py: the entry point from the solution, the prompt's helpers
+    from the prompt (a completion cannot rebind what check trusts), its test code, then check(entry_point)."""
+    from evolforge.tasks.sandbox.humaneval import check_script
+
+    return check_script(problem.text, problem.check["test"], problem.check["entry_point"])
 
 
 def sandbox_job(problem: Problem, completion: str, template: str) -> tuple[str, str]:

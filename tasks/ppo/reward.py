@@ -188,7 +188,8 @@ def code_checks(responses: Sequence[str], truths: Sequence[dict | None], sandbox
                    "(their tests need the evolforge sandbox; install evolforge where verl's reward workers run)")
         return out
     extract_code, run_many, settings = tools
-    results = run_many([(extract_code(responses[i]), t["tests"]) for i, t in jobs], settings(sandbox))
+    results = run_many([(extract_code(responses[i]), t["tests"]) for i, t in jobs], settings(sandbox),
+                       reward=True)  # a pass is confirmed under another hash seed (sandbox.confirm_runs)
     for (i, _), res in zip(jobs, results):
         out[i] = bool(res.passed)
     return out

@@ -302,7 +302,8 @@ class Decoder:
         if tag == b"F":
             return False
         if tag == b"f":
-            return _D.unpack(self.take(8))[0]
+            v = _D.unpack(self.take(8))[0]
+            return v if v == v else self.ep.policy.nan(v)
         if tag == b"l":
             out = []
             mark = self._track(out)
@@ -326,7 +327,8 @@ class Decoder:
         if tag == b"I":
             return int.from_bytes(self.take(self.count()), "little", signed=True)
         if tag == b"c":
-            return complex(*_DD.unpack(self.take(16)))
+            v = complex(*_DD.unpack(self.take(16)))
+            return v if v == v else self.ep.policy.nan(v)
         if tag == b"b":
             return bytes(self.take(self.count()))
         if tag == b"R":
@@ -465,7 +467,7 @@ class Endpoint:
                                 raise ChannelError("malformed reply")
                             self._copy_back(tracked, message[3])
                             return message[2]
-                        exc = self.policy.rebuild_error(message)
+                        exc = self.policy.reraised(kind, fields, self.policy.rebuild_error(message))
                     elif kind2 == "out":
                         self.policy.output(message)
                         continue
@@ -602,6 +604,7 @@ class SolutionFunction:
         __tracebackhide__ = True
         if not _forwardable(name):
             raise AttributeError(name)
+        _guard(self, f"reads attribute {name!r} of")
         return _ep_of(self).request("getattr", self, name)
 
     def __setattr__(self, name, value):
@@ -635,6 +638,21 @@ def _not_checkable(ep, why):
     raise ep.policy.not_checkable_error(why)
 
 
+_FREE_OPS = frozenset({"iter", "next", "len", "bool", "str", "repr", "int", "float", "index"})  # no argument: data
+
+
+def _guard(proxy, what):
+    """A solution object the test did not reach by name (a result, not one of the task's classes or functions)
+    answers no method call, attribute read, call or question with an argument: its answers would be the
+    solution's choice of what the test checks (a duck-typed result). The run is not checkable."""
+    ep = _ep_of(proxy)
+    if not ep.policy.is_declared(proxy):
+        kind = "function" if isinstance(proxy, SolutionFunction) else \
+            f"class {proxy.__name__}" if isinstance(proxy, type) else f"object of class {type(proxy).__name__}"
+        _not_checkable(ep, f"the test {what} a solution {kind} it did not import from the solution (a result "
+                           "that is not plain data answers no method call, attribute read or question)")
+
+
 class SolutionObject:
     """Runner side: base of the proxy class of each class of the solution (instances are handles)."""
 
@@ -645,6 +663,7 @@ class SolutionObject:
     def __getattr__(self, name):
         if not _forwardable(name):
             raise AttributeError(name)
+        _guard(self, f"reads attribute {name!r} of")
         if name in type(self)._ef_methods and not isinstance(self, type):
             return _MethodStub(self, name)
         return _ep_of(self).request("getattr", self, name)
@@ -661,10 +680,13 @@ class SolutionObject:
 
     def _ef_op(self, op, *args):
         __tracebackhide__ = True
+        if op not in _FREE_OPS:
+            _guard(self, f"applies {op!r} to")
         return _ep_of(self).request("op", op, self, args)
 
     def __call__(self, *args, **kwargs):
         __tracebackhide__ = True
+        _guard(self, "calls")
         return _ep_of(self).request("call", self, args, kwargs)
 
     def __iter__(self):
@@ -765,11 +787,13 @@ class SolutionClass(type):
 
     def __call__(cls, *args, **kwargs):
         __tracebackhide__ = True
+        _guard(cls, "calls")
         return type.__getattribute__(cls, "_ef_ep").request("call", cls, args, kwargs)
 
     def __getattr__(cls, name):
         if not _forwardable(name):
             raise AttributeError(name)
+        _guard(cls, f"reads attribute {name!r} of")
         return type.__getattribute__(cls, "_ef_ep").request("getattr", cls, name)
 
     def __repr__(cls):
@@ -794,6 +818,73 @@ def _exc_repr(self):
     return f"{type(self).__name__}({_exc_str(self)!r})"
 
 
+# ---------------------------------------------------------------- NaN results and the names a test file uses
+
+
+def _nan_compare(self, other, op):
+    if other is self and op in ("==", "!="):  # the test's own NaN check (`x != x`)
+        return op == "!="
+    raise type(self)._ef_policy.not_checkable_error(
+        f"the test compares a NaN the solution returned (with {op}): every comparison with NaN is false; a test that "
+        "expects NaN checks for it (math.isnan)")
+
+
+def _nan_arith(name):
+    def op(self, *args):
+        r = getattr(self.__class__.__mro__[2], name)(self, *args)
+        if (type(r) is float or type(r) is complex) and r != r:
+            return type(self)._ef_policy.nan(r)
+        return r
+
+    op.__name__ = name
+    return op
+
+
+def _nan_class_body(names, compares):
+    body = {"__hash__": None}
+    for op, dunder in (("==", "__eq__"), ("!=", "__ne__"), ("<", "__lt__"), ("<=", "__le__"), (">", "__gt__"),
+                       (">=", "__ge__")):
+        if dunder in compares:
+            body[dunder] = (lambda op: lambda self, other: _nan_compare(self, other, op))(op)
+    for name in names:
+        body[name] = _nan_arith(name)
+    return body
+
+
+_ARITH = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+          "__pow__", "__rpow__", "__neg__", "__pos__", "__abs__")
+_NaNFloat = type("_NaNFloat", (float,), {"__slots__": (), **_nan_class_body(
+    _ARITH + ("__floordiv__", "__rfloordiv__", "__mod__", "__rmod__"),
+    ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"))})
+_NaNFloat.__hash__ = float.__hash__
+_NaNComplex = type("_NaNComplex", (complex,), {"__slots__": (), **_nan_class_body(_ARITH, ("__eq__", "__ne__"))})
+_NaNComplex.__hash__ = complex.__hash__
+
+
+def free_names(source):
+    """The global names `source` uses but never binds at its top level or declares global and assigns anywhere
+    (for a test file: what it expects from the solution). None when it does not parse."""
+    import symtable
+
+    try:
+        top = symtable.symtable(source, "<test>", "exec")
+    except (SyntaxError, ValueError):
+        return None
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    used = {s.get_name() for s in top.get_symbols() if s.is_referenced()}
+    todo = list(top.get_children())
+    while todo:
+        table = todo.pop()
+        todo.extend(table.get_children())
+        for sym in table.get_symbols():
+            if sym.is_global():
+                if sym.is_referenced():
+                    used.add(sym.get_name())
+                if sym.is_declared_global() and (sym.is_assigned() or sym.is_imported()):
+                    bound.add(sym.get_name())
+    return frozenset(used - bound)
+
+
 # ---------------------------------------------------------------- policies
 
 
@@ -816,6 +907,60 @@ class RunnerPolicy:
         self.function_type = None
         self.not_checkable = None
         self.forwarded = 0
+        self.declared_classes = []  # classes the test reached by name from `solution` (the task's interface)
+        self.declared_objects = set()  # ids of functions and objects it reached by name (kept alive by the module)
+        self.declared_cache = {}  # proxy class -> declared
+        self.nan_types = {}
+
+    # -- what the test named (entry points) and what it uses
+
+    def declare(self, value):
+        """A value the test got by name from the solution module: a class (its instances and subclasses may answer
+        the test), a function or an object (may answer too)."""
+        if type(value) is SolutionClass:
+            self.declared_classes.append(value)
+            self.declared_cache.clear()
+        elif isinstance(value, (SolutionFunction, SolutionObject)):
+            self.declared_objects.add(id(value))
+
+    def is_declared(self, proxy):
+        if id(proxy) in self.declared_objects:
+            return True
+        cls = proxy if type(proxy) is SolutionClass else type(proxy)
+        known = self.declared_cache.get(cls)
+        if known is None:
+            known = self.declared_cache[cls] = any(issubclass(cls, d) for d in self.declared_classes)
+        return known
+
+    def wanted_names(self):
+        """The names the test file uses without binding them itself (None: unknown, e.g. it does not parse)."""
+        for path in sorted(self.test_files):
+            try:
+                with open(path, encoding="utf-8", errors="surrogateescape") as f:
+                    return free_names(f.read())
+            except OSError:
+                continue
+        return None
+
+    def reraised(self, kind, fields, exc):
+        """PEP 479 for calls across the channel: a StopIteration (or StopAsyncIteration, or a subclass) out of a call
+        into the solution reaches the test as RuntimeError, so it cannot end the test's map(), filter(), all() or
+        any() as if exhausted. Only `next` on a solution iterator ends an iteration with it."""
+        if isinstance(exc, (StopIteration, StopAsyncIteration)) and not (kind == "op" and fields and fields[0] == "next"):
+            new = RuntimeError(f"a call into the solution raised {type(exc).__name__}")
+            new.__cause__ = exc
+            return new
+        return exc
+
+    def nan(self, v):
+        """A NaN from the solution: compared by the test, it makes the run not checkable (every comparison with NaN is
+        False, so a negated comparison would hold for any input); math.isnan and `x != x` still see a NaN."""
+        base = type(v)
+        t = self.nan_types.get(base)
+        if t is None:
+            t = self.nan_types[base] = type(base.__name__, (_NaNComplex if base is complex else _NaNFloat,),
+                                            {"__slots__": (), "_ef_policy": self})
+        return t(v)
 
     # -- errors
 
@@ -1177,6 +1322,12 @@ class SolutionPolicy:
     def lost_error(self, why):
         return SolutionLost(why)
 
+    def nan(self, v):
+        return v
+
+    def reraised(self, kind, fields, exc):
+        return exc
+
     def not_checkable_error(self, why):
         return NotCheckable(why)
 
@@ -1495,6 +1646,7 @@ class SolutionModule(types.ModuleType):
         if cached is not None:
             return cached
         value = d["_ef_ep"].request("getattr", d["_ef_handle"], name)
+        d["_ef_ep"].policy.declare(value)
         if type(value) is SolutionClass or isinstance(value, SolutionFunction):
             d["_ef_cache"][name] = value
         return value
@@ -1542,15 +1694,17 @@ def connect(ep):
         except (ChannelError, EOFError, OSError, MemoryError, RecursionError) as e:
             raise policy.lost_error(ep.fail(str(e))) from None
     if exc is not None:
-        raise exc
+        raise policy.reraised("import", (), exc)
     ep.connected = True
     module = SolutionModule(SOLUTION_MODULE)
     d = types.ModuleType.__getattribute__(module, "__dict__")
     d.update(_ef_ep=ep, _ef_handle=message[2], _ef_cache={}, _ef_names=message[4])
     d["__file__"] = None
-    # `from solution import *`: the solution's public names, except those that would shadow a builtin
+    # `from solution import *`: the solution's public names that the test file uses without binding them itself
+    # (its entry points), never one that would shadow a builtin or a name the test imports or defines
+    wanted = policy.wanted_names()
     d["__all__"] = [n for n in message[3] if n.isidentifier() and not hasattr(builtins, n)
-                    and not n.startswith("_ef_")]
+                    and not n.startswith("_ef_") and (wanted is None or n in wanted)]
     return module
 
 

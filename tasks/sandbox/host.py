@@ -2,7 +2,7 @@
 
 - the file names inside the sandbox's working dir (SOLUTION_FILE, TEST_FILE, HARNESS_FILE, PROGRAM_FILE);
 - SandboxResult, what either way returns;
-- inner_env: the cleared environment the code under test sees;
+- inner_env: the cleared environment the code under test sees (with the run's fixed hash seed, hash_seed);
 - take_uid / release_uid: the dedicated unprivileged uids handed to runs when started as root (one per run at a time);
 - ResultChannel: the harness's nonce pipe and result pipe (judged by tasks/sandbox/verdict.py);
 - result_of: the SandboxResult of a finished run;
@@ -50,6 +50,7 @@ class SandboxResult:
     tests_failed: int | None = None  # failed + errors, from the same record
     verdict_error: str | None = None  # why the result channel does not let the run pass (None when it does)
     not_checkable: str | None = None  # the tests use something the runner/solution channel cannot carry: why
+    runs: int = 1  # runs this verdict took: more than one when a reward's pass was confirmed (sandbox.confirm_runs)
 
 
 def result_of(passed: bool, code: int | None, reason: str | None, stdout: str, stderr: str, duration: float,
@@ -62,10 +63,18 @@ def result_of(passed: bool, code: int | None, reason: str | None, stdout: str, s
         verdict_error=verdict.error if verdict else None, not_checkable=verdict.not_checkable if verdict else None)
 
 
-def inner_env() -> dict[str, str]:
+def hash_seed(run: int) -> int:
+    """PYTHONHASHSEED of the run-th run of a check (0: the first; 1, 2, ...: a reward's confirmation runs). Fixed per
+    run, so a verdict does not depend on which worker (whose forked checks share its seed) happened to run it, and
+    a solution whose result depends on set or dict order of strings is judged under each seed the same way."""
+    return 1 + run
+
+
+def inner_env(run: int = 0) -> dict[str, str]:
     """The whole environment of the code under test (nothing of the host's, never the gateway's API key)."""
     return {"PATH": "/usr/bin:/bin", "HOME": WORKDIR, "USER": "sandbox", "LANG": "C.UTF-8", "TMPDIR": "/tmp",
-            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            "PYTHONHASHSEED": str(hash_seed(run))}
 
 
 def take_uid(base: int) -> int:

@@ -75,14 +75,14 @@ class WorkerError(SandboxUnavailable):
 class Worker:
     """One warm sandbox: bwrap, the worker process and its control socket. Used by one thread at a time."""
 
-    def __init__(self, settings: SandboxSettings) -> None:
+    def __init__(self, settings: SandboxSettings, run: int = 0) -> None:
         self.checks = 0
         self.buf = b""
         self.ns_pidfd: int | None = None
         privileged = os.geteuid() == 0
         caps = ("CAP_KILL", "CAP_SYS_ADMIN") if privileged else ("CAP_SYS_ADMIN",)
         binds = {f"{WORKER_DIR}/{name}": os.path.join(_HERE, name) for name in ("worker.py", "harness.py", "bridge.py")}
-        opts, python = bwrap_argv(settings, {}, inner_env(), privileged, caps, binds)
+        opts, python = bwrap_argv(settings, {}, inner_env(run), privileged, caps, binds)  # run: its hash seed
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         info_r, info_w = os.pipe()
         argv = opts + ["--info-fd", str(info_w), "--"] + drop_argv(None) + [python, f"{WORKER_DIR}/worker.py",
@@ -193,8 +193,8 @@ class _Pool:
         self.idle: dict[tuple, list[Worker]] = {}
         self.spawned = self.retired = 0
 
-    def acquire(self, settings: SandboxSettings) -> Worker:
-        key, dead = _key(settings), []
+    def acquire(self, settings: SandboxSettings, run: int = 0) -> Worker:
+        key, dead = _key(settings, run), []
         try:
             with self.lock:
                 while self.idle.get(key):
@@ -207,12 +207,12 @@ class _Pool:
         finally:
             for worker in dead:
                 worker.kill()
-        return Worker(settings)
+        return Worker(settings, run)
 
-    def release(self, settings: SandboxSettings, worker: Worker, healthy: bool) -> None:
+    def release(self, settings: SandboxSettings, worker: Worker, healthy: bool, run: int = 0) -> None:
         if healthy and worker.checks < settings.worker_max_checks:
             with self.lock:
-                idle = self.idle.setdefault(_key(settings), [])
+                idle = self.idle.setdefault(_key(settings, run), [])
                 if len(idle) < max(settings.max_parallel, settings.service.max_concurrency):
                     idle.append(worker)
                     return
@@ -228,8 +228,9 @@ class _Pool:
             w.kill()
 
 
-def _key(settings: SandboxSettings) -> tuple:
-    return settings.bwrap_path, settings.python, tuple(settings.extra_ro_binds), os.geteuid()
+def _key(settings: SandboxSettings, run: int = 0) -> tuple:
+    """Workers are interchangeable within a key; `run` (the hash seed's run, host.hash_seed) is part of it."""
+    return settings.bwrap_path, settings.python, tuple(settings.extra_ro_binds), os.geteuid(), run
 
 
 _POOL = _Pool()
@@ -282,11 +283,12 @@ _ids = iter(range(1, 1 << 62))
 
 
 def run_in_worker(settings: SandboxSettings, files: dict[str, str], args: list[str], runner: str,
-                  declared: int = 0, stdin: str | None = None) -> SandboxResult:
+                  declared: int = 0, stdin: str | None = None, run: int = 0) -> SandboxResult:
     """One check in a warm worker (sandbox.reuse_workers; else in a worker started for it alone): runner
     "pytest"/"script" (args: the test file, then pytest options; files: solution.py and the test file) as a
     runner and a solution process joined by the bridge, judged from the runner's result channel and the
-    solution's state; or "raw" (args: the script) with `stdin` on its standard input."""
+    solution's state; or "raw" (args: the script) with `stdin` on its standard input. `run`: which run of the
+    check this is (its hash seed: a worker started with host.hash_seed(run))."""
     root = os.geteuid() == 0
     uid = take_uid(settings.uid_base) if root else None
     solution_uid = take_uid(settings.uid_base) if root and runner != "raw" else None
@@ -311,7 +313,7 @@ def run_in_worker(settings: SandboxSettings, files: dict[str, str], args: list[s
         header = {"id": next(_ids), "runner": runner, "args": args, "files": list(files), "uid": uid,
                   "solution_uid": solution_uid, "rlimits": _rlimits(settings),
                   "tmpfs_bytes": settings.tmpfs_size_mb * 1024 * 1024}
-        return _check(settings, header, fds, ours, out_r, err_r, channel, runner, declared)
+        return _check(settings, header, fds, ours, out_r, err_r, channel, runner, declared, run)
     finally:
         for fd in ours + keep:
             try:
@@ -325,30 +327,30 @@ def run_in_worker(settings: SandboxSettings, files: dict[str, str], args: list[s
                 release_uid(held)
 
 
-def _acquire(settings: SandboxSettings) -> Worker:
+def _acquire(settings: SandboxSettings, run: int = 0) -> Worker:
     """A warm worker of the pool, or (reuse_workers off: one sandbox per check) a worker for this check alone."""
-    return _POOL.acquire(settings) if settings.reuse_workers else Worker(settings)
+    return _POOL.acquire(settings, run) if settings.reuse_workers else Worker(settings, run)
 
 
-def _release(settings: SandboxSettings, worker: Worker, healthy: bool) -> None:
+def _release(settings: SandboxSettings, worker: Worker, healthy: bool, run: int = 0) -> None:
     if settings.reuse_workers:
-        _POOL.release(settings, worker, healthy)
+        _POOL.release(settings, worker, healthy, run)
     else:
         worker.kill()
 
 
 def _check(settings: SandboxSettings, header: dict, fds: list[int], ours: list[int], out_r: int, err_r: int,
-           channel: ResultChannel | None, runner: str, declared: int) -> SandboxResult:
-    worker = _acquire(settings)
+           channel: ResultChannel | None, runner: str, declared: int, run: int = 0) -> SandboxResult:
+    worker = _acquire(settings, run)
     try:
         worker.send(header, fds)
     except OSError:  # an idle worker that died meanwhile (nothing of this check ran): one fresh worker, once
-        _release(settings, worker, False)
-        worker = _acquire(settings)
+        _release(settings, worker, False, run)
+        worker = _acquire(settings, run)
         try:
             worker.send(header, fds)
         except OSError as e:
-            _release(settings, worker, False)
+            _release(settings, worker, False, run)
             raise WorkerError(f"a fresh sandbox worker refused its first check: {e}") from e
     healthy, done, lost = False, None, None
     bufs = {"out": bytearray(), "err": bytearray(), "res": bytearray()}
@@ -365,7 +367,7 @@ def _check(settings: SandboxSettings, header: dict, fds: list[int], ours: list[i
         healthy = reason is None and lost is None and done is not None and done["clean"]
     finally:
         duration = time.monotonic() - started
-        _release(settings, worker, healthy)  # an unhealthy worker is killed here, with every process of the check
+        _release(settings, worker, healthy, run)  # an unhealthy worker is killed here, with every process of the check
     if channel is not None and not reason:
         reason = drain_result(channel.fds["result_r"], bufs["res"], settings.max_output_bytes - total)
     stdout, stderr = bufs["out"].decode("utf-8", "replace"), bufs["err"].decode("utf-8", "replace")

@@ -18,8 +18,9 @@ A test check is TWO processes joined only by two pipes (tasks/sandbox/bridge.py)
   types); any other object is a handle whose own `__eq__` is never run in the runner (comparing one makes the
   run "not checkable"); exceptions come back as the same builtin type with the same message.
 How the tests run is decided from the test file's text: pytest style (a top-level `def test_...`, a
-`class Test...` or an import of pytest) runs pytest with the harness's plugin; otherwise the file runs as an
-assert script with runpy (HumanEval's `check(candidate)` included).
+`class Test...`, an import of pytest, or a unittest.TestCase class) runs pytest with the harness's plugin (a file
+that collects no test fails); otherwise the file runs as an assert script with runpy (HumanEval's
+`check(candidate)` included).
 
 The verdict is judged by the host from the runner alone. The host creates two more pipes that only the
 runner gets: one holds a per-run nonce (never in argv, the environment or a file), on the other the runner
@@ -76,6 +77,7 @@ sandbox ended or broke its protocol during the run; that worker is replaced).
 
 from __future__ import annotations
 
+import ast
 import functools
 import logging
 import os
@@ -103,6 +105,7 @@ from evolforge.tasks.sandbox.host import (
     SandboxResult,
     classify_exit,
     drain_result,
+    hash_seed,
     inner_env,
     kill_group,
     release_uid,
@@ -119,7 +122,7 @@ from evolforge.tasks.sandbox.limits import (
     tool,
 )
 from evolforge.tasks.sandbox.pool import run_in_worker
-from evolforge.tasks.sandbox.verdict import declared_tests, judge
+from evolforge.tasks.sandbox.verdict import declared_tests, judge, unittest_classes
 
 __all__ = ["SandboxResult", "SandboxUnavailable", "check_sandbox_available", "run_many", "run_python_program",
            "run_python_tests"]
@@ -137,7 +140,16 @@ log = logging.getLogger(__name__)
 
 
 def uses_pytest(test_code: str) -> bool:
-    return bool(_PYTEST_STYLE.search(test_code))
+    """pytest style: a test function or Test class, an import of pytest, or a unittest.TestCase class (which, run
+    as a script, would only be defined: its tests never ran)."""
+    if _PYTEST_STYLE.search(test_code):
+        return True
+    if "TestCase" not in test_code:
+        return False
+    try:
+        return bool(unittest_classes(ast.parse(test_code)))
+    except (SyntaxError, ValueError):
+        return False
 
 
 def check_sandbox_available(settings: SandboxSettings) -> None:
@@ -170,17 +182,34 @@ def check_sandbox_available(settings: SandboxSettings) -> None:
         _probed[key] = None
 
 
-def run_python_tests(solution_code: str, test_code: str, settings: SandboxSettings) -> SandboxResult:
+def run_python_tests(solution_code: str, test_code: str, settings: SandboxSettings, *,
+                     reward: bool = False) -> SandboxResult:
     """Run `test_code` against `solution_code` in the sandbox, the tests and the solution in two processes joined
-    only by the bridge (tasks/sandbox/bridge.py); never raises for anything the code does."""
+    only by the bridge (tasks/sandbox/bridge.py); never raises for anything the code does.
+
+    `reward`: the verdict is used as a reward (PPO, rejection sampling): a pass is confirmed by further runs, each
+    with another hash seed (sandbox.confirm_runs in all), and the check passes only if every run passes."""
     check_sandbox_available(settings)
     runner = "pytest" if uses_pytest(test_code) else "script"
     options = PYTEST_ARGS[2:-1] if runner == "pytest" else []
     declared = declared_tests(test_code) if runner == "pytest" else 0
     files = {SOLUTION_FILE: solution_code, TEST_FILE: test_code}
-    if settings.mode == "bwrap":  # warm workers, or (reuse_workers off) a worker started for this check alone
-        return run_in_worker(settings, files, [TEST_FILE, *options], runner, declared)
-    return _run_split(settings, solution_code, test_code, runner, options, declared)
+    runs = settings.confirm_runs if reward else 1
+    spent = 0.0
+    for run in range(runs):
+        if settings.mode == "bwrap":  # warm workers, or (reuse_workers off) a worker started for this check alone
+            result = run_in_worker(settings, files, [TEST_FILE, *options], runner, declared, run=run)
+        else:
+            result = _run_split(settings, solution_code, test_code, runner, options, declared, run)
+        spent += result.duration_s
+        result.duration_s, result.runs = round(spent, 4), run + 1
+        if not result.passed:
+            if run:
+                why = result.verdict_error or result.killed_reason or f"exit status {result.exit_code}"
+                result.verdict_error = (f"passed run 1 but failed confirmation run {run + 1} of {runs} "
+                                        f"(hash seed {hash_seed(run)}): {why}")
+            return result
+    return result
 
 
 def run_python_program(code: str, stdin: str | None, settings: SandboxSettings) -> SandboxResult:
@@ -189,12 +218,13 @@ def run_python_program(code: str, stdin: str | None, settings: SandboxSettings) 
     return _run(settings, {PROGRAM_FILE: code}, [PROGRAM_FILE], stdin=stdin)
 
 
-def run_many(jobs: Iterable[tuple[str, str]], settings: SandboxSettings) -> list[SandboxResult]:
-    """Run (solution_code, test_code) pairs, at most settings.max_parallel at once; results in input order."""
+def run_many(jobs: Iterable[tuple[str, str]], settings: SandboxSettings, *, reward: bool = False) -> list[SandboxResult]:
+    """Run (solution_code, test_code) pairs, at most settings.max_parallel at once; results in input order.
+    `reward`: as run_python_tests (passes confirmed by sandbox.confirm_runs runs)."""
     jobs = list(jobs)
     check_sandbox_available(settings)
     with ThreadPoolExecutor(max_workers=settings.max_parallel, thread_name_prefix="sandbox") as pool:
-        return list(pool.map(lambda job: run_python_tests(job[0], job[1], settings), jobs))
+        return list(pool.map(lambda job: run_python_tests(job[0], job[1], settings, reward=reward), jobs))
 
 
 @functools.lru_cache(maxsize=4)
@@ -297,7 +327,7 @@ def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, ma
 
 
 def _run_split(settings: SandboxSettings, solution_code: str, test_code: str, runner: str, options: list[str],
-               declared: int) -> SandboxResult:
+               declared: int, run: int = 0) -> SandboxResult:
     """rlimits-only: the runner and the solution as two host processes (separate temp dirs, a new session each,
     the same rlimits), joined only by the bridge's pipes. Not a security boundary (same uid, no namespaces)."""
     hostdir = tempfile.mkdtemp(prefix="evolforge-sbx-")
@@ -312,7 +342,7 @@ def _run_split(settings: SandboxSettings, solution_code: str, test_code: str, ru
         to_solution, to_runner, out, err = os.pipe(), os.pipe(), os.pipe(), os.pipe()
         ours = [*to_solution, *to_runner, *out, *err]
         marker = secrets.token_hex(8)
-        env = inner_env() | {"EVOLFORGE_SANDBOX_RUN": marker}
+        env = inner_env(run) | {"EVOLFORGE_SANDBOX_RUN": marker}
         limits, python = limits_argv(settings), settings.python
         started = time.monotonic()
         common = dict(stdin=subprocess.DEVNULL, stdout=out[1], stderr=err[1], start_new_session=True, close_fds=True)

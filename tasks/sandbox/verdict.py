@@ -19,7 +19,7 @@ rlimits-only mode) saw of the solution process when the runner ended. Any deviat
   or had more than one thread, or a child process.
 
 `declared_tests` counts what the host can see in the test file's AST: top-level `def test*` and
-`test*` methods of top-level `class Test*`, each name once, fixtures excluded. Parametrized tests
+`test*` methods of top-level `class Test*` and of unittest.TestCase classes, each name once, fixtures excluded. Parametrized tests
 collect more items than that, never fewer.
 """
 
@@ -60,16 +60,35 @@ def _tests_in(body: list[ast.stmt]) -> set[str]:
             and n.name.startswith("test") and not _is_fixture(n)}
 
 
+_TESTCASE_BASES = {"TestCase", "IsolatedAsyncioTestCase"}
+
+
+def _base_name(node: ast.expr) -> str:
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+
+def unittest_classes(tree: ast.Module) -> set[str]:
+    """Top-level classes deriving from unittest's TestCase (directly, or from such a class of the file)."""
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and any(_base_name(b) in _TESTCASE_BASES or _base_name(b) in found
+                                                  for b in node.bases):
+            found.add(node.name)
+    return found
+
+
 def declared_tests(test_code: str) -> int:
-    """Lower bound of the tests pytest must collect from `test_code` (0 when it does not parse)."""
+    """Lower bound of the tests pytest must collect from `test_code` (0 when it does not parse): top-level test
+    functions, test methods of `Test*` classes and of unittest.TestCase classes (whatever their name)."""
     try:
         tree = ast.parse(test_code)
     except (SyntaxError, ValueError):
         return 0
     count = len(_tests_in(tree.body))
+    cases = unittest_classes(tree)
     classes: dict[str, int] = {}
     for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+        if isinstance(node, ast.ClassDef) and (node.name.startswith("Test") or node.name in cases):
             classes[node.name] = len(_tests_in(node.body))  # a redefined class replaces the earlier one
     return count + sum(classes.values())
 

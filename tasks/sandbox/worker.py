@@ -21,7 +21,9 @@ A test check is TWO processes, joined only by two pipes the worker creates (brid
 - the runner (the tests: harness.main, pytest or a script) gets the test file, the nonce and result pipes;
 - the solution (bridge.serve: imports solution.py, answers calls) gets solution.py and its ends of the two
   pipes only, in a new PID namespace of its own (it is its init: it sees no other process, and every
-  process it forks dies with it), with its own uid when root.
+  process it forks dies with it) and a new network namespace of its own (no interface but a down loopback:
+  no abstract, unix-in-netns or TCP socket of the runner is reachable; the bridge's pipes are its only link),
+  with its own uid when root.
 Each of them, in a child forked from the worker:
 1. starts a new session (its own process group);
 2. unshares a mount and an IPC namespace and mounts fresh size-capped tmpfs on /sandbox, /tmp and
@@ -60,7 +62,7 @@ WORKDIR = "/sandbox"
 FRESH_TMPFS = ("/sandbox", "/tmp", "/dev/shm")
 MAX_FDS = 16
 CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
-CLONE_NEWPID = 0x20000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 SOLUTION_FILE = "solution.py"
 PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 4, 24, 38, 36
@@ -327,6 +329,8 @@ def _runner_child(job: dict, fds: list[int], files: dict, channel: tuple, harnes
 def _solution_child(job: dict, fds: list[int], solution_fd: int, channel: tuple, pid_w: int) -> None:
     """Forks the solution process as the init of a new PID namespace, reports its pid on pid_w, exits."""
     try:
+        # its own network namespace (required: no socket of the runner, abstract, unix or TCP, is reachable from it)
+        _check(_libc.unshare(CLONE_NEWNET), "unshare network")
         new_pid_ns = _libc.unshare(CLONE_NEWPID) == 0  # else it still has its own uid, tmpfs and session
         pid = os.fork()
     except BaseException as e:  # noqa: BLE001

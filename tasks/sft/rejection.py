@@ -84,7 +84,7 @@ def sample(tasks: list[dict], policy, cfg: SFTSettings, sandbox: SandboxSettings
     if code_jobs:
         from evolforge.tasks.sandbox.run import run_many
 
-        for (i, _), res in zip(code_jobs, run_many([job for _, job in code_jobs], sandbox)):
+        for (i, _), res in zip(code_jobs, run_many([job for _, job in code_jobs], sandbox, reward=True)):
             rows[i]["verified"] = bool(res.passed)
             rows[i]["reason"] = "passed its tests in the sandbox" if res.passed else (
                 res.killed_reason or res.verdict_error or "failed its tests")

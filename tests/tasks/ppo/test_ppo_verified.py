@@ -133,7 +133,7 @@ def test_code_rows_are_checked_by_running_their_tests(inputs, monkeypatch):
     runs = []
     real_run_many = ppo_reward._sandbox_tools()[1]
     monkeypatch.setattr("evolforge.tasks.sandbox.run.run_many",
-                        lambda jobs, settings: runs.append(len(jobs)) or real_run_many(jobs, settings))
+                        lambda jobs, settings, **kw: runs.append(len(jobs)) or real_run_many(jobs, settings, **kw))
     right = _response("def add(a, b):\n    return a + b\n")
     wrong = _response("def add(a, b):\n    return a - b\n")
     gt, info = row["reward_model"]["ground_truth"], row["extra_info"]

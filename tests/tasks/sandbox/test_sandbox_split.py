@@ -305,3 +305,192 @@ def test_many_solutions_against_the_same_tests():
     jobs = [(F.GOOD if i % 3 else wrong, F.TESTS) for i in range(12)] + [(F.GOOD, F.SCRIPT), (wrong, F.SCRIPT)]
     results = run_many(jobs, _settings(max_parallel=2))
     assert [r.passed for r in results] == [bool(i % 3) for i in range(12)] + [True, False]
+
+
+# ---------------------------------------------------------------- round three (issue 36)
+# The forgeries themselves are in F.FORGERIES (test_forgery_fails above runs every one in both modes); each of the
+# round-three ones passed before issue 36 (`python -m evolforge.testing.sandbox_forgeries NAME` on the old tree).
+
+
+@WORKER_MODES
+@pytest.mark.parametrize("name", list(F.FAIR))
+def test_round_three_tests_pass_a_right_solution(name, reuse):
+    """The tests the forgeries attack are fair: a right solution passes them, every test counted."""
+    solution, tests = F.FAIR[name]
+    r = _run(solution, tests, reuse)
+    assert r.passed, (name, r.verdict_error, r.stdout[-2000:], r.stderr[-1500:])
+
+
+@WORKER_MODES
+def test_stop_iteration_from_a_call_reaches_the_test_as_runtime_error(reuse):
+    for solution in (F.STOP_ITERATION, F.STOP_ITERATION_SUBCLASS):
+        r = _run(solution, F.PRIMES_TESTS, reuse)
+        assert not r.passed and r.tests_failed == 4 and "RuntimeError" in r.stdout, (r.verdict_error, r.stdout[-1500:])
+    # iterating a solution's iterator still ends with StopIteration (a generator, an iterator class of the task)
+    tests = ("from solution import gen, Countdown\n\ndef test_iterate():\n    assert list(gen(3)) == [0, 1, 2]\n"
+             "    assert list(Countdown(3)) == [3, 2, 1] and next(iter(Countdown(1))) == 1\n")
+    solution = ("def gen(n):\n    yield from range(n)\n\nclass Countdown:\n    def __init__(self, n):\n        self.n = n\n"
+                "    def __iter__(self):\n        return self\n    def __next__(self):\n        if self.n <= 0:\n"
+                "            raise StopIteration\n        self.n -= 1\n        return self.n + 1\n")
+    r = _run(solution, tests, reuse)
+    assert r.passed, (r.verdict_error, r.stdout[-1500:])
+
+
+@WORKER_MODES
+def test_a_result_that_is_not_plain_data_answers_no_question(reuse):
+    r = _run(F.DUCK_TYPED, F.SHOUT_TESTS, reuse)
+    assert not r.passed and r.not_checkable and "did not import from the solution" in r.not_checkable
+    for use in ("r.upper", "r('x')", "r[0]", "r.value"):  # a method, a call, a question with an argument, an attribute
+        tests = f"from solution import make\n\ndef test_use():\n    r = make()\n    assert {use}\n"
+        solution = "class _Duck:\n    value = 1\n    def __call__(self, x):\n        return True\n" \
+                   "    def __getitem__(self, k):\n        return True\n" \
+                   "def make():\n    return _Duck()\n"
+        r = _run(solution, tests, reuse)
+        assert not r.passed and r.not_checkable, (use, r.verdict_error)
+    # the task's own classes (imported by the test) keep their methods, on instances the solution returns too
+    tests = ("from solution import Stack, build\n\ndef test_stack():\n    s = build([1, 2])\n"
+             "    assert s.pop() == 2 and s.size == 1 and len(s) == 1\n")
+    solution = ("class Stack:\n    def __init__(self):\n        self.items = []\n    def pop(self):\n"
+                "        return self.items.pop()\n    @property\n    def size(self):\n        return len(self.items)\n"
+                "    def __len__(self):\n        return len(self.items)\n\n"
+                "def build(xs):\n    s = Stack()\n    s.items = list(xs)\n    return s\n")
+    r = _run(solution, tests, reuse)
+    assert r.passed, (r.verdict_error, r.stdout[-1500:])
+
+
+@WORKER_MODES
+def test_nan_compared_is_not_checkable_but_a_test_may_expect_nan(reuse):
+    r = _run(F.NAN, F.AREA_TESTS, reuse)
+    assert not r.passed and "compares a NaN" in (r.not_checkable or ""), r.verdict_error
+    tests = ("import math\nfrom solution import area\n\ndef test_nan():\n    a = area(-1)\n"
+             "    assert math.isnan(a) and a != a and math.isnan(a + 1)\n")
+    r = _run("def area(r):\n    return float('nan') if r < 0 else 3.14 * r * r\n", tests, reuse)
+    assert r.passed, (r.verdict_error, r.stdout[-1500:])
+
+
+@WORKER_MODES
+def test_star_import_binds_only_the_names_the_test_expects(reuse):
+    r = _run(F.STAR_REBINDS, F.HYP_TESTS, reuse)
+    assert not r.passed and r.tests_failed == 2, r.verdict_error  # the test's own math: hyp(3, 4) = 0.0 fails
+    tests = "from solution import *\n\ndef test_names():\n    assert add(1, 2) == 3\n    assert 'helper' not in globals()\n"
+    r = _run(F.GOOD + "def helper():\n    return 1\n", tests, reuse)
+    assert r.passed, (r.verdict_error, r.stdout[-1500:])
+
+
+@WORKER_MODES
+def test_unittest_files_run_under_the_test_runner(reuse):
+    r = _run(F.WRONG, F.UNITTEST_TESTS, reuse)
+    assert r.runner == "pytest" and not r.passed and (r.tests_passed, r.tests_failed) == (1, 1), r.verdict_error
+    r = _run(F.GOOD, F.UNITTEST_MAIN_TESTS, reuse)
+    assert r.runner == "pytest" and r.passed and r.tests_passed == 2, r.verdict_error
+    empty = "import unittest\nfrom solution import add\n\n\nclass Nothing(unittest.TestCase):\n    pass\n"
+    r = _run(F.GOOD, empty, reuse)
+    assert not r.passed and r.tests_passed == 0 and r.verdict_error in ("no tests collected", "pytest exit status 5")
+
+
+def _humaneval(task_id: str):
+    from evolforge.tasks.problems.benchmarks import humaneval_problems
+
+    return next(p for p in humaneval_problems() if p.id == task_id)
+
+
+# a completion (after the prompt) that rebinds the helper check() trusts, and answers with the helper's inverse
+HELPER_FORGERIES = {
+    "HumanEval/32": "    return 0.0\n\n\ndef poly(xs, x):\n    return 0.0\n",
+    "HumanEval/38": "    return s\n\n\ndef encode_cyclic(s):\n    return s\n",
+    "HumanEval/50": "    return s\n\n\ndef encode_shift(s):\n    return s\n",
+}
+
+
+@WORKER_MODES
+@pytest.mark.parametrize("task_id", list(HELPER_FORGERIES))
+def test_humaneval_helpers_come_from_the_prompt(task_id, reuse):
+    """The eval's own HumanEval path (tasks/eval/prompts.py sandbox_job): a completion that rebinds a helper of the
+    prompt is checked against the prompt's helper, and fails; the canonical solution passes."""
+    from evolforge.tasks.eval.prompts import sandbox_job
+
+    p = _humaneval(task_id)
+    solution, tests = sandbox_job(p, HELPER_FORGERIES[task_id], "humaneval_completion")
+    r = _run(solution, tests, reuse)
+    assert not r.passed and "AssertionError" in r.stderr, (r.verdict_error, r.stderr[-1500:])
+    solution, tests = sandbox_job(p, p.check["canonical_solution"], "humaneval_completion")
+    assert _run(solution, tests, reuse).passed
+
+
+def _hashes(strings: list[str], seed: int) -> list[int]:
+    import subprocess
+    import sys
+
+    code = "import sys\nfor s in sys.argv[1:]:\n    print(hash(s))\n"
+    out = subprocess.run([sys.executable, "-c", code, *strings], env={"PYTHONHASHSEED": str(seed)},
+                         capture_output=True, text=True, check=True).stdout
+    return [int(x) for x in out.split()]
+
+
+@WORKER_MODES
+def test_a_flaky_solution_never_passes_as_a_reward(reuse):
+    """Right when the hash of a string is odd (so on about half the hash seeds): judged on one run, it was paid on
+    about half the runs. As a reward (confirm_runs=2, seeds 1 and 2) it never passes: 20 repeated runs. The
+    string is picked so the solution is right under seed 1 and wrong under seed 2 (the confirmation must catch
+    it; a string right under both would be a solution our seeds cannot tell from a right one)."""
+    from evolforge.tasks.sandbox.host import hash_seed
+
+    names = [f"evolforge-flaky-{i}" for i in range(64)]
+    under1, under2 = _hashes(names, hash_seed(0)), _hashes(names, hash_seed(1))
+    name = next(n for n, a, b in zip(names, under1, under2) if a % 2 and not b % 2)
+    flaky = f"def add(a, b):\n    return a + b if hash({name!r}) % 2 else a - b\n"
+    settings = _settings(reuse_workers=reuse, confirm_runs=2)
+    assert run_python_tests(flaky, F.TESTS, settings).passed  # one run (seed 1): the lucky seed
+    results = run_many([(flaky, F.TESTS)] * 20, settings, reward=True)
+    assert not any(r.passed for r in results)
+    assert all(r.runs == 2 and "confirmation run 2 of 2" in r.verdict_error for r in results), results[0].verdict_error
+    right = run_python_tests(F.GOOD, F.TESTS, settings, reward=True)
+    assert right.passed and right.runs == 2
+    wrong = run_python_tests(F.WRONG, F.TESTS, settings, reward=True)
+    assert not wrong.passed and wrong.runs == 1  # a failing first run is not re-run
+    seeds = "import sys\ndef seed():\n    return hash('x')\n"
+    seen = {_run(seeds, "from solution import seed\nassert seed() == %d\n" % h, reuse).passed
+            for h in _hashes(["x"], hash_seed(0))}
+    assert seen == {True}  # the first run's hash seed is hash_seed(0), on a warm worker as on a fresh one
+
+
+SOCKET_PROBE = """
+import socket
+
+
+def probe(port):
+    seen = {}
+    for name, family, address in (("abstract", socket.AF_UNIX, "\\0evolforge-probe"),
+                                  ("tcp", socket.AF_INET, ("127.0.0.1", port))):
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.settimeout(2)
+        try:
+            s.connect(address)
+            seen[name] = True
+        except OSError:
+            seen[name] = False
+        finally:
+            s.close()
+    return seen
+"""
+SOCKET_TESTS = """
+import socket
+from solution import probe
+
+
+def test_the_runners_sockets_are_out_of_reach():
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind("\\0evolforge-probe")
+    srv.listen(1)
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(1)
+    assert probe(tcp.getsockname()[1]) == {"abstract": False, "tcp": False}
+"""
+
+
+@WORKER_MODES
+def test_the_solution_has_its_own_network_namespace(reuse):
+    """The runner's abstract unix socket and a TCP listener on its loopback are not reachable from the solution."""
+    r = _run(SOCKET_PROBE, SOCKET_TESTS, reuse)
+    assert r.passed, (r.verdict_error, r.stdout[-1500:], r.stderr[-800:])
