@@ -8,6 +8,8 @@
       verl/overrides.txt            one Hydra override per line (the command's arguments)
       verl/submit.sh                the exact `ray job submit ... -- python3 -m verl.trainer.main_ppo ...` command
       verl/submission.json          address, submission id and output of a submitted job
+      verl/checkpoints/             verl's checkpoints (trainer.default_local_dir, every ppo.save_freq steps and the
+                                    last): global_step_N/actor/huggingface is the trained policy for `evolforge eval`
       local/base_policy/            the base policy as a transformers folder (converted from the GGUF; used when no
                                     SFT policy is given: `--sft`)
       local/policy/                 the policy after the local GRPO steps
@@ -94,6 +96,7 @@ class PPOLayout(StageFolder):
     verl_overrides = property(lambda self: self.verl_dir / "overrides.txt")
     submit_script = property(lambda self: self.verl_dir / "submit.sh")
     submission = property(lambda self: self.verl_dir / "submission.json")
+    verl_checkpoints = property(lambda self: self.verl_dir / "checkpoints")  # trainer.default_local_dir
     local_dir = property(lambda self: self.root / "local")
     base_policy = property(lambda self: self.local_dir / "base_policy")
     policy = property(lambda self: self.local_dir / "policy")

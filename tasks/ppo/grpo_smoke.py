@@ -58,7 +58,8 @@ def run_smoke(spec: dict[str, Any]) -> dict[str, Any]:
         prompts_per_step=cfg.local_prompts_per_step, num_generations=cfg.local_num_generations,
         max_completion_length=cfg.local_max_completion_length, learning_rate=cfg.local_learning_rate,
         beta=cfg.kl_coef, clip_ratio=cfg.clip_ratio, temperature=cfg.local_temperature,
-        max_prompts=cfg.local_train_prompts, seed=cfg.local_seed, health=health, progress=progress)
+        max_prompts=cfg.local_train_prompts, seed=cfg.local_seed, health=health, progress=progress,
+        save_steps=cfg.local_save_steps)
     progress.finish("stopped by the reward health watch" if run["stopped_early"] else None)
     store.write_jsonl(lay.metrics, run["steps"])
     if run["health"] is not None:

@@ -135,7 +135,7 @@ def verl_config(cfg: PPOSettings, lay: store.PPOLayout, policy: str, irm: Path, 
                 submission_id: str) -> dict:
     """The verl PPO configuration, validated and written, with the `ray job submit` line in verl/submit.sh."""
     overrides = ppo_verl.verl_overrides(cfg, train_files=str(lay.train), val_files=str(lay.test), policy_path=policy,
-                                        irm_dir=str(irm), prm_dir=str(prm))
+                                        irm_dir=str(irm), prm_dir=str(prm), checkpoint_dir=str(lay.verl_checkpoints))
     ppo_verl.validate_config(overrides)  # the documented schema; invalid settings stop the run here
     checked_by = "evolforge's schema of verl's keys"
     if cfg.verl_python:  # verl's own Hydra compose and validate_config, as main_ppo runs them

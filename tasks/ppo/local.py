@@ -107,8 +107,11 @@ def grpo_train(policy_dir: Path, train_parquet: Path, reward: PPOReward, out_dir
                prompts_per_step: int, num_generations: int, max_completion_length: int, learning_rate: float,
                beta: float, clip_ratio: float, temperature: float, max_prompts: int, seed: int,
                health: TrainingHealth | None = None, progress: StepProgress | None = None,
-               callbacks: list | None = None) -> dict[str, Any]:
-    """`steps` GRPO steps on the first `max_prompts` training prompts; saves the policy to out_dir/policy.
+               callbacks: list | None = None, save_steps: int = 0, loss_type: str | None = None) -> dict[str, Any]:
+    """`steps` GRPO steps on the first `max_prompts` training prompts; saves the policy to out_dir/policy (model and
+    tokenizer: the folder `evolforge eval --policy` reads). `save_steps` > 0 also writes a resumable trainer
+    checkpoint (model, optimizer, scheduler, RNG) every that many steps to out_dir/trainer/checkpoint-N, the last
+    two kept. On a GPU (when torch sees one) the run uses it, in bf16 where supported.
     With `health`, result["health"] is its report and result["stopped_early"] says whether it ended training.
     With `progress`, each optimizer step and its logged reward reach it (the live progress views); `callbacks`:
     further transformers TrainerCallbacks."""
@@ -117,12 +120,18 @@ def grpo_train(policy_dir: Path, train_parquet: Path, reward: PPOReward, out_dir
 
     dataset = load_dataset("parquet", data_files=str(train_parquet), split="train")
     dataset = dataset.select(range(min(max_prompts, len(dataset))))
+    import torch
+
     work = Path(out_dir)
-    args = GRPOConfig(
+    gpu = torch.cuda.is_available()
+    bf16 = gpu and torch.cuda.is_bf16_supported()
+    extra_args = {"loss_type": loss_type} if loss_type else {}
+    args = GRPOConfig(**extra_args,
         output_dir=str(work / "trainer"), max_steps=steps, per_device_train_batch_size=prompts_per_step * num_generations,
         num_generations=num_generations, max_completion_length=max_completion_length, learning_rate=learning_rate,
-        beta=beta, epsilon=clip_ratio, temperature=temperature, logging_steps=1, save_strategy="no", report_to=[],
-        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, seed=seed, dataloader_num_workers=0,
+        beta=beta, epsilon=clip_ratio, temperature=temperature, logging_steps=1, report_to=[],
+        save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500, save_total_limit=2,
+        use_cpu=not gpu, bf16=bf16, fp16=False, gradient_checkpointing=False, seed=seed, dataloader_num_workers=0,
         disable_tqdm=True, log_completions=False, lr_scheduler_type="constant",
     )
     records: list[dict] = []
@@ -145,6 +154,7 @@ def grpo_train(policy_dir: Path, train_parquet: Path, reward: PPOReward, out_dir
     return {"algorithm": "GRPO", "steps": steps_logged, "setup_seconds": round(t_setup, 2),
             "train_seconds": round(float(result.metrics.get("train_runtime", 0.0)), 2),
             "train_loss": float(result.training_loss), "policy_dir": str(policy_out),
+            "checkpoints": sorted(str(p) for p in (work / "trainer").glob("checkpoint-*")),
             "prompts": len(dataset), "completions_per_step": prompts_per_step * num_generations,
             "health": health.report() if health is not None else None,
             "stopped_early": health is not None and health.stopped_at is not None}

@@ -5,6 +5,10 @@
 (kl_coef), the published RLEIF numbers, the prompt parquet files, and the custom reward function
 `tasks/ppo/reward.py::compute_score_async` with the IRM / PRM folders as its reward_kwargs.
 `ray_submit_command` wraps it in `ray job submit --address ADDR --submission-id ID -- ...`.
+Checkpoints: every ppo.save_freq steps and at the last one into `checkpoint_dir` (trainer.default_local_dir), resumed
+from automatically (trainer.resume_mode auto), the actor saved also as a Hugging Face folder (save_contents hf_model);
+`final_actor(checkpoint_dir)` is the folder `evolforge eval --policy` reads after the job
+(global_step_N/actor/huggingface, N from verl's latest_checkpointed_iteration.txt).
 
 Two checks: `validate_config`, the offline pydantic schema (tasks/ppo/verl_schema.py; no verl needed, what the
 flow runs), and `check_with_verl`, verl's own: Hydra composes the overrides onto verl's ppo_trainer config and
@@ -34,8 +38,24 @@ REWARD_FUNCTION = "compute_score_async"
 VERL_ENTRY = ["python3", "-m", "verl.trainer.main_ppo"]
 
 
+CHECKPOINT_CONTENTS = ["model", "optimizer", "extra", "hf_model"]  # hf_model: the actor as a Hugging Face folder
+
+
+def final_actor(checkpoint_dir: str | Path) -> Path:
+    """The last saved actor as a Hugging Face folder (what `evolforge eval --policy` reads); FileNotFoundError
+    before verl saved one."""
+    root = Path(checkpoint_dir)
+    latest = root / "latest_checkpointed_iteration.txt"
+    if not latest.is_file():
+        raise FileNotFoundError(f"{root}: no checkpoint yet (no latest_checkpointed_iteration.txt)")
+    folder = root / f"global_step_{int(latest.read_text().strip())}" / "actor" / "huggingface"
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder}: the latest checkpoint holds no Hugging Face actor")
+    return folder
+
+
 def verl_overrides(cfg: PPOSettings, *, train_files: str, val_files: str, policy_path: str, irm_dir: str,
-                   prm_dir: str, reward_file: str | Path | None = None,
+                   prm_dir: str, checkpoint_dir: str, reward_file: str | Path | None = None,
                    reward_function: str = REWARD_FUNCTION) -> dict[str, Any]:
     """Hydra key -> value. A leading '+' adds a key verl's schema does not declare (reward_kwargs)."""
     kw = "+reward.custom_reward_function.reward_kwargs"
@@ -64,6 +84,7 @@ def verl_overrides(cfg: PPOSettings, *, train_files: str, val_files: str, policy
         "actor_rollout_ref.actor.ppo_epochs": cfg.ppo_epochs,
         "actor_rollout_ref.actor.clip_ratio": cfg.clip_ratio,
         "actor_rollout_ref.actor.use_kl_loss": False,  # PPO: the KL penalty is in the reward
+        "actor_rollout_ref.actor.checkpoint.save_contents": CHECKPOINT_CONTENTS,
         "actor_rollout_ref.rollout.name": cfg.rollout_engine,
         "actor_rollout_ref.rollout.n": cfg.rollout_n,
         "actor_rollout_ref.rollout.tensor_model_parallel_size": cfg.tensor_parallel_size,
@@ -88,6 +109,11 @@ def verl_overrides(cfg: PPOSettings, *, train_files: str, val_files: str, policy
         "trainer.logger": ["console"],
         "trainer.val_before_train": True,
         "trainer.test_freq": 10,
+        "trainer.save_freq": cfg.save_freq,
+        "trainer.default_local_dir": str(checkpoint_dir),
+        "trainer.resume_mode": "auto",
+        "trainer.max_actor_ckpt_to_keep": cfg.max_checkpoints,
+        "trainer.max_critic_ckpt_to_keep": cfg.max_checkpoints,
     }
 
 

@@ -57,8 +57,20 @@ class Model(_Strict):
     path: str = Field(min_length=1)
 
 
+class Checkpoint(_Strict):
+    save_contents: list[Literal["model", "optimizer", "extra", "hf_model"]]
+
+    @model_validator(mode="after")
+    def _ends_with_a_policy(self) -> "Checkpoint":
+        if not {"model", "hf_model"} <= set(self.save_contents):
+            raise ValueError("the actor checkpoint must save 'model' (to resume) and 'hf_model' (the Hugging Face "
+                             f"folder evolforge eval reads), got {self.save_contents}")
+        return self
+
+
 class Actor(_Strict):
     optim: Optim
+    checkpoint: Checkpoint
     ppo_mini_batch_size: int = Field(ge=1)
     ppo_micro_batch_size_per_gpu: int = Field(ge=1)
     ppo_epochs: int = Field(ge=1)
@@ -134,6 +146,12 @@ class Trainer(_Strict):
     logger: list[str]
     val_before_train: bool
     test_freq: int
+    save_freq: int = Field(ge=1, description="Steps between checkpoints (verl also saves at the last step); verl's "
+                           "default -1 saves none, and the job would end with no policy.")
+    default_local_dir: str = Field(min_length=1)
+    resume_mode: Literal["auto", "disable", "resume_path"]
+    max_actor_ckpt_to_keep: int | None = Field(None, ge=1)
+    max_critic_ckpt_to_keep: int | None = Field(None, ge=1)
 
 
 class VerlPPOConfig(_Strict):

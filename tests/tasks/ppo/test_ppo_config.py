@@ -19,7 +19,8 @@ from evolforge.tasks.ppo.preflight import RewardStageUnhealthy, preflight
 def overrides(**ppo):
     cfg = load_settings(None, {"ppo": ppo}, environ={}).ppo
     return ppo_verl.verl_overrides(cfg, train_files="/data/train.parquet", val_files="/data/test.parquet",
-                                   policy_path="/models/sft", irm_dir="/rm/irm", prm_dir="/rm/prm")
+                                   policy_path="/models/sft", irm_dir="/rm/irm", prm_dir="/rm/prm",
+                                   checkpoint_dir="/runs/ppo/verl/checkpoints")
 
 
 def test_published_settings_and_paths():
@@ -38,6 +39,40 @@ def test_published_settings_and_paths():
     # the named function exists with verl's call signature
     fn = getattr(ppo_reward, crf.name)
     assert list(inspect.signature(fn).parameters)[:4] == ["data_source", "solution_str", "ground_truth", "extra_info"]
+
+
+def test_rendered_config_saves_checkpoints_and_a_policy_eval_reads(tmp_path):
+    """The written verl config (the document verl reads) saves checkpoints, resumes from them and ends with the
+    actor as a Hugging Face folder; final_actor finds it after the job."""
+    import yaml
+
+    from evolforge.storage.ppo import PPOLayout
+    from evolforge.tasks.ppo import job
+
+    lay = PPOLayout(tmp_path / "ppo").ensure()
+    cfg = load_settings(None, {"ppo": {"save_freq": 5, "max_checkpoints": 3}}, environ={}).ppo
+    job.verl_config(cfg, lay, "/models/sft", tmp_path / "irm", tmp_path / "prm", "sub-1")
+    doc = yaml.safe_load(lay.verl_config.read_text())
+    trainer = doc["trainer"]
+    assert trainer["save_freq"] == 5 and trainer["resume_mode"] == "auto"
+    assert trainer["default_local_dir"] == str(lay.verl_checkpoints)
+    assert trainer["max_actor_ckpt_to_keep"] == trainer["max_critic_ckpt_to_keep"] == 3
+    assert {"model", "hf_model"} <= set(doc["actor_rollout_ref"]["actor"]["checkpoint"]["save_contents"])
+    args = lay.verl_overrides.read_text()
+    assert "trainer.save_freq=5" in args and f"trainer.default_local_dir={lay.verl_checkpoints}" in args
+    # the schema refuses a config that would end with no policy
+    with pytest.raises(ValidationError, match="save_freq"):
+        ppo_verl.validate_config({**overrides(), "trainer.save_freq": -1})
+    with pytest.raises(ValidationError, match="hf_model"):
+        ppo_verl.validate_config({**overrides(), "actor_rollout_ref.actor.checkpoint.save_contents": ["model"]})
+    # after the job: the latest checkpoint's Hugging Face actor, as verl lays it out
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        ppo_verl.final_actor(lay.verl_checkpoints)
+    actor = lay.verl_checkpoints / "global_step_40" / "actor" / "huggingface"
+    actor.mkdir(parents=True)
+    (actor / "config.json").write_text("{}")
+    (lay.verl_checkpoints / "latest_checkpointed_iteration.txt").write_text("40")
+    assert ppo_verl.final_actor(lay.verl_checkpoints) == actor
 
 
 def test_schema_rejects_bad_configs():

@@ -102,7 +102,7 @@ def overrides(stage, **ppo) -> dict:
     cfg = load_settings(None, {"ppo": ppo}, environ={}).ppo
     return ppo_verl.verl_overrides(cfg, train_files=str(stage["train"]), val_files=str(stage["test"]),
                                    policy_path=str(stage["policy"]), irm_dir=str(stage["irm"]),
-                                   prm_dir=str(stage["prm"]))
+                                   prm_dir=str(stage["prm"]), checkpoint_dir=str(stage["train"].parent.parent / "verl" / "checkpoints"))
 
 
 # ------------------------------------------------------------------ the configuration
