@@ -77,7 +77,7 @@ _REQUEST_VERBS = frozenset(
     express find convert fill complete answer help construct derive approximate check verify format extract
     explore brainstorm argue justify illustrate demonstrate predict reverse merge split parse read calculate""".split()
 )
-_QUESTION_WORDS = ("how ", "what ", "which ", "why ", "who ", "when ", "where ", "can you", "could you",
+_QUESTION_WORDS = ("how ", "what ", "which ", "why ", "who ", "can you", "could you",
                    "would you", "please ", "your task", "you are given", "imagine ", "suppose ", "the task is to ",
                    "you need to ", "you'll need a ")
 # An answer or a reply speaks: it agrees, computes a result, or concludes.
@@ -90,6 +90,11 @@ _ANSWER_MARKS = re.compile(r"the answer is|final answer|\bstep 1\s*:|\btherefore
                            r"\d\s*[-+*/x\u00d7]\s*\d+(?:\.\d+)?\s*=\s*\$?\d", re.I)
 # a question answered right after it: "What is the area ...? The area is 40 m²."
 _ANSWERED_QUESTION = re.compile(r"\?\s+[^?]*\b(is|are|equals|was|will be)\s+(about\s+)?\$?\d[^?]*$", re.I)
+# a solution written out: a function or class defined in code (a rewrite of a coding task that solves it)
+_SOLUTION_CODE = re.compile(r"^\s*(def|class|function|public|int|void)\s+\w+\s*[(:{<]|^\s*(SELECT|CREATE TABLE)\b",
+                            re.M | re.I)
+# operations whose rewrite may carry code as part of the task (an input, an erroneous reference)
+CODE_IN_TASK = frozenset({"complicate_input", "code_erroneous_reference"})
 _SENTENCE = re.compile(r"(?:^|[.!:;,\n]\s*|\bso\s+)([A-Za-z][A-Za-z']*)")
 
 
@@ -101,11 +106,14 @@ def poses_task(instruction: str) -> bool:
     return any(m.group(1).lower() in _REQUEST_VERBS for m in _SENTENCE.finditer(instruction))
 
 
-def not_an_instruction(instruction: str) -> bool:
+def not_an_instruction(instruction: str, operation: str | None = None) -> bool:
     """Rule `not_an_instruction`: the rewrite answers (opens like a reply, states 'the answer is', works a sum out
-    as 'a * b = c' with no question left) or asks nothing at all (a poem, a story, a statement)."""
+    as 'a * b = c' with no question left, answers its own question, or writes the solution's code when the
+    operation asks for none) or asks nothing at all (a poem, a story, a statement)."""
     text = instruction.strip().lstrip("#* ").strip()
     if _ANSWER_OPENINGS.match(text) or _ANSWERED_QUESTION.search(text):
+        return True
+    if operation not in CODE_IN_TASK and _SOLUTION_CODE.search(text):
         return True
     if not poses_task(text):
         return True
@@ -169,13 +177,13 @@ def parse_equal_reply(text: str) -> str | None:
         return parse_equal_verdict(text or "")
 
 
-def instruction_rule(instruction: str) -> str | None:
+def instruction_rule(instruction: str, operation: str | None = None) -> str | None:
     """Rules that need no model call: run them first."""
     if is_empty(instruction):
         return RULE_EMPTY
     if copies_prompt_words(instruction):
         return RULE_COPY
-    if not_an_instruction(instruction):
+    if not_an_instruction(instruction, operation):
         return RULE_NOT_TASK
     return None
 

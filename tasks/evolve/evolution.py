@@ -109,7 +109,7 @@ def evolve_record(
 
     res = call("evolve", prompts.evolve_messages(op, parent_text), "evolve", max_tokens=cfg.max_new_tokens, **sampling)
     evo.instruction = clean_evolved(res.text)
-    rule = rules.instruction_rule(evo.instruction)
+    rule = rules.instruction_rule(evo.instruction, op)
     if rule:
         return _eliminate(evo, rule)
     if cfg.answer:

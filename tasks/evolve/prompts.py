@@ -116,7 +116,8 @@ CODE_OPERATIONS = list(CODE_METHODS)
 # prompts and of these.
 FORBIDDEN_COPIES = ("#the given prompt#", "#rewritten prompt#", "given prompt", "rewritten prompt",
                     "#created prompt#", "created prompt", "#given question#", "#rewritten question#",
-                    "rewritten task:", "created task:", "rewritten question:")
+                    "rewritten task:", "created task:", "rewritten question:", "the new task only",
+                    "rewrite the task")
 
 
 # The first words of every method sentence, lower-case: a rewrite that repeats one copies the template (rule 4).

@@ -1,7 +1,9 @@
 """The rules that judge a rewrite as an instruction, on rewrites the embedded model really wrote.
 
-tests/fixtures/evolve_rewrites_labelled.jsonl holds 120 rewrites of the sample seeds by the embedded
-SmolLM2-135M model: 60 asked with the published templates, 60 with evolforge's (system turn, one worked example).
+tests/fixtures/evolve_rewrites_labelled.jsonl holds 144 rewrites of the sample seeds by the embedded
+SmolLM2-135M model: 60 asked with the published templates, 60 with evolforge's (system turn, one worked example),
+and the 24 rows a two-round sample run with evolforge's prompts accepted before the rules took code answers and
+prompt echoes into account.
 Each was labelled by reading it: `instruction` (a task a person could give a model) or `not_instruction` (an
 answer, a template echo, a poem, a statement, a plan of how to rewrite).
 """
@@ -27,13 +29,13 @@ def _rows(prompts_kind: str | None = None) -> list[dict]:
 
 def test_the_labelled_set_is_what_the_docstring_says():
     rows = _rows()
-    assert len(rows) == 120
+    assert len(rows) == 144
     assert {r["label"] for r in rows} == {"instruction", "not_instruction"}
     assert {r["prompts"] for r in rows} == {"published", "few-shot"}
 
 
 def test_most_rows_the_rules_keep_are_instructions():
-    kept = [r for r in _rows("few-shot") if rules.instruction_rule(r["text"]) is None]
+    kept = [r for r in _rows("few-shot") if rules.instruction_rule(r["text"], r["operation"]) is None]
     share = sum(r["label"] == "instruction" for r in kept) / len(kept)
     assert share >= 0.8, [r["text"][:80] for r in kept if r["label"] != "instruction"]
 
@@ -42,8 +44,8 @@ def test_the_rules_keep_most_instructions_and_drop_most_of_the_rest():
     rows = _rows()
     instructions = [r for r in rows if r["label"] == "instruction"]
     others = [r for r in rows if r["label"] != "instruction"]
-    kept = sum(rules.instruction_rule(r["text"]) is None for r in instructions)
-    dropped = sum(rules.instruction_rule(r["text"]) is not None for r in others)
+    kept = sum(rules.instruction_rule(r["text"], r["operation"]) is None for r in instructions)
+    dropped = sum(rules.instruction_rule(r["text"], r["operation"]) is not None for r in others)
     assert kept / len(instructions) >= 0.85
     assert dropped / len(others) >= 0.85
 
