@@ -223,6 +223,7 @@ def cmd_server(args) -> int:
     state = read_state()
     if state and _alive(state.get("pid")) and healthy(state["url"]):
         print(f"local Prefect server: {state['url']} (UI: {state['url'][:-4]}) pid {state['pid']}")
+        print(f"point the prefect CLI at it: export PREFECT_API_URL={state['url']}")
         return 0
     print("no local Prefect server running (the next command starts one with runner.prefect_server = \"reuse\")")
     return 1

@@ -82,6 +82,7 @@ def test_commands_reuse_one_background_server_and_stop_it(tmp_path):
                 assert any(m.startswith("done: ") for m in _logs(state["url"], newest["id"])), "the last log line was lost"
         st = evolforge("server", "status")
         assert st.returncode == 0 and first["url"] in st.stdout
+        assert f"export PREFECT_API_URL={first['url']}" in st.stdout  # the line that points the prefect CLI at it
     finally:
         stop = evolforge("server", "stop")
     assert stop.returncode == 0 and "stopped" in stop.stdout
