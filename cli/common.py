@@ -235,6 +235,31 @@ def output_lock(out: str | None, wait: float = 0.0):
     return run_lock(location(out), wait=wait or 0.0)
 
 
+def endpoint_line(name: str, params) -> str | None:
+    """A run's first line: the endpoint and model it uses, and where the endpoint comes from (None: the stage
+    calls no model, or its settings cannot be read: the flow reports that itself)."""
+    from evolforge.config.settings import BASE_URL_ENV, ConfigError
+
+    if not hasattr(params, "base_url"):
+        return None
+    try:
+        settings = params.settings()
+    except ConfigError:
+        return None
+    url = settings.gateway.base_url
+    if not url:
+        where = f"the embedded model {settings.embedded.alias} (on loopback; --base-url or {BASE_URL_ENV} names another)"
+    else:
+        source = ("--base-url" if params.base_url else f"{BASE_URL_ENV}"
+                  if os.environ.get(BASE_URL_ENV, "").strip() == url else "gateway.base_url")
+        where = f"{url} (from {source})"
+    models = settings.models
+    own = {role: getattr(models, role) for role in type(models).model_fields
+           if role != "default" and getattr(models, role) and getattr(models, role) != models.default}
+    extra = "; " + ", ".join(f"{role}: {m}" for role, m in own.items()) if own else ""
+    return f"evolforge {name}: endpoint {where}, model {models.default}{extra}"
+
+
 def run_stage(stage, params, wait: float = 0.0) -> int:
     """Run a registered stage's flow with live progress; print what the stage presents (else a short summary),
     or one clear line when it fails (with the resume hint when it left checkpoints). The output folder is locked
@@ -247,6 +272,9 @@ def run_stage(stage, params, wait: float = 0.0) -> int:
     out = stage.out_of(params)
     log = None
     reset()
+    first = endpoint_line(stage.cli_name, params)
+    if first:
+        print(first, flush=True)
     with output_lock(out, wait), stop_on_signals(GRACE_SECONDS if is_cli_process() else None):
         try:
             with prefect_defaults(params), live_progress(), quiet_terminal(out, VERBOSE) as log:

@@ -90,6 +90,9 @@ def params_from_args(stage, args: argparse.Namespace) -> BaseModel:
     """The stage's parameter model from the parsed flags (flags left out take the model's defaults)."""
     values = {name: getattr(args, name) for name in stage.params.model_fields
               if getattr(args, name, None) is not None}
+    if stage.out_field and isinstance(values.get(stage.out_field), str) and not values[stage.out_field].strip():
+        raise ParamsError(f"{flag_of(stage, stage.out_field)} is empty: name the output folder (an empty one would "
+                          "be the current folder)")
     try:
         return stage.params(**values)
     except ValidationError as e:

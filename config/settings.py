@@ -11,7 +11,12 @@ Precedence (later wins):
   3. environment variables `EVOLFORGE__SECTION__KEY=value`
      (for example `EVOLFORGE__EVOL_INSTRUCT__ROUNDS=6`,
      `EVOLFORGE__GATEWAY__BASE_URL=http://gpu:8000/v1`, `EVOLFORGE__MODELS__JUDGE=gpt-4o-mini`),
-  4. explicit overrides from the CLI or flow parameters.
+  4. explicit overrides from the CLI or flow parameters,
+  5. when all of the above leave gateway.base_url empty: the `OPENAI_BASE_URL` environment variable (what the
+     OpenAI SDK and most tools read), so a run never quietly falls back to the embedded model.
+
+The config file is validated on its own before anything overrides it: a wrong value in the file is an error
+even where a flag or variable replaces it. A UTF-8 byte-order mark at its start is read as nothing.
 
 The API key is never part of the settings: it is read from `EVOLFORGE_API_KEY`
 (falling back to `OPENAI_API_KEY`) by the gateway at call time.
@@ -54,6 +59,7 @@ CONFIG_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
 SAMPLE_SEEDS = CONFIG_DIR / "sample_seeds.jsonl"
 ENV_PREFIX = "EVOLFORGE__"
+BASE_URL_ENV = "OPENAI_BASE_URL"  # the endpoint when no flag, file or EVOLFORGE__ variable names one
 
 
 class ConfigError(ValueError):
@@ -172,15 +178,26 @@ def load_settings(
     `flags`: dotted key -> the flag (or parameter) that set it among the overrides, so an invalid value is
     blamed on it; any other bad value on its environment variable, the overrides or the file."""
     path = Path(path) if path else DEFAULT_CONFIG
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder: pass --config a TOML file (e.g. {path}/config.toml)")
     if not path.exists():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is not part of the TOML
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} cannot be read: {e}") from None
+    try:  # the file on its own: a wrong value in it is an error even where a flag or variable overrides it
+        Settings.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, str(path))) from None
+    environ = os.environ if environ is None else environ
     env = env_overrides(environ)
     data = deep_merge(data, env)
     data = deep_merge(data, overrides or {})
+    if not (data.get("gateway") or {}).get("base_url") and environ.get(BASE_URL_ENV, "").strip():
+        data = deep_merge(data, {"gateway": {"base_url": environ[BASE_URL_ENV].strip()}})
     try:
         return Settings.model_validate(data)
     except ValidationError as e:

@@ -39,8 +39,8 @@ def iter_rows(path) -> Iterator[tuple[int, dict | None, str | None]]:
     """Yield (line_no, row or None, error) for each row of the file (local path or URL)."""
     path = _location(path)
     suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        with io.TextIOWrapper(path.open("rb"), encoding="utf-8", errors="replace") as fh:
+    if suffix in (".jsonl", ".ndjson", ".json"):  # utf-8-sig: a byte-order mark (Windows editors) is read as nothing
+        with io.TextIOWrapper(path.open("rb"), encoding="utf-8-sig", errors="replace") as fh:
             for n, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
@@ -54,7 +54,7 @@ def iter_rows(path) -> Iterator[tuple[int, dict | None, str | None]]:
                     continue
                 yield n, row, None
     elif suffix == ".csv":
-        with io.TextIOWrapper(path.open("rb"), encoding="utf-8", errors="replace", newline="") as fh:
+        with io.TextIOWrapper(path.open("rb"), encoding="utf-8-sig", errors="replace", newline="") as fh:
             for n, row in enumerate(csv.DictReader(fh), 2):
                 yield n, row, None
     elif suffix == ".parquet":
@@ -90,6 +90,8 @@ def first_usable_row(path, field: str, max_chars: int | None = None, what: str =
     or no row has a usable `field` (and whether any row has the field at all)."""
     p = _location(path)
     if not input_exists(p):
+        if isinstance(p, Path) and p.is_dir():
+            raise SeedFileError(f"{what} {p} is a folder: give the file inside it ({', '.join(SUPPORTED)})")
         raise SeedFileError(f"{what} not found: {p}")
     seen_field = too_long = rows = bad = 0
     columns: dict[str, None] = {}  # the fields the rows have, in order (named when none has `field`)
@@ -139,6 +141,8 @@ def folder_problem(path) -> str | None:
     if not isinstance(path, (str, os.PathLike)):  # a remote UPath
         return None
     s = os.fspath(path)
+    if not s.strip():
+        return "the output folder is empty (\"\"): it would be the current folder"
     if "://" in s and not s.startswith("file://"):
         return None
     p = Path(s.removeprefix("file://")).expanduser().absolute()

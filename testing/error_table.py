@@ -116,6 +116,23 @@ ROWS: tuple[Case, ...] = (
          symptom="Ctrl-C on `evolforge sandbox-serve`"),
     Case("missing-seed-file", ("run", "--seeds", "{tmp}/nope.jsonl", "--out", "{out}"), 2, "seed file not found",
          "Give --seeds an existing jsonl, parquet or csv file."),
+    Case("seed-file-is-a-folder", ("run", "--seeds", "{tmp}", "--out", "{out}"), 2, "seed file {tmp} is a folder",
+         "Give --seeds the jsonl, parquet or csv file inside the folder."),
+    Case("out-empty", ("run", "--seeds", "{seeds}", "--out", ""), 2, "--out is empty: name the output folder",
+         "Give --out a folder (an empty value would write the run into the current folder).", ("seeds",),
+         symptom='`evolforge run --seeds S --out ""`'),
+    Case("config-is-a-folder", ("run", "--seeds", "{seeds}", "--out", "{out}", "--config", "{tmp}"), 2,
+         "config file {tmp} is a folder: pass --config a TOML file", "Give --config the TOML file, not its folder.",
+         ("seeds",)),
+    Case("config-wrong-type-under-a-flag", ("run", "--seeds", "{seeds}", "--out", "{out}", "--config",
+                                            "{tmp}/bad.toml", "--rounds", "2"), 2,
+         "(got 'many', from {tmp}/bad.toml)",
+         "Fix the key in the config file: it is checked before a flag or variable overrides it.",
+         ("seeds", "bad-config")),
+    Case("out-in-use", ("run", "--seeds", "{seeds}", "--out", "{out}", "--base-url", "{url}", "--model", "scripted"),
+         2, "is in use by another run (host ", "Wait for the other run to finish (`--wait` waits for it), or give "
+         "another --out: one run writes to an output folder at a time.", ("seeds", "url", "locked-out"),
+         symptom="a second `evolforge run` (or retry, nightly, a stage) over a folder another run is writing"),
 )
 
 
@@ -176,6 +193,17 @@ def prepared(case: Case, tmp: Path) -> Iterator[dict[str, str]]:
             values["run"] = str(_evolve_run(tmp / "run", values["seeds"]))
         if "other-field" in need:
             _seeds(tmp, "other-field.jsonl", [{"other": "some text"}])
+        if "locked-out" in need:  # another process holds the output folder's run lock (storage/locks.py)
+            import subprocess
+            import sys
+
+            holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom evolforge.storage.locks import "
+                                       "run_lock\nwith run_lock(sys.argv[1]):\n    print('held', flush=True)\n"
+                                       "    sys.stdin.read()\n", values["out"]], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)
+            holder.stdout.readline()
+            stack.callback(holder.wait, 30)
+            stack.callback(holder.stdin.close)
         if "bad-config" in need:
             (tmp / "bad.toml").write_text('[evol_instruct]\nrounds = "many"\n')
         if need & {"url", "models-elsewhere", "model-404"}:

@@ -15,7 +15,9 @@ class GatewaySettings(Section):
     base_url: str = Field(
         "",
         description="OpenAI-compatible base URL, e.g. http://gpu-box:8000/v1 (vLLM) or "
-        "https://api.openai.com/v1. Empty: start the embedded model on loopback.",
+        "https://api.openai.com/v1. Empty: the OPENAI_BASE_URL environment variable when it is set, else start "
+        "the embedded model on loopback (--base-url and EVOLFORGE__GATEWAY__BASE_URL come first). A run's first "
+        "line names the endpoint and model it uses.",
     )
     timeout_seconds: float = Field(120.0, gt=0, description="Per-request timeout (connect + read).")
     max_retries: int = Field(3, ge=0, le=20, description="Retries after the first attempt on 429, 5xx, timeouts, connection errors and malformed bodies.")
