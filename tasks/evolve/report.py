@@ -80,22 +80,25 @@ def rules_in_words(by_rule: dict) -> str:
 def survival_note(summary: dict) -> str | None:
     """A note when few attempts survived, naming the main reason and, on the embedded model, the way out."""
     rounds = summary.get("rounds") or []
-    attempts = sum(r["attempts"] for r in rounds)
+    errors = sum(r.get("errors") or 0 for r in rounds)
+    attempts = sum(r["attempts"] for r in rounds) - errors
     accepted = sum(r["accepted"] for r in rounds)
+    failed = (f"{errors} attempt(s) ended in an error, not an elimination (the `error` column of lineage.parquet); "
+              "`evolforge retry --out DIR` redoes them." if errors else "")
     if not attempts or accepted / attempts >= LOW_SURVIVAL:
-        return None
+        return failed or None
     by_rule: dict[str, int] = defaultdict(int)
     for r in rounds:
         for rule, n in (r.get("by_rule") or {}).items():
             by_rule[rule] += n
     main = max(by_rule.items(), key=lambda kv: kv[1])[0] if by_rule else None
-    text = (f"only {accepted} of {attempts} rewrites survived ({accepted / attempts:.0%})"
+    text = (f"only {accepted} of {attempts} rewrites judged survived ({accepted / attempts:.0%})"
             + (f"; most were eliminated because the rewrite {rule_words(main)}" if main else "") + ".")
     if str(summary.get("endpoint", "")).startswith("embedded"):
         text += (" This is expected of the embedded 135M model, which proves the pipeline end to end but often "
                  "fails to rewrite; point the gateway at a real model (--base-url or [gateway] base_url) for data "
                  "worth training on.")
-    return text
+    return f"{failed} {text}" if failed else text
 
 
 def round_summary(table: dict) -> dict:

@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo
 from pydantic import Field
 
 from evolforge.config.settings import SAMPLE_SEEDS, Settings, deep_merge
+from evolforge.storage.folder import read_marker
 from evolforge.storage.fs import exists, location, read_json
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.nights import NightlyFolder
@@ -155,6 +156,8 @@ def present(summary: dict, params: EvolveParams) -> str:
         lines.append(f"round {r['round']}: {r['accepted']}/{r['attempts']} accepted (survival {r['survival']:.0%})")
         lines += [f"  {n:>4} eliminated: {rule_words(rule)}"
                   for rule, n in sorted(r["by_rule"].items(), key=lambda kv: (-kv[1], kv[0] or ""))]
+        if r.get("errors"):
+            lines.append(f"  {r['errors']:>4} ended in an error, not judged (`evolforge retry` redoes them)")
     if note := survival_note(summary):
         lines.append(f"note: {note}")
     if summary.get("rounds_note"):
@@ -220,6 +223,10 @@ class NightlyParams(EndpointParams):
     night: str | None = Field(None, description="Night label YYYY-MM-DD (default: today in schedule.timezone).")
     force_settings: bool = Field(False, description="Resume a night although its seeds (the last night's pool) or "
                                  "result-changing settings changed since it started (recorded in its run.json).")
+    new: bool | None = Field(None, description="Start a new dataset in `dataset` (its first night evolves `seeds`). "
+                             "The CLI refuses a --dataset that is not a nightly dataset yet unless --new is given (a "
+                             "mistyped path would start a new chain); a flow run started otherwise (the schedule) "
+                             "leaves it unset and starts a dataset where there is none.")
 
     def stage_overrides(self) -> dict[str, Any]:
         return overrides_from(self, "schedule", ("dataset", "rounds_per_night"))
@@ -261,6 +268,10 @@ def check_nightly(params: NightlyParams, settings: Settings) -> None:
     night = night_of(params, settings)
     dataset = params.dataset or settings.schedule.dataset
     check_out_dir(dataset, "--dataset")
+    if params.new is False and (read_marker(dataset) or {}).get("kind") != "nightly":
+        raise InputError(f"--dataset {location(dataset)} is not a nightly dataset (no stage.json of the nightly "
+                         "stage): check the path, or pass --new to start a new dataset there (its first night "
+                         "evolves --seeds)")
     if NightlyFolder(dataset).last_finished(before=night) is None:
         check_rows(params.seeds, settings.input.instruction_field, "seed file", settings.input.max_chars)
     check_endpoint(settings)
@@ -274,6 +285,7 @@ NIGHTLY = register(Stage(
     folder=NightlyFolder,
     check=check_nightly,
     out_field="dataset",
+    cli_defaults={"new": False},  # the command refuses a folder that is not a dataset unless --new
     inputs=(Table("seeds", "(--seeds)", ("instruction", "id", "domain"), "the first night's seed instructions"),
             Table("last_pool", "nights/<last night>/dataset/final_pool.parquet",
                   ("id", "seed_id", "instruction", "domain", "generation"), "what every later night evolves")),
