@@ -21,8 +21,20 @@ class ProxySettings(Section):
     token_env: str = Field("EVOLFORGE_PROXY_TOKEN", description="Environment variable holding the access token clients "
                            "send as `X-Evolforge-Proxy-Token` (or as their bearer key when the upstream key comes from "
                            "the environment). Required when host is not loopback; optional on loopback.")
-    pass_client_key: bool = Field(True, description="Without EVOLFORGE_API_KEY / OPENAI_API_KEY set, forward the "
-                                  "client's own Authorization header to the upstream (never recorded).")
+    pass_client_key: bool = Field(True, description="For a call of an API with no operator key configured (see "
+                                  "openai_key_env, anthropic_key_env), forward the client's own credential headers "
+                                  "(Authorization, x-api-key, api-key) to the upstream (never recorded). false: "
+                                  "every client credential header is stripped.")
+    openai_key_env: str = Field("", description="Environment variable holding the operator's key for the OpenAI-style "
+                                "APIs (chat completions, completions, Responses, everything else under /v1, and "
+                                "Messages calls translated to chat); sent only as `Authorization: Bearer`, never on a "
+                                "Messages call. Empty (default): EVOLFORGE_API_KEY, else OPENAI_API_KEY (the "
+                                "gateway's). When set, the client's own credential headers are stripped from those "
+                                "calls.")
+    anthropic_key_env: str = Field("ANTHROPIC_API_KEY", description="Environment variable holding the operator's key "
+                                   "for Anthropic's Messages API (/v1/messages and /v1/messages/*, forwarded as "
+                                   "Messages); sent only as `x-api-key`, never on another API's call. When set, the "
+                                   "client's own credential headers are stripped from those calls. Empty: none.")
     allowed_hosts: HostNames = Field(default_factory=list, description="Host names clients may reach the proxy by, "
                                      "besides loopback names and addresses and the address it is bound to (a request "
                                      "with another Host is refused: that is how a web page reaches a loopback server "
@@ -48,6 +60,15 @@ class ProxySettings(Section):
                          "process's memory). /healthz counts the calls of the worker that answers it.")
     session_idle_seconds: float = Field(300.0, gt=0, description="A session with no call for this long counts as "
                                         "finished at export time (or when the agent POSTs /s/{session}/finish).")
+    refused_records_per_second: float = Field(20.0, ge=0, description="Calls the proxy refuses (door, token, "
+                                              "session, body checks: never forwarded) are recorded at most at this "
+                                              "rate per worker, with a burst of refused_records_burst; past it they "
+                                              "are only counted (the next refused record, or one at shutdown, carries "
+                                              "`unrecorded_refusals`), with no record and no ledger row, so a flood "
+                                              "of refused calls cannot fill the disk. A refused record keeps at most "
+                                              "256 characters of the path and of the error.")
+    refused_records_burst: int = Field(200, ge=0, description="Refused calls recorded in a burst before "
+                                       "refused_records_per_second applies.")
     flush_seconds: float = Field(1.0, ge=0, description="Records on an object store are flushed within this window "
                                  "(local folders: every record at once).")
     translate: Literal["off", "messages", "responses", "both"] = Field(

@@ -14,7 +14,9 @@ Headers: `X-Evolforge-Parent-Session` (a sub-agent's session names its parent: s
 session never changes parent), `X-Evolforge-Role` or `X-OpenForge-Role` (which agent or tool made the call),
 `X-Evolforge-Proxy-Token` (the access token, when one is configured).
 
-Every call under /v1 ends as exactly one record and one ledger row, whatever the client or the upstream sent:
+Every call under /v1 ends as exactly one record and one ledger row, whatever the client or the upstream sent
+(except calls the proxy refuses past `proxy.refused_records_per_second`: those are counted, and the count is
+written with the next refused record or at shutdown; a refused record keeps 256 characters of path and error):
 - The door (tasks/core/request_guard.py), before anything else: `Host` must name this machine (a web page or a
   DNS-rebinding name is refused, 403), browser-originated requests (`Origin`, `Sec-Fetch-Site: cross-site`) are
   refused unless `proxy.allowed_origins` lets the page in, then the access token (401). Refused here, the call is
@@ -42,8 +44,14 @@ reply not of the chat form a 502, an upstream error its status (502 for one unde
 error form (Anthropic's `{"type": "error", ...}` for Messages); a chat stream that breaks or ends without [DONE]
 ends the client's stream with its API's error event.
 
-The upstream key comes from EVOLFORGE_API_KEY / OPENAI_API_KEY, else credentials in the upstream URL's userinfo
-(sent as Basic auth), else (with `pass_client_key`) the client's own key headers are forwarded. No key goes over
+Keys, one setting per upstream API, each sent only in its API's header: the OpenAI-style APIs (chat, completions,
+Responses, anything else under /v1, and Messages translated to chat) get `proxy.openai_key_env` (default
+EVOLFORGE_API_KEY / OPENAI_API_KEY) as `Authorization: Bearer`; Messages calls forwarded as Messages get
+`proxy.anthropic_key_env` (default ANTHROPIC_API_KEY) as `x-api-key` and never the OpenAI key. A call that carries
+an operator key carries no client credential (Authorization, x-api-key, api-key are stripped), so the operator's key
+never travels beside a client's. Without an operator key for the call's API: credentials in the upstream URL's
+userinfo (sent as Basic auth), else (with `pass_client_key`) the client's own key headers are forwarded;
+`pass_client_key = false` strips every client credential header. No key goes over
 plain http to a host that is not loopback unless `gateway.allow_key_over_http` says so (the gateway's own check,
 tasks/core/keys.py): the proxy refuses to start with an environment key or URL credentials for such an upstream,
 and does not forward a client's key to it. No header is recorded; error messages never carry a key; the upstream
@@ -93,11 +101,56 @@ HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-e
                "upgrade", "proxy-authorization", "proxy-connection", "accept-encoding"}
 OWN_HEADERS = ("x-evolforge-", "x-openforge-")
 CLIENT_KEY_HEADERS = ("x-api-key", "api-key")  # keys some clients send beside Authorization (Anthropic, Azure)
+CREDENTIAL_HEADERS = ("authorization", *CLIENT_KEY_HEADERS)
+
+
+def operator_keys(settings: Settings, environ: dict | None = None) -> dict[str, str | None]:
+    """The operator's key of each upstream API ("openai": Bearer, "messages": x-api-key), from its own setting."""
+    environ = os.environ if environ is None else environ
+    cfg = settings.proxy
+    openai_key = environ.get(cfg.openai_key_env) or None if cfg.openai_key_env else read_api_key(environ)
+    messages_key = environ.get(cfg.anthropic_key_env) or None if cfg.anthropic_key_env else None
+    return {"openai": openai_key, "messages": messages_key}
+
+
+def api_of(path: str, translated: bool = False) -> str:
+    """The upstream API a call under /v1 reaches: "messages" (Anthropic's, forwarded as Messages) or "openai"."""
+    return "messages" if (path == "messages" or path.startswith("messages/")) and not translated else "openai"
 PASS_BACK = {"content-type", "retry-after", "x-request-id", "openai-processing-ms", "x-ratelimit-limit-requests",
              "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"}
 MAX_ROLE_CHARS = 128
 DOOR_MEMO = 256  # door answers remembered (ProxyState.door)
 MAX_ERROR_CHARS = 2000
+MAX_REFUSED_CHARS = 256  # of the path and the error in the record of a refused call (the client chose both)
+
+
+class RefusalBudget:
+    """A token bucket for the records of refused calls: `take()` says whether this one is recorded; the calls it
+    refused to record are counted (`pending`) until a record carries the count."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at = float(burst), time.monotonic()
+        self.pending = 0
+        self.lock = threading.Lock()
+
+    def take(self) -> int | None:
+        """None: do not record this call (counted); else the count of unrecorded refusals before it (now reset)."""
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = min(float(self.burst), self.tokens + (now - self.at) * self.rate)
+            self.at = now
+            if self.tokens < 1.0:
+                self.pending += 1
+                return None
+            self.tokens -= 1.0
+            count, self.pending = self.pending, 0
+            return count
+
+    def drain(self) -> int:
+        with self.lock:
+            count, self.pending = self.pending, 0
+            return count
 
 
 class ProxyConfigError(ValueError):
@@ -146,6 +199,7 @@ def upstream_of(settings: Settings, url: str, env_key: str | None) -> Upstream:
             "would be the Authorization header. Drop the credentials from the URL or unset the key.")
     allow = settings.gateway.allow_key_over_http
     check_key_transport(shown, env_key or (authorization and "url-credentials"), allow)  # the gateway's one check
+    check_key_transport(shown, operator_keys(settings)["messages"], allow)  # the Messages key: the same rule
     try:
         check_key_transport(shown, "a client's key", allow)
         may_travel = True
@@ -171,7 +225,8 @@ class ProxyState:
         self.log = RecordLog(self.layout, cfg.flush_seconds)
         self.ledger = LedgerWriter(self.layout.ledger_dir, self.run_id, cfg.flush_seconds)
         self.prices = PriceBook(self.settings.pricing, self.embedded_models)
-        self.env_key = read_api_key()
+        self.keys = operator_keys(self.settings)
+        self.refusals = RefusalBudget(cfg.refused_records_per_second, cfg.refused_records_burst)
         self.client: aiohttp.ClientSession | None = None  # made on the server's event loop (lifespan)
         self.calls = 0
         self.history = translate.History(cfg.translate_history)  # translated Responses, for previous_response_id
@@ -215,6 +270,13 @@ class ProxyState:
     async def aclose(self) -> None:
         if self.client is not None:
             await self.client.close()
+        unrecorded = self.refusals.drain()
+        if unrecorded:  # the refused calls counted since the last refused record
+            self.log.record({"record_id": self.record_id(), "session": REFUSED_SESSION, "parent_session": None,
+                             "role": None, "route": "(refusals)", "method": None, "path": None, "stream": False,
+                             "status": 0, "error": f"{unrecorded} refused calls not recorded (rate limit)",
+                             "model": None, "ts": time.time(), "latency_s": 0.0, "ttft_s": None, "request": None,
+                             "response": None, "unrecorded_refusals": unrecorded})
         self.log.close()
         self.ledger.close()
         if self.shared is not None:
@@ -280,8 +342,22 @@ class Call:
         if self.finished:
             return
         self.finished = True
+        unrecorded = None
+        if not self.forwarded and self.status != 200:  # refused by the proxy: rate-limited, capped records
+            unrecorded = self.state.refusals.take()
+            if unrecorded is None:
+                with self.state.lock:
+                    self.state.calls += 1
+                return
+            self.path = _text(self.path, MAX_REFUSED_CHARS)
+            self.error = _text(self.error, MAX_REFUSED_CHARS)
+            self.route = _text(self.route, MAX_REFUSED_CHARS)
+            self.body = None
         try:
-            self._write(*self._build())
+            rec, row = self._build()
+            if unrecorded:
+                rec["unrecorded_refusals"] = unrecorded
+            self._write(rec, row)
         except Exception:  # noqa: BLE001 - a call must never go unrecorded
             log.exception("recording proxy: the record of a call to %s could not be built; a minimal one is written",
                           _text(self.path, 200))
@@ -359,18 +435,25 @@ def _authorized(state: ProxyState, request) -> bool:
                           request.headers.get("authorization", ""))
 
 
-def _forward_headers(state: ProxyState, request) -> dict[str, str]:
+def _forward_headers(state: ProxyState, request, api: str = "openai") -> dict[str, str]:
+    """The headers forwarded for a call reaching upstream API `api` ("openai" or "messages", api_of): the operator's
+    key of that API only, in that API's header, and then no client credential; else the client's credentials
+    (pass_client_key, a key may travel to the upstream), never the proxy token."""
     up = state.upstream
+    operator = state.keys.get(api)
+    client_keys = state.settings.proxy.pass_client_key and up.key_may_travel and not operator
     out = {k: v for k, v in request.headers.items()
-           if k not in HOP_HEADERS and not k.startswith(OWN_HEADERS) and k != "authorization"
-           and (up.key_may_travel or k not in CLIENT_KEY_HEADERS)}
+           if k not in HOP_HEADERS and not k.startswith(OWN_HEADERS) and k not in CREDENTIAL_HEADERS}
+    if client_keys:
+        out.update((k, request.headers[k]) for k in CLIENT_KEY_HEADERS if k in request.headers)
     out["accept-encoding"] = "identity"  # bytes pass through as sent, and records parse them
-    if state.env_key:
-        out["authorization"] = f"Bearer {state.env_key}"
-    elif up.authorization:
+    if operator and api == "messages":
+        out["x-api-key"] = operator
+    elif operator:
+        out["authorization"] = f"Bearer {operator}"
+    if "authorization" not in out and up.authorization:
         out["authorization"] = up.authorization
-    elif (state.settings.proxy.pass_client_key and "authorization" in request.headers and not state.token
-          and up.key_may_travel):
+    elif "authorization" not in out and client_keys and "authorization" in request.headers and not state.token:
         out["authorization"] = request.headers["authorization"]
     return out
 
@@ -533,7 +616,7 @@ async def _serve(state: ProxyState, request: Incoming, call: Call, path: str, re
     call.forwarded = True
     try:
         resp = await state.client.request(request.method, target, data=raw or None,
-                                          headers=_forward_headers(state, request))
+                                          headers=_forward_headers(state, request, api_of(path)))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
         return await refuse(502, f"upstream {up.shown} unreachable: {type(e).__name__}", "upstream_unreachable")
     call.status = resp.status
@@ -638,10 +721,11 @@ def _translated_headers(state: ProxyState, request) -> dict[str, str]:
     """The forwarded headers less the client API's own (anthropic-*, openai-beta); a client's x-api-key (the
     anthropic SDK's, Claude Code's) becomes the bearer key a chat upstream reads, under the same rules as a
     client's Authorization (pass_client_key, a key may travel to the upstream)."""
-    out = {k: v for k, v in _forward_headers(state, request).items()
+    out = {k: v for k, v in _forward_headers(state, request, "openai").items()
            if not k.startswith(("anthropic-", "openai-beta")) and k not in CLIENT_KEY_HEADERS}
     out["content-type"] = "application/json"
-    if "authorization" not in out and state.settings.proxy.pass_client_key and state.upstream.key_may_travel:
+    if "authorization" not in out and state.settings.proxy.pass_client_key and state.upstream.key_may_travel \
+            and not state.keys["openai"]:
         key = next((request.headers[k] for k in CLIENT_KEY_HEADERS if request.headers.get(k)), None)
         if key:
             out["authorization"] = f"Bearer {key}"

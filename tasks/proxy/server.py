@@ -20,7 +20,6 @@ from typing import Iterator
 from evolforge.config.settings import Settings
 from evolforge.storage.fs import ensure_dir, is_remote, write_json_atomic
 from evolforge.storage.proxy_sets import ProxyLayout, SessionParents
-from evolforge.tasks.core.keys import read_api_key
 from evolforge.tasks.proxy.app import (
     ProxyConfigError,
     ProxyState,
@@ -28,6 +27,7 @@ from evolforge.tasks.proxy.app import (
     build_app,
     check_bind,
     log,
+    operator_keys,
     redact_url,
     upstream_of,
 )
@@ -39,7 +39,7 @@ def _checked(settings: Settings, upstream: str, out: str) -> tuple[Upstream, Pro
     cfg = settings.proxy
     token = os.environ.get(cfg.token_env) or None
     check_bind(cfg.host, token)
-    up = upstream_of(settings, upstream, read_api_key())
+    up = upstream_of(settings, upstream, operator_keys(settings)["openai"])
     layout = ProxyLayout(out)
     if cfg.workers > 1:
         if cfg.translate in ("responses", "both"):
@@ -198,7 +198,7 @@ def _worker(settings: Settings, upstream: str, out: str, embedded_models: set[st
     import uvicorn
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us by SIGTERM
-    up, layout, token = upstream_of(settings, upstream, read_api_key()), ProxyLayout(out), \
+    up, layout, token = upstream_of(settings, upstream, operator_keys(settings)["openai"]), ProxyLayout(out), \
         os.environ.get(settings.proxy.token_env) or None
     state = ProxyState(settings=settings, upstream=up, layout=layout, token=token, embedded_models=embedded_models,
                        shared=SessionParents(layout.sessions_db))

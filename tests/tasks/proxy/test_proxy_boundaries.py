@@ -41,7 +41,7 @@ def _records(layout: ProxyLayout, n: int, timeout: float = 5.0) -> list[dict]:
 
 
 def _no_keys(monkeypatch):
-    for name in ("EVOLFORGE_API_KEY", "OPENAI_API_KEY", "EVOLFORGE_PROXY_TOKEN"):
+    for name in ("EVOLFORGE_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "EVOLFORGE_PROXY_TOKEN"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -388,3 +388,111 @@ def test_ctrl_c_stops_the_proxy_cleanly_with_every_record_written(hostile, tmp_p
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and "Traceback" not in err, err
     assert len(list(iter_records(ProxyLayout(tmp_path / "rec")))) == 3 and read_ledger(tmp_path / "rec").height == 3
+
+
+
+# 6. a key belongs to the upstream API it was configured for (issue 36)
+
+ANTHROPIC_KEY = "sk-ant-OPERATOR-0123456789"
+CLIENT_BEARER, CLIENT_X, CLIENT_AZURE = "sk-client-BEARER-1", "sk-client-XAPI-2", "sk-client-AZURE-3"
+MESSAGES = {"model": "claude-x", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+CLIENT_HEADERS = {"Authorization": f"Bearer {CLIENT_BEARER}", "x-api-key": CLIENT_X, "api-key": CLIENT_AZURE,
+                  "anthropic-version": "2023-06-01"}
+
+
+def _credentials(received: dict) -> dict[str, str]:
+    return {k.lower(): v for k, v in received["headers"].items() if k.lower() in ("authorization", "x-api-key", "api-key")}
+
+
+def _call_both(url: str, up: HostileUpstream) -> tuple[dict, dict]:
+    """A chat call and a Messages call, each with every client credential header; what reached the upstream."""
+    r = httpx.post(f"{url}/s/k/v1/chat/completions", json=CHAT, headers=CLIENT_HEADERS)
+    assert r.status_code == 200, r.text
+    chat = _credentials(up.received[-1])
+    r = httpx.post(f"{url}/s/k/v1/messages", json=MESSAGES, headers=CLIENT_HEADERS)
+    assert r.status_code == 200, r.text
+    assert up.received[-1]["path"].endswith("/messages")
+    return chat, _credentials(up.received[-1])
+
+
+def _no_key_written(folder: Path, *keys: str) -> None:
+    for f in (p for p in folder.rglob("*") if p.is_file()):
+        data = f.read_bytes()
+        assert not any(k.encode() in data for k in keys), f
+
+
+def test_the_openai_key_goes_only_to_openai_calls_and_alone(hostile, tmp_path, monkeypatch):
+    """OPENAI_API_KEY set: chat calls carry it as their only credential; a Messages call never gets it (before
+    issue 36 it went there as a Bearer key beside the client's x-api-key, and the client's x-api-key and api-key
+    went beside it on chat calls)."""
+    _no_keys(monkeypatch)
+    monkeypatch.setenv("OPENAI_API_KEY", ENV_KEY)
+    with running_proxy(make_settings(), hostile.base_url, str(tmp_path / "rec")) as url:
+        chat, messages = _call_both(url, hostile)
+    assert chat == {"authorization": f"Bearer {ENV_KEY}"}
+    assert ENV_KEY not in json.dumps(messages)
+    assert messages == {"authorization": f"Bearer {CLIENT_BEARER}", "x-api-key": CLIENT_X, "api-key": CLIENT_AZURE}
+    _no_key_written(tmp_path / "rec", ENV_KEY, CLIENT_BEARER, CLIENT_X, CLIENT_AZURE)
+
+
+def test_the_anthropic_key_goes_only_to_messages_calls_as_x_api_key(hostile, tmp_path, monkeypatch):
+    _no_keys(monkeypatch)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", ANTHROPIC_KEY)
+    monkeypatch.setenv("OPENAI_API_KEY", ENV_KEY)
+    with running_proxy(make_settings(), hostile.base_url, str(tmp_path / "rec")) as url:
+        chat, messages = _call_both(url, hostile)
+    assert messages == {"x-api-key": ANTHROPIC_KEY}
+    assert chat == {"authorization": f"Bearer {ENV_KEY}"}
+    # configured under other variable names: only those are read
+    monkeypatch.setenv("MY_OAI", "sk-my-oai-7")
+    monkeypatch.setenv("MY_ANT", "sk-my-ant-8")
+    settings = make_settings(proxy={"openai_key_env": "MY_OAI", "anthropic_key_env": "MY_ANT"})
+    with running_proxy(settings, hostile.base_url, str(tmp_path / "rec2")) as url:
+        chat, messages = _call_both(url, hostile)
+    assert chat == {"authorization": "Bearer sk-my-oai-7"} and messages == {"x-api-key": "sk-my-ant-8"}
+    _no_key_written(tmp_path / "rec", ENV_KEY, ANTHROPIC_KEY)
+
+
+def test_pass_client_key_false_strips_every_client_credential(hostile, tmp_path, monkeypatch):
+    _no_keys(monkeypatch)
+    with running_proxy(make_settings(proxy={"pass_client_key": False}), hostile.base_url, str(tmp_path / "rec")) as url:
+        chat, messages = _call_both(url, hostile)
+    assert chat == {} and messages == {}
+    with running_proxy(make_settings(), hostile.base_url, str(tmp_path / "rec2")) as url:  # default: passed as sent
+        chat, messages = _call_both(url, hostile)
+    assert chat == messages == {"authorization": f"Bearer {CLIENT_BEARER}", "x-api-key": CLIENT_X,
+                                "api-key": CLIENT_AZURE}
+
+
+# 7. refused calls cannot fill the disk (issue 36)
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_flood_of_refused_calls_is_counted_not_stored(hostile, tmp_path, monkeypatch):
+    """Unauthenticated calls with 16 KB paths: before issue 36 every one was a record of its path's size (about
+    40 MB here). Now at most the burst plus the rate is recorded, each with 256 characters of path; the others
+    are counted, and every refused call is accounted for once the proxy stops."""
+    _no_keys(monkeypatch)
+    monkeypatch.setenv("EVOLFORGE_PROXY_TOKEN", "tok-flood")
+    n, path = 2500, "x" * 16_000
+    settings = make_settings(proxy={"refused_records_per_second": 5.0, "refused_records_burst": 50})
+    started = time.monotonic()
+    with running_proxy(settings, hostile.base_url, str(tmp_path / "rec")) as url, httpx.Client() as client:
+        for _ in range(n):
+            assert client.post(f"{url}/s/f/v1/{path}", json=CHAT).status_code == 401
+        ok = client.post(f"{url}/s/f/v1/chat/completions", json=CHAT, headers={"X-Evolforge-Proxy-Token": "tok-flood"})
+        assert ok.status_code == 200  # the flood did not stop real calls from being served and recorded
+    elapsed = time.monotonic() - started
+    layout = ProxyLayout(tmp_path / "rec")
+    recs = list(iter_records(layout))
+    refused = [r for r in recs if r["session"] == "(refused)"]
+    assert len(refused) <= 50 + 5 * elapsed + 2, (len(refused), elapsed)
+    assert all(len(r["path"] or "") <= 256 and len(json.dumps(r)) < 2000 for r in refused)
+    counted = sum(r.get("unrecorded_refusals") or 0 for r in refused)
+    assert counted + sum(1 for r in refused if r["route"] != "(refusals)") == n
+    assert [r["session"] for r in recs if r["session"] != "(refused)"] == ["f"]
+    assert _folder_bytes(tmp_path / "rec") < 1_000_000, _folder_bytes(tmp_path / "rec")
+    assert len(hostile.received) == 1
