@@ -90,6 +90,8 @@ def params_from_args(stage, args: argparse.Namespace) -> BaseModel:
     """The stage's parameter model from the parsed flags (flags left out take the model's defaults)."""
     values = {name: getattr(args, name) for name in stage.params.model_fields
               if getattr(args, name, None) is not None}
+    for name, value in getattr(stage, "cli_defaults", {}).items():  # the command's own default (not the model's)
+        values.setdefault(name, value)
     if stage.out_field and isinstance(values.get(stage.out_field), str) and not values[stage.out_field].strip():
         raise ParamsError(f"{flag_of(stage, stage.out_field)} is empty: name the output folder (an empty one would "
                           "be the current folder)")

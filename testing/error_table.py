@@ -129,6 +129,10 @@ ROWS: tuple[Case, ...] = (
          "(got 'many', from {tmp}/bad.toml)",
          "Fix the key in the config file: it is checked before a flag or variable overrides it.",
          ("seeds", "bad-config")),
+    Case("nightly-not-a-dataset", ("nightly", "--dataset", "{out}", "--seeds", "{seeds}", "--base-url", "{url}",
+                                   "--model", "scripted"), 2, "is not a nightly dataset (no stage.json of the nightly "
+         "stage): check the path, or pass --new", "Check the --dataset path (a mistyped one would start a new chain "
+         "from --seeds), or pass --new to start a new dataset there.", ("seeds", "url")),
     Case("out-in-use", ("run", "--seeds", "{seeds}", "--out", "{out}", "--base-url", "{url}", "--model", "scripted"),
          2, "is in use by another run (host ", "Wait for the other run to finish (`--wait` waits for it), or give "
          "another --out: one run writes to an output folder at a time.", ("seeds", "url", "locked-out"),

@@ -76,6 +76,7 @@ class Stage:
     command: str | None = None  # the CLI command when it is not the stage's name
     cli_flags: dict[str, str] = field(default_factory=dict)  # parameter -> its CLI flag, when not --the-name
     cli_hidden: tuple[str, ...] = ()  # parameters the CLI does not offer (set by other commands, or Python only)
+    cli_defaults: dict[str, Any] = field(default_factory=dict)  # parameter -> its value when its flag is left out
     fast_exit: bool = False  # the CLI process ends without the interpreter's teardown once done (cli/common.py)
     present: Callable[[dict, Any], str] | None = None  # present(result, params): what the CLI prints at the end
     kept: str | None = None  # the summary key counting what the stage kept: 0 of it makes the command fail (exit 1)

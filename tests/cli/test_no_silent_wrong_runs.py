@@ -82,3 +82,22 @@ def test_byte_order_marks_are_read(tmp_path):
     config.write_bytes(b"\xef\xbb\xbf[evol_instruct]\nrounds = 2\n")
     assert load_settings(config).evol_instruct.rounds == 2
     assert os.path.getsize(config) > 0
+
+
+def test_nightly_takes_a_folder_that_is_not_a_dataset_only_with_new(tmp_path, seeds):
+    from evolforge.tasks.core.checks import InputError
+    from evolforge.tasks.core.stages import get
+
+    stage = get("nightly")
+    with ScriptedServer() as srv:
+        common = dict(seeds=str(seeds), base_url=srv.base_url, model="scripted")
+        typo = stage.params(dataset=str(tmp_path / "nighlty"), new=False, **common)  # as the command gives it
+        with pytest.raises(InputError, match="is not a nightly dataset .* pass --new"):
+            stage.check(typo, typo.settings())
+        assert not (tmp_path / "nighlty").exists()
+        for ok in (typo.model_copy(update={"new": True}), typo.model_copy(update={"new": None})):  # --new; a flow
+            stage.check(ok, ok.settings())
+        (tmp_path / "ds").mkdir()
+        (tmp_path / "ds" / "stage.json").write_text(json.dumps({"kind": "nightly", "version": 1}))
+        existing = typo.model_copy(update={"dataset": str(tmp_path / "ds")})
+        stage.check(existing, existing.settings())

@@ -123,7 +123,7 @@ def test_a_second_run_over_the_folder_is_refused_before_any_call(tmp_path, seeds
 
 @pytest.mark.parametrize("argv", [
     ("retry", "--out", "{out}"),
-    ("nightly", "--dataset", "{out}", "--seeds", "{seeds}"),
+    ("nightly", "--dataset", "{out}", "--seeds", "{seeds}", "--new"),
     ("synthesize", "--seeds", "{seeds}", "--out", "{out}", "--base-url", "{url}", "--model", "scripted"),
 ], ids=["retry", "nightly", "synthesize"])
 def test_retry_nightly_and_stage_commands_take_the_same_lock(tmp_path, seeds, holder, capsys, argv, monkeypatch):
