@@ -303,3 +303,37 @@ def test_no_stage_imports_another_stages_split_or_policy_loader():
            if i.startswith("evolforge.tasks.") and len(i.split(".")) > 2 and i.split(".")[2] in trio
            and i.split(".")[2] != m.split(".")[2]]
     assert not bad, "SFT, PPO and eval importing each other:\n" + "\n".join(bad)
+
+
+def test_quick_tier_is_held_to_a_cpu_budget_and_every_exception_says_why():
+    """`make test` runs the quick tier with the durations guard (evolforge.testing.durations, loaded by pyproject's
+    addopts): a quick-tier test over the CPU budget fails unless marked `long` with a reason. Every such mark gives
+    its reason, and every test moved to the full tier (FULL_TIER in tests/conftest.py) exists and says why."""
+    import tomllib
+
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "-p evolforge.testing.durations" in ini["addopts"] and float(ini["test_cpu_budget_seconds"]) == 10
+    bad = []
+    for path in (ROOT / "tests").rglob("*.py"):
+        marks, reasoned = {}, set()  # every pytest.mark.long (by node); those called with a reason
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "long" and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "mark":
+                marks[id(node)] = node.lineno
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "long" \
+                    and any(isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.strip()
+                            for a in [*node.args[:1], *(k.value for k in node.keywords if k.arg == "reason")]):
+                reasoned.add(id(node.func))
+        bad += [f"{path.relative_to(ROOT)}:{line}" for i, line in marks.items() if i not in reasoned]
+    assert not bad, f"pytest.mark.long without a reason: {bad}"
+    conftest = ast.parse((ROOT / "tests" / "conftest.py").read_text())
+    tiers = [ast.literal_eval(n.value) for n in conftest.body if isinstance(n, ast.AnnAssign)
+             and getattr(n.target, "id", "") == "FULL_TIER"]
+    assert len(tiers) == 1, "tests/conftest.py declares FULL_TIER once"
+    for key, why in tiers[0].items():
+        path, _, name = key.partition("::")
+        assert why.strip(), f"FULL_TIER[{key!r}] gives no reason"
+        assert (ROOT / path).is_file(), f"FULL_TIER names a test module that does not exist: {key}"
+        names = {n.name for n in ast.parse((ROOT / path).read_text()).body
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        assert not name or name.split("[")[0] in names, f"FULL_TIER names a test that does not exist: {key}"
