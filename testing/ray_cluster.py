@@ -16,6 +16,7 @@ cluster, so a job's `python3` is this environment's Python.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -30,6 +31,8 @@ from typing import Iterator
 import httpx
 
 from evolforge.testing.prefect_server import free_port
+
+AGENT_KEY_PREFIX = b"DASHBOARD_AGENT_ADDR_NODE_ID_PREFIX:"  # ray.dashboard.consts: the agent's address, by node id
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,20 @@ def stop_session(session_id: int, grace_s: float = 30.0) -> list[int]:
     return killed
 
 
+def job_agent_registered(gcs_address: str) -> bool:
+    """Whether the head's dashboard agent has written its HTTP address to the GCS, which is where the Jobs API looks
+    for the agent it hands a submission to."""
+    import ray._raylet
+
+    try:
+        client = ray._raylet.GcsClient(address=gcs_address)
+        keys = client.internal_kv_keys(AGENT_KEY_PREFIX, namespace=b"dashboard", timeout=5)
+        values = [client.internal_kv_get(key, namespace=b"dashboard", timeout=5) for key in keys]
+    except Exception:  # noqa: BLE001 - the GCS is still starting (Ray raises its own RPC error types)
+        return False
+    return any(value and json.loads(value)[1] > 0 for value in values)  # (ip, http port, grpc port); -1: no server
+
+
 @contextlib.contextmanager
 def local_ray_cluster(num_cpus: int = 2, object_store_memory: int = 200_000_000,
                       startup_timeout: float = 180.0) -> Iterator[RayCluster]:
@@ -118,9 +135,13 @@ def local_ray_cluster(num_cpus: int = 2, object_store_memory: int = 200_000_000,
     cluster: RayCluster | None = None
     try:
         deadline = time.time() + startup_timeout
-        while True:  # the job server answers once the dashboard is up (GCS and raylet start before it)
+        # Up when the job server answers (the dashboard starts after GCS and raylet) and the head's dashboard agent
+        # has registered (the Jobs API submits through it: before, a submission is refused with "No available
+        # agent to submit job"; on a loaded machine the agent comes up seconds to minutes after the dashboard).
+        while True:
             try:
-                if httpx.get(f"{dashboard}/api/version", timeout=2).status_code == 200:
+                if httpx.get(f"{dashboard}/api/version", timeout=2).status_code == 200 \
+                        and job_agent_registered(f"127.0.0.1:{gcs_port}"):
                     break
             except httpx.HTTPError:
                 pass

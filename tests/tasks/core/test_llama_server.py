@@ -331,21 +331,23 @@ def test_a_stuck_llama_server_is_killed_and_its_call_fails_instead_of_hanging(tm
                 break
             time.sleep(0.1)
         os.kill(server_pid, signal.SIGSTOP)
-        caller.join(timeout=60)
-        assert not caller.is_alive(), "the call still hangs a minute after the server stopped making progress"
-    assert isinstance(outcome["error"], httpx.HTTPError) and outcome["seconds"] < 30
+        caller.join()  # a call left hanging ends at its own 120 s timeout, as a ReadTimeout (checked below)
+    # The watchdog ended it, not the call's timeout: by condition, not by a clock (a loaded host stretches both)
+    assert isinstance(outcome["error"], httpx.HTTPError), outcome
+    assert not isinstance(outcome["error"], httpx.TimeoutException), f"the call hung to its timeout: {outcome}"
     assert "killed it" in (tmp_path / "embedded-model.log").read_text(errors="replace")
     assert any("stall_seconds" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
-    for _ in range(50):  # gone (or a zombie waiting for its new parent to reap it), not left stopped
+    deadline = time.monotonic() + 60
+    while True:  # gone (or a zombie waiting for its new parent to reap it), not left stopped
         try:
             state = open(f"/proc/{server_pid}/stat").read().rsplit(")", 1)[1].split()[0]
         except FileNotFoundError:
             break
         if state == "Z":
             break
+        if time.monotonic() > deadline:
+            pytest.fail(f"llama-server {server_pid} is still there (state {state})")
         time.sleep(0.1)
-    else:
-        pytest.fail(f"llama-server {server_pid} is still there (state {state})")
 
 
 def test_the_watchdog_is_off_at_zero_and_only_watches_llama_server(tmp_path):

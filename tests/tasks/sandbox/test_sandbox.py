@@ -7,11 +7,14 @@ unharmed (no file written, no secret read, no process left behind).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -93,16 +96,48 @@ def test_early_exit_does_not_pass_pytest():
     assert not r.passed and r.tests_passed in (None, 0) and "solution process" in r.verdict_error
 
 
+def _pids_running(argv: list[str]) -> list[int]:
+    want = ("\0".join(argv) + "\0").encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == want:
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
 @needs_bwrap
 def test_run_many_in_parallel_keeps_order():
-    slow = "import time\nfrom solution import add\n\ndef test_slow():\n    time.sleep(1.5)\n    assert add(1, 1) == 2\n"
+    """The runs overlap, shown by a condition and not a clock (which a loaded host stretches): each of the four
+    slow checks waits on a `sleep` of its own, and this test ends those sleeps only once all four are alive at
+    once. Checks run one after the other never show four, and would each end at their wall timeout."""
+    argv = ["sleep", f"7373.{os.getpid()}"]
+    slow = f"import subprocess\nfrom solution import add\n\ndef test_slow():\n    subprocess.run({argv!r})\n" \
+           "    assert add(1, 1) == 2\n"
     jobs = [(SOLUTION, slow)] * 4 + [("def add(a, b):\n    return 0\n", TESTS), (SOLUTION, TESTS)]
-    t0 = time.monotonic()
-    results = run_many(jobs, _settings(max_parallel=4))
-    elapsed = time.monotonic() - t0
+    done, seen = threading.Event(), []
+
+    def end_the_sleeps_once_four_run():
+        while not done.is_set():
+            pids = _pids_running(argv)
+            if len(pids) >= 4:
+                seen.append(len(pids))
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=end_the_sleeps_once_four_run, daemon=True)
+    watcher.start()
+    try:
+        results = run_many(jobs, _settings(max_parallel=4))
+    finally:
+        done.set()
+        watcher.join()
+    assert seen, "the four slow checks never ran at the same time"
     assert [r.passed for r in results] == [True, True, True, True, False, True]
-    # runs overlapped: one after the other would take at least the sum (0.9: a loaded 2-core host gave 0.80)
-    assert elapsed < 0.9 * sum(r.duration_s for r in results)
 
 
 def test_bwrap_missing_refuses_unless_rlimits_only_is_chosen():
@@ -117,7 +152,7 @@ def test_bwrap_missing_refuses_unless_rlimits_only_is_chosen():
     r = run_python_tests(SOLUTION, TESTS, weak)
     assert r.passed and r.tests_passed == 2
     slow = run_python_tests("", "import time\ntime.sleep(60)\n", weak.model_copy(update={"wall_timeout_seconds": 1.0}))
-    assert slow.timed_out and slow.killed_reason == "wall_timeout" and slow.duration_s < 5
+    assert slow.timed_out and slow.killed_reason == "wall_timeout" and slow.duration_s < 30  # half the sleep
 
 
 def test_settings_are_validated():
@@ -234,15 +269,14 @@ def test_unbounded_memory_is_stopped():
 @needs_bwrap
 def test_infinite_loop_hits_the_cpu_limit():
     r = run_python_tests("", "while True:\n    pass\n", _settings(cpu_seconds=1, wall_timeout_seconds=20))
-    assert not r.passed and r.killed_reason == "cpu_limit" and not r.timed_out
-    assert r.duration_s < 15
+    assert not r.passed and r.killed_reason == "cpu_limit" and not r.timed_out  # before the wall timeout
 
 
 @needs_bwrap
 def test_sleeping_forever_hits_the_wall_timeout():
     r = run_python_tests("import time\ntime.sleep(600)\n", TESTS, _settings(wall_timeout_seconds=2))
     assert not r.passed and r.timed_out and r.killed_reason == "wall_timeout"
-    assert 2 <= r.duration_s < 5
+    assert 2 <= r.duration_s < 300  # the timeout's kill, not the sleep's end (600 s)
 
 
 @needs_bwrap
@@ -250,7 +284,7 @@ def test_printing_gigabytes_is_cut_off():
     flood = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(5 * 1024):\n    sys.stdout.write(chunk)\n"
     r = run_python_tests("", flood, _settings(max_output_bytes=200_000))
     assert not r.passed and r.killed_reason == "output_cap"
-    assert len(r.stdout) + len(r.stderr) <= 200_000 and r.duration_s < 10
+    assert len(r.stdout) + len(r.stderr) <= 200_000 and not r.timed_out  # cut off, not run to the wall timeout
 
 
 @needs_bwrap
@@ -275,7 +309,7 @@ def test_background_processes_do_not_survive(mode):
     )
     settings = _settings(mode=mode)
     r = run_python_tests("", spawn, settings)
-    assert r.passed and "spawned" in r.stdout and r.duration_s < 5
+    assert r.passed and "spawned" in r.stdout and not r.timed_out  # the run did not wait for its strays
     time.sleep(0.2)
     assert _survivors(settings, marker) == []
 
