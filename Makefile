@@ -1,7 +1,10 @@
 # evolforge: set up, run the sample job on the embedded model, run the tests.
 #   make run     set up (first time: compiles llama.cpp's llama-server once per machine) and evolve the sample
 #                seeds, 2 rounds
-#   make test    set up and run the test suite (what CI runs; EVOLFORGE_SLOW=1 adds the slow end-to-end tests)
+#   make test      set up and run the quick tier of the tests, what to run on every change (at most 5 minutes on 2
+#                  cores): unit tests and the integration tests that guard the product's promises
+#   make test-all  set up and run every test, the full tier too (agent CLIs, Ray, worker kills, the embedded model
+#                  end to end; installs the agent CLIs first): what CI runs (.ci/run)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -38,7 +41,7 @@ print(" ".join(f"{f} {v}" for f, v in seen))
 endef
 export UV_FLAGS_PY
 
-.PHONY: setup run test test-all bench clean
+.PHONY: setup run test test-all agent-clis bench clean
 
 setup: $(VENV)/.installed
 
@@ -84,11 +87,22 @@ run: setup
 TEST_WORKERS ?= 4
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
+# The tiers (tests/conftest.py, FULL_TIER and the `slow` marks): `make test` skips the full tier, `make test-all`
+# runs it too. Each quick-tier test is held to a CPU budget (pyproject.toml, evolforge.testing.durations).
 test: setup
 	$(PYTEST)
 
-test-all: setup
+test-all: setup agent-clis
 	EVOLFORGE_SLOW=1 $(PYTEST)
+
+# The agent CLIs (Codex, Claude Code) for the full tier's proxy tests: npm packages in ~/.cache/evolforge/npm
+# (testing/agent_clis.py); those tests skip, saying why, without node or the packages.
+NPM_CACHE ?= $(or $(EVOLFORGE_NPM_CACHE),$(HOME)/.cache/evolforge/npm)
+agent-clis:
+	@test -x $(NPM_CACHE)/node_modules/.bin/codex && test -x $(NPM_CACHE)/node_modules/.bin/claude \
+	  || { command -v npm >/dev/null 2>&1 && mkdir -p $(NPM_CACHE) \
+	       && npm install -q --no-audit --no-fund --prefix $(NPM_CACHE) @openai/codex @anthropic-ai/claude-code; } \
+	  || echo "warning: could not install the agent CLIs (their tests are skipped): npm install --prefix $(NPM_CACHE) @openai/codex @anthropic-ai/claude-code"
 
 bench: setup
 	$(BIN)/python bench/bench_orchestration.py
