@@ -38,7 +38,7 @@ from evolforge.flows._fanout import run_batches
 from evolforge.flows._params import endpoint_label, model_endpoint
 from evolforge.flows._report import attach_card, attach_plots
 from evolforge.flows._runners import build_task_runner
-from evolforge.storage.folder import BatchedSet, StageFolder
+from evolforge.storage.folder import BatchedSet, StageFolder, read_marker
 from evolforge.storage.fs import AnyPath, exists, location, remove_tree, write_json_atomic
 from evolforge.storage.ledger import read_ledger
 from evolforge.storage.locks import run_lock, run_lock_created_folder
@@ -74,6 +74,7 @@ class StageRun:
     endpoint_: Endpoint | None = field(default=None, repr=False)
     runner_: Any = field(default=None, repr=False)
     preflight_failed: bool = False  # the endpoint's pre-flight failed (nothing was worked on)
+    finished: bool = False  # finish_stage wrote the finished stage.json
 
     @property
     def settings_json(self) -> str:
@@ -159,6 +160,7 @@ def stage_run(name: str, params: BaseModel) -> Iterator[StageRun]:
         if stage.check is not None:
             stage.check(params, settings)  # the same check the CLI runs, before anything is created
         fresh = out is not None and run_lock_created_folder(location(out))
+        before = read_marker(location(out)) if out is not None else None
         folder = stage.folder(out).ensure()
         folder.start_marker(stage.name)
         run = StageRun(stage, params, settings, folder, flow_run.id or f"local-{int(time.time())}", time.time(),
@@ -169,6 +171,8 @@ def stage_run(name: str, params: BaseModel) -> Iterator[StageRun]:
             if fresh and run.preflight_failed:  # made by this run, whose own pre-flight failed before any work
                 remove_tree(location(out))
             raise
+        if not run.finished and before and "finished_at" in before:
+            write_json_atomic(folder.marker, before)  # a run that did nothing (a no-op retry): stage.json as it was
 
 
 def batch_totals(batches: list[dict]) -> dict:
@@ -205,6 +209,7 @@ def finish_stage(run: StageRun, summary: dict, *, counts: dict | None = None,
         summary["card"] = attach_card(folder.card_dir, card_tables, content)
     write_json_atomic(folder.summary, summary)
     folder.finish_marker(key, counts or {})
+    run.finished = True
     for art_key, (rows, description) in (tables or {}).items():
         create_table_artifact(key=art_key, table=rows, description=description)
     for art_key, (text, description) in (markdown or {}).items():

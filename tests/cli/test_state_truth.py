@@ -1,0 +1,64 @@
+"""State that tells the truth: a retry with nothing to retry leaves stage.json as it was (finished, with its
+counts), so `evolforge status` still says finished."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from prefect import flow
+
+from evolforge.cli import main
+from evolforge.flows._stage import stage_run
+from evolforge.storage.folder import StageFolder
+from evolforge.tasks.core.params import StageParams
+from evolforge.tasks.core.stages import Stage, register, unregister
+from evolforge.testing.scripted_server import ScriptedServer
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+class NoopParams(StageParams):
+    out: str
+
+
+@flow(name="noop-stage")
+def noop_flow(params: NoopParams) -> dict:
+    """Opens its run and returns without finishing it (as a no-op retry does)."""
+    with stage_run("noop-stage", params):
+        return {"nothing": True}
+
+
+@pytest.fixture
+def noop_stage():
+    register(Stage(name="noop-stage", help="", params=NoopParams, flow=f"{__name__}:noop_flow", folder=StageFolder))
+    yield noop_flow, NoopParams
+    unregister("noop-stage")
+
+
+def test_a_run_that_finishes_nothing_leaves_a_finished_stage_json_as_it_was(tmp_path, noop_stage):
+    noop_flow, params = noop_stage
+    folder = StageFolder(tmp_path / "out").ensure()
+    folder.start_marker("noop-stage")
+    folder.finish_marker("noop-stage", {"kept": 3})
+    marker = folder.marker.read_text()
+    assert noop_flow(params(out=str(folder.root))) == {"nothing": True}
+    assert folder.marker.read_text() == marker
+
+
+@pytest.mark.long("a whole run, then its retry, through the command")
+def test_a_retry_with_nothing_to_retry_leaves_stage_json_as_it_was(tmp_path, capsys):
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text("".join(json.dumps({"id": f"s{i}", "instruction": f"Add {i} and {i + 3}, then explain."}) + "\n"
+                             for i in range(2)))
+    out = tmp_path / "out"
+    with ScriptedServer() as srv:
+        assert main(["run", "--seeds", str(seeds), "--out", str(out), "--rounds", "1", "--base-url", srv.base_url,
+                     "--model", "scripted"]) == 0, capsys.readouterr().err[-3000:]
+        marker = (out / "stage.json").read_text()
+        assert "finished_at" in json.loads(marker)
+        assert main(["retry", "--out", str(out), "--base-url", srv.base_url]) == 0, capsys.readouterr().err[-3000:]
+        assert "nothing to retry" in capsys.readouterr().out
+    assert (out / "stage.json").read_text() == marker
+    assert main(["status", "--out", str(out)]) == 0
+    assert "not finished" not in capsys.readouterr().out
