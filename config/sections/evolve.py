@@ -19,8 +19,8 @@ class EvolInstructSettings(Section):
         1 / 6, ge=0, le=1, description="Share of upward evolutions that are in-breadth (a brand-new rarer prompt)."
     )
     code_operations: bool = Field(True, description="Seeds of domain 'code' use the WizardCoder operations when evolving upward.")
-    temperature: float = Field(0.9, ge=0, le=2)
-    top_p: float = Field(0.95, gt=0, le=1)
+    temperature: float = Field(0.9, ge=0, le=2, description="Sampling temperature of the evolve and answer calls (the judge uses 0).")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling of the evolve and answer calls.")
     max_new_tokens: int = Field(1024, ge=8, le=32768, description="Completion cap for evolve and answer calls.")
     batch_size: int = Field(128, ge=1, le=100_000, description="Records per batch; one Prefect task and one parquet part per batch.")
     concurrency: int = Field(8, ge=1, le=1024, description="Records in flight inside one batch.")

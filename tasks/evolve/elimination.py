@@ -85,7 +85,7 @@ _ANSWER_OPENINGS = re.compile(r"^\W*(sure|certainly|of course|here is|here's|her
                               r"i will\b|i would\b|as an ai|great question|absolutely|okay|ok\b|you can\b|"
                               r"you could\b|let's\b|let me\b|when i\b|i'd\b|i'll\b|to (find|solve|calculate|determine|answer|"
                               r"do this|optimize|improve)\b|```)", re.I)
-_ANSWER_MARKS = re.compile(r"the answer is|final answer|\bstep 1\s*:|\btherefore\b|\bin conclusion\b|"
+_ANSWER_MARKS = re.compile(r"the answer is|the solution is|final answer|\bstep 1\s*:|\btherefore\b|\bin conclusion\b|"
                            r"\bthis will (return|print|output|give)\b|\bhere's (a|an|the)\b|"
                            r"\d\s*[-+*/x\u00d7]\s*\d+(?:\.\d+)?\s*=\s*\$?\d", re.I)
 # a question answered right after it: "What is the area ...? The area is 40 m²."

@@ -59,6 +59,7 @@ def test_the_rules_keep_most_instructions_and_drop_most_of_the_rest():
     "In a quiet park the autumn leaves fall, a gentle breeze carries the scent of earth.",
     "You can use slicing to reverse the string: s[::-1] returns it reversed.",
     "```python\ndef f(x):\n    return x\n```",
+    "The task is to flatten a nested list. The solution is: write a function flatten that returns a flat list.",
 ])
 def test_answers_poems_and_replies_are_not_instructions(text):
     assert rules.instruction_rule(text) == rules.RULE_NOT_TASK
