@@ -13,6 +13,7 @@ The API key comes from EVOLFORGE_API_KEY, falling back to OPENAI_API_KEY.
 Running `run` again over the same --out resumes it, with the run's own seed file and result-changing
 settings (a change is an error naming it; --force-settings accepts it, or use a new --out).
 Inputs are checked before anything starts: a user error is one line and exit status 2 (--debug: traceback).
+Output into a closed pipe (`evolforge costs --out DIR | head`) ends the command quietly with exit status 141.
 """
 
 from __future__ import annotations
@@ -42,7 +43,29 @@ class _FirstWins:
         return self._sub.add_parser(name, **kw)
 
 
+PIPE_CLOSED = 141  # 128 + SIGPIPE: what a Unix tool killed by a closed pipe exits with
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module docstring); a closed stdout pipe ends it quietly (the Python docs'
+    recipe: stdout pointed at devnull, so the interpreter's last flush does not complain either)."""
+    import sys
+
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        import os
+
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return PIPE_CLOSED
+
+
+def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="evolforge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
