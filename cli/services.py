@@ -68,6 +68,11 @@ def cmd_preflight(args) -> int:
     settings = settings_or_exit(args)
     import contextlib
 
+    if not settings.uses_embedded_model:  # the check `run` makes first (GET /models lists every model named)
+        from evolforge.tasks.core.checks import check_endpoint
+
+        check_endpoint(settings)  # a user error: one line, exit 2
+
     from evolforge.tasks.core.embedded_model import embedded_server
     from evolforge.tasks.core.gateway import InsecureKeyTransport, mask_secret, read_api_key
 

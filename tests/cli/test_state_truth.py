@@ -62,3 +62,11 @@ def test_a_retry_with_nothing_to_retry_leaves_stage_json_as_it_was(tmp_path, cap
     assert (out / "stage.json").read_text() == marker
     assert main(["status", "--out", str(out)]) == 0
     assert "not finished" not in capsys.readouterr().out
+
+
+def test_preflight_refuses_a_model_the_endpoint_does_not_list_as_run_does(capsys):
+    with ScriptedServer() as srv:  # it answers completions for any model name, but lists only its own
+        code = main(["preflight", "--base-url", srv.base_url, "--model", "gpt-9"])
+        assert srv.posts() == [] and srv.probes == []
+    err = capsys.readouterr().err
+    assert code == 2 and "does not serve 'gpt-9'" in err and len(err.strip().splitlines()) == 1, err
