@@ -16,4 +16,12 @@ Shared by the flows:
 - _fanout:   the batch tasks' retry and cache options, and run_batches (one task per batch, progress,
              one clear error naming the failed batches).
 - _runners:  the Prefect task runner from [runner] (threads, Dask, Ray).
+- _report: what a stage shows when it ends: its plots (PNG files in OUT/plots/ and one markdown artifact on the
+           Prefect run) and, for a stage that makes datasets, the dataset card beside them.
+- _stage:  the preamble and epilogue every stage flow shares, so a flow body is its DAG and nothing else.
+- eval:    evaluation flow: a policy -> completions on each benchmark -> verdicts (code in the sandbox, math by its
+           final answer) -> pass@k with Wilson 95% intervals per benchmark and domain.
+- sft:     sFT flow: forged data -> the rows (step-form evolved answers, verified code solutions, successful
+           trajectories; held-out lineages and evaluation overlaps left out) -> TRL SFTTrainer -> a transformers
+           folder with its model card.
 """

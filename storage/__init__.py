@@ -25,4 +25,17 @@
 - plots:           where a stage's PNG plots go (OUT/plots/<name>.png).
 - cards:           dataset cards (README.md: configs, features, sizes, lineage, settings, models, cost) and the
                    SFT view of an evolved dataset.
+- chain:         the nightly chain's folders: where each downstream stage of a night writes when the deployments chain
+                 it.
+- dedup_mirror:  a dedup work folder on an object store (`dedup.shard_dir` = s3://..., gs://..., any fsspec URL).
+- dedup_sets:    files of a dedup run (the `dedup` stage: any jsonl / parquet / csv file -> kept set + dropped set).
+- dedup_shards:  the arrays the dedup driver and its shard workers exchange (tasks/dedup/shards.py, flows/dedup.py).
+- dedup_work:    the work folder of a dedup whose per-record work runs on the workers (tasks/dedup/distributed.py).
+- eval_sets:     files of the evaluation stage.
+- folder:        what every stage's output folder has, once: the run-level files, the stage marker, and batched
+                 tables.
+- pipeline_sets: files of a pipeline run: one output folder per stage under OUT/, and the run's own files.
+- sft_sets:      files of the SFT stage: where they live and how they are written.
+- status:        what a stage's output folder holds, read from its checkpoints alone (no Prefect, no model, no
+                 writes).
 """

@@ -10,4 +10,16 @@
 - checks:          fail fast: every stage's inputs, output folder and endpoint checked before any work.
 - keys:            the API key: where it comes from, where it may go, how it is shown (the gateway re-exports it).
 - progress:        live progress numbers of a batched stage (records, accepted, calls/s, tokens/s, cost, ETA).
+- llama_server:  llama.cpp's own `llama-server` for the embedded model: where its binary lives, its command, its
+                 one-time build.
+- params:        flow parameters shared by every stage, and the one way they become settings.
+- policy:        the local policy model: the base policy's transformers folder, and batched generation from a folder.
+- request_guard: what a local HTTP service of this project answers: the door checks that keep web pages out.
+- rng:           reproducible randomness: one RNG per (seed, record, purpose), the same on every resume and worker.
+- stages:        the stage registry: one descriptor per stage, declared beside its stage, and iterated over by the
+                 code that used to name every stage (the CLI, `evolforge status`, the deployments, the pipeline).
+- stopping:      stopping a run on a signal: the first SIGINT (Ctrl-C) or SIGTERM stops it within seconds, a second
+                 one at once.
+- structured:    structured outputs: the `response_format` a JSON call asks for, and what the endpoint turned out to
+                 accept.
 """

@@ -13,6 +13,11 @@ Modules: normalize (exact keys), minhash (sketches, LSH, Jaccard), embedding
 stage (the dedup stage's parameters, check and descriptor), report, shard_tasks.
 Heavy dependencies (torch, sentence-transformers) load only when embeddings run; the pipeline itself loads on
 first use of the names below, so importing the stage descriptor (every CLI start) stays light.
+- distributed: dedup whose per-record work runs on the workers: steps that exchange files, a driver that holds the
+               plan only.
+- graph:       connected components of a phase's candidate graph in shard steps, and its edges routed to group shards.
+- group_steps: the grouping steps of the dedup on the workers: one task per bucket or group shard, then one per record
+               shard.
 """
 
 __all__ = ["DedupResult", "components", "dedup", "dedup_file"]

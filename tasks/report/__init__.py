@@ -4,4 +4,6 @@
             stage, difficulty of synthesized tasks, reward score histograms) and one per stage gathering them.
 - markdown: the Prefect markdown artifact that shows a stage's plots (PNG embedded as data: URIs).
 Writing the files is storage's (storage/plots.py); the flows attach both (flows/_report.py).
+- card: what a dataset card says, assembled from a stage's summary and settings: title, description, body sections
+        (lineage and generation settings, models used, cost) and the same facts for the card's YAML header.
 """

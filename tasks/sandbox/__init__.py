@@ -12,4 +12,6 @@
 - worker:  the in-sandbox worker (bound in read-only): pytest and the harness preloaded, one forked child per check
            with fresh tmpfs, own mount/IPC namespace, session, rlimits, uid, no capabilities.
 - service: `evolforge sandbox-serve`, run_python_program behind SandboxFusion's HTTP API (verl's code reward).
+- bridge:    the narrow channel between the runner process (the tests) and the solution process (the code under test).
+- humaneval: humanEval's check as a test script for the sandbox, with the prompt's helpers bound on the test side.
 """

@@ -5,4 +5,6 @@
 - job:     the rows once per output folder (held-out lineages, decontamination), the ledger row.
 - train:   SFTTrainer, checkpoints and resume, LoRA, the model folder and its card.
 - report:  summary, plots, dataset card, artifact.
+- rejection: rejection sampling (RFT, STaR): the policy's own answers to verified training tasks, kept only when
+             verified.
 """

@@ -9,4 +9,5 @@
 - tokens:   token-level samples: chat-template rendering per prefix, the assistant loss mask, turn
             boundaries, the upstream's own token ids spliced in, drift flagged.
 - export:   the four steps the flow runs (collect, dedup, tokens, publish), through storage/trajectory_sets.
+- report: what a trajectories export reports: the summary table, the markdown report, the plots and the dataset card.
 """
