@@ -72,7 +72,9 @@ def rejection_sample(tasks: list[dict], held_out: set[str], settings: Settings,
     rows, kept = rejection.sample(todo, policy, cfg, settings.sandbox, on_batch=lambda k: progress.update(advance=k))
     progress.finish()
     store.write_rejection_samples(rows, folder.rejection_samples)
-    return kept, rejection.counts(rows, kept)
+    gen = {**policy.stats, "seconds": round(policy.stats["seconds"], 2),
+           "tokens_per_second": round(policy.tokens_per_second(), 2), "batch_size": cfg.rejection_batch_size}
+    return kept, {**rejection.counts(rows, kept), "generation": gen}
 
 
 def record_cost(folder: store.SFTFolder, run_id: str, result: dict, usd_per_hour: float) -> None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from evolforge.testing.ppo_models import one_torch_thread  # noqa: F401 (autouse fixture)
 
 
+@pytest.mark.long("three real TRL GRPO steps with checkpoints of a tiny policy (~24 s CPU on a loaded machine)")
 def test_grpo_saves_checkpoints_and_a_final_policy_eval_loads(tmp_path):
     from evolforge.storage import ppo as store
     from evolforge.tasks.core.policy import LocalPolicy

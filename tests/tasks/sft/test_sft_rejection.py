@@ -78,6 +78,7 @@ def tiny(tmp_path_factory):
     return build_tiny_policy(tmp_path_factory.mktemp("tiny") / "policy")
 
 
+@pytest.mark.long("rejection sampling and the SFT data build with a real tiny policy (~16 s CPU on a loaded machine)")
 def test_prepare_samples_the_base_policy_and_records_every_sample(tmp_path, tiny):
     rows = [{**p, "answer": str(p["generator_answer"]), "verified": "test"} for p in problems(12, seed=3)]
     write_task_folder(tmp_path / "tasks", rows)
