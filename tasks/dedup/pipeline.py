@@ -621,17 +621,21 @@ def write_outputs(df, fmt: str, path, text_field: str, ids: list[str], kept_ids:
     from evolforge.storage.datasets import write_any_table
     from evolforge.storage.fs import ensure_dir, write_text_atomic
 
-    ensure_dir(lay.root)
     pos = {k: i for i, k in enumerate(ids)}
     kept_rows = sorted(pos[k] for k in kept_ids)
-    write_any_table(df[kept_rows], lay.kept(fmt), fmt)
     reasons = pl.DataFrame({
         "dedup_duplicate_of": [r["duplicate_of"] for r in d], "dedup_method": [r["method"] for r in d],
         "dedup_similarity": [r["similarity"] for r in d], "dedup_matched_id": [r["matched_id"] for r in d],
         "dedup_matched_similarity": [r["matched_similarity"] for r in d], "dedup_detail": [r["detail"] for r in d],
     }, schema={"dedup_duplicate_of": pl.Utf8, "dedup_method": pl.Utf8, "dedup_similarity": pl.Float64,
                "dedup_matched_id": pl.Utf8, "dedup_matched_similarity": pl.Float64, "dedup_detail": pl.Utf8})
-    dropped_df = pl.concat([df[[pos[r["id"]] for r in d]], reasons], how="horizontal")
+    # an input that is itself an output (evolved.parquet has dedup_similarity): its own columns keep their values
+    # as input_<name>, this dedup's reasons take the names
+    dropped_rows = df[[pos[r["id"]] for r in d]]
+    dropped_rows = dropped_rows.rename({c: f"input_{c}" for c in reasons.columns if c in dropped_rows.columns})
+    dropped_df = pl.concat([dropped_rows, reasons], how="horizontal")  # before any write: nothing half-written
+    ensure_dir(lay.root)
+    write_any_table(df[kept_rows], lay.kept(fmt), fmt)
     write_any_table(dropped_df, lay.dropped(fmt), fmt)
     summary = {"input": str(path), "text_field": text_field, "kept": len(kept_ids), "dropped": len(d),
                "kept_path": str(lay.kept(fmt)), "dropped_path": str(lay.dropped(fmt)), "stats": stats}
