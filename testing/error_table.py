@@ -133,6 +133,9 @@ ROWS: tuple[Case, ...] = (
                                    "--model", "scripted"), 2, "is not a nightly dataset (no stage.json of the nightly "
          "stage): check the path, or pass --new", "Check the --dataset path (a mistyped one would start a new chain "
          "from --seeds), or pass --new to start a new dataset there.", ("seeds", "url")),
+    Case("tls-certificate", ("run", "--seeds", "{seeds}", "--out", "{out}", "--base-url", "{tls}"), 2,
+         "its TLS certificate does not verify", "Set gateway.ca_bundle (or SSL_CERT_FILE) to the CA bundle file that "
+         "signs the endpoint's certificate.", ("seeds", "tls")),
     Case("out-in-use", ("run", "--seeds", "{seeds}", "--out", "{out}", "--base-url", "{url}", "--model", "scripted"),
          2, "is in use by another run (host ", "Wait for the other run to finish (`--wait` waits for it), or give "
          "another --out: one run writes to an output folder at a time.", ("seeds", "url", "locked-out"),
@@ -197,6 +200,8 @@ def prepared(case: Case, tmp: Path) -> Iterator[dict[str, str]]:
             values["run"] = str(_evolve_run(tmp / "run", values["seeds"]))
         if "other-field" in need:
             _seeds(tmp, "other-field.jsonl", [{"other": "some text"}])
+        if "tls" in need:  # an https endpoint whose certificate no default CA signs
+            values["tls"], _ = stack.enter_context(tls_endpoint(tmp))
         if "locked-out" in need:  # another process holds the output folder's run lock (storage/locks.py)
             import subprocess
             import sys
@@ -246,6 +251,42 @@ def prepared(case: Case, tmp: Path) -> Iterator[dict[str, str]]:
         if "pipeline" in need:
             values["pipeline"] = str(_pipeline_folder(tmp / "pipeline"))
         yield values
+
+
+@contextlib.contextmanager
+def tls_endpoint(tmp: Path) -> Iterator[tuple[str, Path]]:
+    """An https OpenAI-style endpoint (GET /models) on loopback with a self-signed certificate for 127.0.0.1:
+    (its base URL, the certificate file, which is its own CA bundle)."""
+    import ssl
+    import subprocess
+
+    cert, key = tmp / "tls-cert.pem", tmp / "tls-key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"object": "list", "data": [{"id": "smollm2-135m-instruct"}]}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"https://127.0.0.1:{srv.server_address[1]}/v1", cert
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def _evolve_run(out: Path, seeds: str) -> Path:

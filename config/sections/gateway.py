@@ -35,6 +35,10 @@ class GatewaySettings(Section):
         description="Name of a Prefect global concurrency limit (with slot decay) every call also takes a slot of; "
         "empty disables. Create it with `prefect gcl create NAME --limit N --slot-decay-per-second R`.",
     )
+    ca_bundle: str = Field(
+        "", description="CA bundle file (PEM) that verifies the endpoint's TLS certificate: a private CA or a "
+        "company proxy's. Empty: the SSL_CERT_FILE environment variable when it is set, else the system's and "
+        "certifi's CAs. A certificate that does not verify stops a run at start, naming this setting.")
     allow_key_over_http: bool = Field(
         False, description="Send the API key over plain http to a host that is not loopback (a trusted private "
         "network). Off: a key goes over http only to 127.0.0.0/8, ::1 or localhost, and a run against another "

@@ -20,6 +20,8 @@
                  code that used to name every stage (the CLI, `evolforge status`, the deployments, the pipeline).
 - stopping:      stopping a run on a signal: the first SIGINT (Ctrl-C) or SIGTERM stops it within seconds, a second
                  one at once.
+- tls:           which CAs verify the endpoint's certificate (gateway.ca_bundle, SSL_CERT_FILE), and the one line
+                 when it does not verify.
 - structured:    structured outputs: the `response_format` a JSON call asks for, and what the endpoint turned out to
                  accept.
 """

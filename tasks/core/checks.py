@@ -151,9 +151,12 @@ def check_endpoint(settings: Settings, timeout: float = ENDPOINT_TIMEOUT_SECONDS
     not_openai = (f"model endpoint {base} does not answer like an OpenAI-compatible API ({{what}}); the base URL "
                   "of one usually ends in /v1 (e.g. http://host:8000/v1): fix --base-url (gateway.base_url), or "
                   "leave it empty to use the embedded model")
+    from evolforge.tasks.core.tls import tls_context, tls_problem
+
+    tls = tls_context(settings) if base.startswith("https:") else True
     try:  # stdlib, not httpx: no client or TLS context to build for a plain-http endpoint
         req = urllib.request.Request(base + "/models", headers={"Authorization": f"Bearer {key}"} if key else {})
-        with urllib.request.urlopen(req, timeout=timeout) as res:
+        with urllib.request.urlopen(req, timeout=timeout, context=None if tls is True else tls) as res:
             body, kind = res.read(2_000_000), res.headers.get_content_type()
     except urllib.error.HTTPError as e:
         if e.code in (401, 403):
@@ -163,6 +166,8 @@ def check_endpoint(settings: Settings, timeout: float = ENDPOINT_TIMEOUT_SECONDS
             raise InputError(not_openai.format(what=f"GET {base}/models: HTTP {e.code}, a web page")) from None
         return  # it answers (some servers have no /models): the flow's pre-flight probes every model
     except (urllib.error.URLError, OSError, ValueError) as e:
+        if (problem := tls_problem(base, e)) is not None:
+            raise InputError(problem) from None
         reason = getattr(e, "reason", e)
         if isinstance(reason, TimeoutError) or "timed out" in str(reason):
             if not isinstance(e, urllib.error.URLError):

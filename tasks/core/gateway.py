@@ -65,6 +65,7 @@ from evolforge.tasks.core.keys import (  # noqa: F401 - re-exported: the gateway
     read_api_key,
 )
 from evolforge.tasks.core.pricing import PriceBook
+from evolforge.tasks.core.tls import tls_context, tls_problem
 
 log = logging.getLogger("evolforge.gateway")
 
@@ -220,8 +221,9 @@ class Gateway:
             settings, self.base_url, bool(self.embedded_models))
         # retries are ours (counted, ledgered, Retry-After aware): the client itself never retries
         self._backend = _AbortableBackend()
-        transport = httpx.HTTPTransport(limits=httpx.Limits(max_connections=max(100, 2 * self.max_in_flight),
-                                                            max_keepalive_connections=max(20, self.max_in_flight)))
+        limits = httpx.Limits(max_connections=max(100, 2 * self.max_in_flight),
+                              max_keepalive_connections=max(20, self.max_in_flight))
+        transport = httpx.HTTPTransport(verify=tls_context(settings), limits=limits)  # gateway.ca_bundle
         pool = getattr(transport, "_pool", None)
         if pool is not None and hasattr(pool, "_network_backend"):
             pool._network_backend = self._backend  # its sockets, so a stop can cut the calls in flight
@@ -318,9 +320,11 @@ class Gateway:
         model and the roles."""
         url = self.base_url + "/models"
         try:  # a refused or hanging connection: down at once, without a completion's retries
-            with httpx.Client(timeout=min(10.0, self.cfg.timeout_seconds)) as c:
+            with httpx.Client(timeout=min(10.0, self.cfg.timeout_seconds), verify=tls_context(self.settings)) as c:
                 c.get(url, headers={"Authorization": f"Bearer {self._api_key}"})
         except httpx.HTTPError as e:
+            if (tls := tls_problem(self.base_url, e)) is not None:
+                raise EndpointDown(tls) from None
             raise EndpointDown(
                 f"model endpoint {self.base_url} is unreachable ({type(e).__name__}: {e}); "
                 "start it, fix gateway.base_url, or leave base_url empty to use the embedded model"
