@@ -285,7 +285,23 @@ def run_stage(stage, params, wait: float = 0.0) -> int:
         print(stage.present(result, params) + (f"\nlog: {log.path}" if log is not None and log.path else ""))
     else:
         print(short_summary(stage.cli_name, result, out, log))
+    if line := rejected_rows(out):
+        print(line)
     return kept_nothing(stage, result)
+
+
+def rejected_rows(out: str | None) -> str | None:
+    """The line saying how many input rows were rejected and where they are (OUT/rejects.jsonl), or None."""
+    if not out:
+        return None
+    from evolforge.storage.fs import exists, location, read_text
+
+    path = location(out) / "rejects.jsonl"
+    try:
+        n = sum(1 for line in read_text(path).splitlines() if line.strip()) if exists(path) else 0
+    except (OSError, ValueError):
+        return None
+    return f"{n} input row{'s' if n != 1 else ''} rejected (not used; line and reason in {path})" if n else None
 
 
 def kept_nothing(stage, result) -> int:

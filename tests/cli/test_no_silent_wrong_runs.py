@@ -48,9 +48,35 @@ def test_openai_base_url_comes_after_the_flag_and_the_config(tmp_path, monkeypat
     assert load_settings().gateway.base_url == "http://var.example/v1"
 
 
+def test_the_first_line_names_the_endpoint_the_model_and_where_the_endpoint_came_from(monkeypatch):
+    from evolforge.cli.common import endpoint_line
+    from evolforge.tasks.evolve.stage import EvolveParams
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://env.example/v1")
+    assert endpoint_line("run", EvolveParams(model="m1")) == \
+        "evolforge run: endpoint http://env.example/v1 (from OPENAI_BASE_URL), model m1"
+    assert endpoint_line("run", EvolveParams(base_url="http://flag.example/v1", model="m1")) == \
+        "evolforge run: endpoint http://flag.example/v1 (from --base-url), model m1"
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    assert endpoint_line("run", EvolveParams()).startswith("evolforge run: endpoint the embedded model ")
+
+
+def test_rejected_input_rows_are_counted_with_their_file(tmp_path):
+    from evolforge.cli.common import rejected_rows
+
+    assert rejected_rows(str(tmp_path)) is None
+    (tmp_path / "rejects.jsonl").write_text('{"line": 3}\n{"line": 9}\n')
+    assert rejected_rows(str(tmp_path)) == \
+        f"2 input rows rejected (not used; line and reason in {tmp_path / 'rejects.jsonl'})"
+
+
 @pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.long("a whole run through the command (its parts: the two quick tests above)")
 def test_a_run_uses_openai_base_url_and_says_so_on_its_first_line(tmp_path, seeds, capsys, monkeypatch):
+    """...and the seed rows it could not use are counted on the terminal, with the file that lists them."""
     out = tmp_path / "out"
+    with seeds.open("a") as fh:
+        fh.write("not json\n" + json.dumps({"id": "x", "instruction": ""}) + "\n")
     with ScriptedServer() as srv:
         monkeypatch.setenv("OPENAI_BASE_URL", srv.base_url)
         code = main(["run", "--seeds", str(seeds), "--out", str(out), "--rounds", "1", "--model", "scripted"])
@@ -59,6 +85,7 @@ def test_a_run_uses_openai_base_url_and_says_so_on_its_first_line(tmp_path, seed
         assert srv.posts()  # the endpoint named, not the embedded model
     first = captured.out.splitlines()[0]
     assert first == f"evolforge run: endpoint {srv.base_url} (from OPENAI_BASE_URL), model scripted", first
+    assert f"2 input rows rejected (not used; line and reason in {out / 'rejects.jsonl'})" in captured.out
 
 
 def test_the_config_file_is_validated_before_a_flag_overrides_it(tmp_path):

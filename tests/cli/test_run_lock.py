@@ -143,6 +143,7 @@ def test_retry_nightly_and_stage_commands_take_the_same_lock(tmp_path, seeds, ho
     assert "is in use by another run" in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.long("a whole run through the command (the lock's wait itself: the quick test above)")
 def test_with_wait_the_second_run_goes_on_once_the_first_ends(tmp_path, seeds, holder, capsys):
     out = tmp_path / "out"
     proc = holder(out)
