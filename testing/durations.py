@@ -4,8 +4,10 @@ it; `-p evolforge.testing.durations` loads it into any pytest run).
 Every test is measured from the start of its setup to the end of its teardown, in wall seconds and in CPU seconds
 of the test process's whole process tree: the process itself (all threads), the child processes it has reaped,
 and its live descendants (a Prefect server, a llama-server, a sandbox worker it started; each with the children
-they reaped). The setup of session-scoped fixtures (one per xdist worker, shared by every later test) and the
-session's last teardown (where they are torn down) are left out of the test that happens to pay for them.
+they reaped). Session-scoped fixtures (one per xdist worker, shared by every later test: the Prefect test
+harness's server) are charged to no test: neither their setup, nor the work their processes do later (a server's
+background loops run for as long as a test takes, so charging them would make a test's CPU grow with the load),
+nor the session's last teardown.
 
 The budget (ini option `test_cpu_budget_seconds`; 0 turns it off): a test of the quick tier (not marked `slow`)
 whose CPU seconds exceed it fails, unless it is marked `long` with a reason (`@pytest.mark.long("why")`). CPU
@@ -29,6 +31,7 @@ import pytest
 _TICKS = os.sysconf("SC_CLK_TCK")
 _KEY = pytest.StashKey[dict]()
 _SESSION_SETUP_CPU = [0.0]  # CPU seconds of session-fixture setups during the running test
+SHARED_PIDS: set[int] = set()  # processes started by session fixtures (and their descendants): charged to no test
 
 
 def _children(pid: int) -> list[int]:
@@ -60,7 +63,7 @@ def snapshot() -> tuple[float, dict[tuple[int, int], tuple[float, bool]]]:
     t = os.times()
     own = t.user + t.system + t.children_user + t.children_system
     me = os.getpid()
-    stack, tree = [(c, True) for c in _children(me)], {}
+    stack, tree = [(c, True) for c in _children(me) if c not in SHARED_PIDS], {}
     while stack:
         pid, direct = stack.pop()
         try:
@@ -70,7 +73,7 @@ def snapshot() -> tuple[float, dict[tuple[int, int], tuple[float, bool]]]:
         if (pid, start) in tree:
             continue
         tree[(pid, start)] = (cpu, direct)
-        stack += [(c, False) for c in _children(pid)]
+        stack += [(c, False) for c in _children(pid) if c not in SHARED_PIDS]
     return own, tree
 
 
@@ -106,6 +109,19 @@ class CpuMeter:
         except (OSError, IndexError, ValueError):
             self.group = None
 
+    def share(self, pids: set[int]) -> None:
+        """Charge the processes `pids` (and what they start later) to no test: the servers of session fixtures."""
+        if self.group is None:
+            return
+        shared = self.group.parent / f"{self.group.name}-shared"
+        try:
+            shared.mkdir(exist_ok=True)
+            for pid in pids:
+                (shared / "cgroup.procs").write_text(str(pid))
+            self.shared = shared
+        except OSError:
+            pass
+
     def mark(self):
         if self.group is not None:
             return int((self.group / "cpuacct.usage").read_text()) / 1e9
@@ -120,11 +136,13 @@ class CpuMeter:
         """Back into the parent group; the group is removed once empty (a process left running keeps it)."""
         if self.group is None:
             return
-        try:
-            (self.parent / "cgroup.procs").write_text(str(os.getpid()))
-            self.group.rmdir()
-        except OSError:
-            pass
+        for group in (self.group, getattr(self, "shared", None)):
+            try:
+                for pid in (group / "cgroup.procs").read_text().split():
+                    (self.parent / "cgroup.procs").write_text(pid)
+                group.rmdir()
+            except (OSError, TypeError):
+                pass
 
 
 def tree_cpu_seconds() -> float:
@@ -132,6 +150,16 @@ def tree_cpu_seconds() -> float:
     (with the children they reaped); for an interval, prefer cpu_between (descendants that end in it)."""
     own, tree = snapshot()
     return own + sum(cpu for cpu, _ in tree.values())
+
+
+def _descendants(pids: set[int]) -> set[int]:
+    out, stack = set(), list(pids)
+    while stack:
+        pid = stack.pop()
+        if pid not in out:
+            out.add(pid)
+            stack += _children(pid)
+    return out
 
 
 def _tier(item: pytest.Item) -> str:
@@ -163,11 +191,14 @@ def pytest_fixture_setup(fixturedef, request):
     """The setup of a session-scoped fixture is charged to no test (it serves every later test of the worker)."""
     if fixturedef.scope != "session":
         return (yield)
-    before = _METER[0].mark()
+    before, kids = _METER[0].mark(), set(_children(os.getpid()))
     try:
         return (yield)
     finally:
         _SESSION_SETUP_CPU[0] += _METER[0].since(before)
+        started = _descendants(set(_children(os.getpid())) - kids)  # its servers: their later work is shared
+        SHARED_PIDS.update(started)
+        _METER[0].share(started)
 
 
 @pytest.hookimpl(wrapper=True)

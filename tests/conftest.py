@@ -57,7 +57,10 @@ from evolforge.testing.scripted_server import ScriptedServer  # noqa: E402
 #   that moment fails it.
 # A test module can also name a group itself: `pytestmark = pytest.mark.xdist_group("name")`.
 EMBEDDED_GROUP = "embedded-model"
-MODULE_GROUPS = {"test_sandbox": "sandbox"}  # module file name prefix -> group
+MODULE_GROUPS = {"test_sandbox": "sandbox", "test_runners_ray": "ray-cluster", "test_ray_cluster": "ray-cluster"}
+# - the tests that start a local Ray cluster: one cluster at a time (two at once on a loaded 2-core machine timed out
+#   connecting to their GCS)
+TEST_GROUPS = {"tests/flows/test_dedup_on_workers.py::test_ray_cluster_decides_as_one_process": "ray-cluster"}
 # Handed out first, in this order (by module file name; a module of a group brings its whole group): the longest
 # work units (about 100, 65, 60, 50, 40 s on 4 workers of this 2-core machine), then the longest single tests, so
 # that no worker is left starting one of them while the others have finished.
@@ -120,6 +123,21 @@ FULL_TIER: dict[str, str] = {
         "the proxy on several worker processes (~19 s CPU)",
     "tests/tasks/evolve/test_survival_plot.py::test_bars_beyond_the_largest_figure_draw_no_counts_rather_than_overlapping_ones":
         "draws the largest figures (~10 s CPU)",
+    "tests/flows/test_dedup_flow.py::test_kill_during_dedup_then_resume_gives_the_same_result":
+        "a CLI run killed in dedup and resumed (~50 s CPU); the resume promise stays: tests/flows/test_resume_kill.py",
+    "tests/flows/test_scale_out.py::test_dask_two_workers_matches_threads": "a local Dask cluster (~30 s CPU)",
+    "tests/flows/test_dedup_scale.py::test_dask_two_workers_decide_exactly_as_one_process":
+        "a local Dask cluster (~24 s CPU)",
+    "tests/flows/test_dedup_on_s3.py::test_steps_on_separate_machines_exchange_everything_through_the_store":
+        "dedup steps through an S3 store (~15 s CPU)",
+    "tests/tasks/report/test_report.py::test_reward_plots_and_card": "trains reward models for their plots (~23 s CPU)",
+    "tests/tasks/report/test_report.py::test_evolve_plots_card_and_sft_view": "plots and the SFT view (~13 s CPU)",
+    "tests/tasks/report/test_cards_stages.py::test_trajectories_card_lists_the_parquet_tables_and_points_at_sft_jsonl":
+        "a recorded session exported to a card (~13 s CPU)",
+    "tests/cli/test_progress_steps.py::test_train_reward_command_shows_optimizer_steps":
+        "reward training through the CLI (~19 s CPU)",
+    "tests/tasks/trajectories/test_trajectories.py::test_cli_exports_a_recorded_folder_with_unfinished_sessions":
+        "the export CLI in a subprocess (~14 s CPU)",
 }
 _GROUPS_FILE = "EVOLFORGE_XDIST_GROUPS_FILE"  # where workers write {nodeid: group} for the controller's scheduler
 if not _WORKER:
@@ -148,6 +166,8 @@ def xdist_group_of(item: pytest.Item) -> str | None:
         return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
     if "embedded" in item.keywords:
         return EMBEDDED_GROUP
+    if item.nodeid in TEST_GROUPS:
+        return TEST_GROUPS[item.nodeid]
     module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
     for prefix, group in MODULE_GROUPS.items():
         if module.startswith(prefix):

@@ -37,6 +37,8 @@ def _env(tmp_path):
     return env
 
 
+@pytest.mark.long("the product's resume promise end to end: a real `evolforge run` SIGKILLed mid-round and resumed, "
+                  "each with its own Prefect server (~47 s CPU)")
 def test_sigkill_mid_round_then_resume(tmp_path):
     seeds = tmp_path / "seeds.jsonl"
     seeds.write_text("\n".join(json.dumps({"id": f"s{i:02d}", "instruction": f"Explain fact number {i} about rivers."})
