@@ -101,7 +101,8 @@ class CpuMeter:
     def __init__(self) -> None:
         self.group: Path | None = None
         try:
-            parent = CPUACCT / Path(open("/proc/self/cgroup").read().split("cpuacct:", 1)[1].split("\n")[0]).relative_to("/")
+            own = open("/proc/self/cgroup").read().split("cpuacct:", 1)[1].split("\n")[0]
+            parent = CPUACCT / Path(own).relative_to("/")
             group = parent / f"evolforge-tests-{os.getpid()}"
             group.mkdir(exist_ok=True)
             (group / "cgroup.procs").write_text(str(os.getpid()))

@@ -103,7 +103,8 @@ FULL_TIER: dict[str, str] = {
         "a Dask cluster on S3 (~34 s CPU)",
     "tests/storage/test_object_storage.py::test_evolve_run_lives_on_s3_resumes_and_matches_a_local_run":
         "the S3 twin of the local resume tests, which stay (~13 s CPU)",
-    "tests/storage/test_object_storage.py::test_dedup_index_and_nightly_dataset_on_s3": "dedup and nightly on S3 (~12 s CPU)",
+    "tests/storage/test_object_storage.py::test_dedup_index_and_nightly_dataset_on_s3":
+        "dedup and nightly on S3 (~12 s CPU)",
     "tests/flows/test_dedup_on_workers.py::test_dask_cluster_decides_as_one_process": "a local Dask cluster",
     "tests/flows/test_dedup_on_workers.py::test_a_rerun_reuses_the_finished_steps[dask]":
         "a local Dask cluster (the threads case stays)",

@@ -40,6 +40,7 @@ def status_cli(out) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.long("a real evolve run in each of three states: ~10 s CPU measured, at the budget")
 def test_status_of_an_evolve_run_done_failed_pending(tmp_path, server):
     lay = evolve_run(tmp_path, server)
     # the evolve stage's marker: its kind and, once finished, its counts (what status reads the kind from)

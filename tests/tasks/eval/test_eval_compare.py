@@ -100,6 +100,7 @@ def test_runs_over_other_problems_or_templates_are_refused(tmp_path):
         compare.compare({"base": base})
 
 
+@pytest.mark.long("the compare command in fresh processes, its table and one-line refusals: ~10 s CPU measured")
 def test_cli_prints_the_table_and_refuses_bad_runs_in_one_line(tmp_path):
     base = _run(tmp_path / "base", [False, True] * 20)
     sft = _run(tmp_path / "sft", [True, True] * 20)

@@ -247,6 +247,7 @@ def test_no_key_reaches_any_file_of_the_run(proxy, upstream, tmp_path):
         assert UPSTREAM_KEY.encode() not in data and CLIENT_KEY.encode() not in data, p
 
 
+@pytest.mark.long("the proxy check command in fresh processes, both outcomes: ~9.5 s CPU measured, at the budget")
 def test_proxy_check_command_reports_latency_or_the_fix(upstream, tmp_path):
     ok = subprocess.run([sys.executable, "-m", "evolforge.cli", "proxy", "--check", "--upstream", upstream.base_url,
                          "--out", str(tmp_path / "c1"), "--model", "agent-model"], capture_output=True, text=True,
