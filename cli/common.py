@@ -196,6 +196,16 @@ def failed(what: str, e: BaseException, out: str | None, log=None) -> int:
 SUMMARY_LINES = 16  # what the short summary shows at most (the whole summary is OUT/summary.json)
 
 
+def _missing_file(value, out: str | None) -> bool:
+    """`value` names a file inside the local output folder that does not exist (an end block leaves it out)."""
+    if not out or not isinstance(value, str) or "://" in str(out):
+        return False
+    from pathlib import Path
+
+    root = str(Path(out).expanduser().absolute())
+    return value.startswith(root.rstrip("/") + "/") and not os.path.exists(value)
+
+
 def short_summary(name: str, result, out: str | None, log=None) -> str:
     """The end of a stage command without its own `present`: its figures, one a line, and where the rest is."""
     lines = [f"== evolforge {name} complete =="]
@@ -203,12 +213,15 @@ def short_summary(name: str, result, out: str | None, log=None) -> str:
     for key, value in items:
         if key in ("run_id", "out_dir") or len(lines) > SUMMARY_LINES:
             continue
+        if _missing_file(value, out):
+            continue  # a file the stage did not write (it kept nothing)
         if isinstance(value, (int, float, str, bool)) and len(str(value)) <= 100:
             lines.append(f"{key}: {value}")
         elif isinstance(value, dict) and value and len(value) <= 8 and all(
                 isinstance(v, (int, float, str, bool)) or v is None for v in value.values()):
+            value = {k: v for k, v in value.items() if not _missing_file(v, out)}
             text = ", ".join(f"{k}={v}" for k, v in value.items())
-            if len(text) <= 160:
+            if text and len(text) <= 160:
                 lines.append(f"{key}: {text}")
     if out:
         lines.append(f"summary: {str(out).rstrip('/')}/summary.json")
@@ -280,9 +293,13 @@ def run_stage(stage, params, wait: float = 0.0) -> int:
             with prefect_defaults(params), live_progress(), quiet_terminal(out, VERBOSE) as log:
                 result = stage.load_flow()(params)
         except Exception as e:
-            return failed(stage.cli_name, e, out, log)
+            if type(e).__name__ != "KeptNothing":  # flows/_stage.py: the run failed, its summary is written
+                return failed(stage.cli_name, e, out, log)
+            result = e.summary
     if stage.present:
-        print(stage.present(result, params) + (f"\nlog: {log.path}" if log is not None and log.path else ""))
+        text = "\n".join(line for line in stage.present(result, params).splitlines()
+                         if not any(_missing_file(word, out) for word in line.split()))
+        print(text + (f"\nlog: {log.path}" if log is not None and log.path else ""))
     else:
         print(short_summary(stage.cli_name, result, out, log))
     if line := rejected_rows(out):

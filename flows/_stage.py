@@ -175,6 +175,15 @@ def stage_run(name: str, params: BaseModel) -> Iterator[StageRun]:
             write_json_atomic(folder.marker, before)  # a run that did nothing (a no-op retry): stage.json as it was
 
 
+class KeptNothing(RuntimeError):
+    """A stage that keeps nothing (its descriptor's `kept` count is 0): its flow run fails, after writing its
+    summary and stage.json; `summary` is what it wrote (the CLI prints it, then one line, exit 1)."""
+
+    def __init__(self, stage: str, kept: str, summary: dict):
+        super().__init__(f"{stage} kept nothing ({kept} = 0)")
+        self.summary = summary
+
+
 def batch_totals(batches: list[dict]) -> dict:
     """The `batches` entry of a summary: total, skipped (finished by an earlier run) and replayed calls."""
     return {"total": len(batches), "skipped": sum(1 for b in batches if b.get("skipped")),
@@ -214,4 +223,7 @@ def finish_stage(run: StageRun, summary: dict, *, counts: dict | None = None,
         create_table_artifact(key=art_key, table=rows, description=description)
     for art_key, (text, description) in (markdown or {}).items():
         create_markdown_artifact(key=art_key, markdown=text, description=description)
+    kept = run.stage.kept
+    if kept and summary.get(kept) == 0 and flow_run.parent_flow_run_id is None:  # a pipeline's stage: it decides
+        raise KeptNothing(key, kept, summary)
     return summary

@@ -9,10 +9,11 @@ import pytest
 from prefect import flow
 
 from evolforge.cli import main
-from evolforge.flows._stage import stage_run
+from evolforge.cli.common import run_stage
+from evolforge.flows._stage import finish_stage, stage_run
 from evolforge.storage.folder import StageFolder
 from evolforge.tasks.core.params import StageParams
-from evolforge.tasks.core.stages import Stage, register, unregister
+from evolforge.tasks.core.stages import Stage, get, register, unregister
 from evolforge.testing.scripted_server import ScriptedServer
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -70,3 +71,40 @@ def test_preflight_refuses_a_model_the_endpoint_does_not_list_as_run_does(capsys
         assert srv.posts() == [] and srv.probes == []
     err = capsys.readouterr().err
     assert code == 2 and "does not serve 'gpt-9'" in err and len(err.strip().splitlines()) == 1, err
+
+
+class KeepParams(StageParams):
+    out: str
+    keep: int = 0
+
+
+@flow(name="keep-stage")
+def keep_flow(params: KeepParams) -> dict:
+    """Finishes its run with `keep` kept, listing a file it writes only when it keeps something."""
+    with stage_run("keep-stage", params) as run:
+        table = run.folder.root / "kept.parquet"
+        if params.keep:
+            table.write_text("rows")
+        return finish_stage(run, {"kept": params.keep, "datasets": {"kept": str(table)}}, cost=False)
+
+
+@pytest.fixture
+def keep_stage():
+    register(Stage(name="keep-stage", help="", params=KeepParams, flow=f"{__name__}:keep_flow", folder=StageFolder,
+                   kept="kept"))
+    yield get("keep-stage")
+    unregister("keep-stage")
+
+
+def test_a_stage_that_keeps_nothing_fails_its_flow_run_and_lists_no_file_it_did_not_write(tmp_path, keep_stage,
+                                                                                           capsys):
+    state = keep_flow(KeepParams(out=str(tmp_path / "none")), return_state=True)
+    assert state.is_failed() and "kept nothing" in state.message
+    assert json.loads((tmp_path / "none" / "stage.json").read_text())["counts"] == {}  # finished, with its summary
+
+    assert run_stage(keep_stage, KeepParams(out=str(tmp_path / "none2"))) == 1
+    captured = capsys.readouterr()
+    assert "kept: 0" in captured.out and "kept.parquet" not in captured.out, captured.out
+    assert "kept nothing (kept = 0)" in captured.err
+    assert run_stage(keep_stage, KeepParams(out=str(tmp_path / "one"), keep=1)) == 0
+    assert f"datasets: kept={tmp_path / 'one' / 'kept.parquet'}" in capsys.readouterr().out

@@ -175,7 +175,11 @@ def test_a_run_that_keeps_no_task_still_loads_with_load_dataset(tmp_path, server
     out = tmp_path / "out"
     params = SynthesizeParams(seeds=str(seeds), out=str(out), base_url=server.base_url,
                               overrides={"synthesis": {"batch_size": 3, "prune_jaccard": 1.0}, "pricing": PRICED})
-    summary = synthesize_flow(params)
+    from evolforge.flows._stage import KeptNothing
+
+    with pytest.raises(KeptNothing) as kept_nothing:  # the flow run fails: it kept nothing (its summary is written)
+        synthesize_flow(params)
+    summary = kept_nothing.value.summary
     assert summary["kept"] == 0 and summary["proposed"] == 3
     assert not (out / "data" / "train-00000-of-00001.parquet").exists()
     loaded = load_dataset("parquet", data_dir=str(out))
