@@ -84,7 +84,7 @@ from evolforge.storage.ledger import LedgerWriter
 from evolforge.storage.proxy_sets import ProxyLayout, RecordLog, SessionParents
 from evolforge.tasks.core.gateway import InsecureKeyTransport, check_key_transport, is_loopback, read_api_key
 from evolforge.tasks.core.keys import token_accepted
-from evolforge.tasks.core.pricing import PriceBook
+from evolforge.tasks.core.pricing import PriceBook, cache_tokens
 from evolforge.tasks.core.request_guard import cors_settings, door_refusal, json_body_refusal
 from evolforge.tasks.proxy import translate
 from evolforge.tasks.proxy.recording import dumps, loads, model_name, response_part, response_problem, usage_of
@@ -376,7 +376,7 @@ class Call:
         if not self.forwarded:
             cost, source = 0.0, "not forwarded"
         elif model:
-            cost, source = st.prices.cost(model, pt, ct)
+            cost, source = st.prices.cost(model, pt, ct, *cache_tokens(usage))  # cache reads / writes: own rates
         else:
             cost, source = None, "unknown model"
         failed = self.status != 200 or self.error

@@ -23,7 +23,12 @@ its form, how its usage reaches the ledger, how its stream is reassembled and en
   `error`) ends with `message_stop`.
 
 The ledger's prompt / completion tokens come from each API's own usage fields (Messages: input_tokens plus the
-cache reads and writes). Nothing trusts a shape: what breaks an API's core form is a failed call (a 502 to the
+cache reads and writes); the ledger usage also names the cache reads and writes among the prompt tokens
+(`cache_read_tokens`, `cache_write_tokens`: Messages' cache_read_input_tokens / cache_creation_input_tokens, the
+Responses API's input_tokens_details.cached_tokens), which tasks/core/pricing.py prices at their own rates. A
+Messages stream cut before its message_delta (which carries the output count) is charged the completion tokens
+that arrived: at least one per content delta and one per four characters streamed, never fewer than
+message_start said; the record names the estimate (`stream_estimated_output_tokens`). Nothing trusts a shape: what breaks an API's core form is a failed call (a 502 to the
 client when not streamed), an odd optional field is dropped.
 """
 
@@ -91,7 +96,10 @@ def responses_ledger_usage(usage: Any) -> dict | None:
     if usage is None:
         return None
     pt, ct = usage.get("input_tokens"), usage.get("output_tokens")
-    return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": _sum(pt, ct)}
+    details = usage.get("input_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": _sum(pt, ct),
+            "cache_read_tokens": cached if type(cached) is int and cached >= 0 else 0, "cache_write_tokens": 0}
 
 
 def _item_problem(item: Any) -> str | None:
@@ -209,7 +217,9 @@ def messages_ledger_usage(usage: Any) -> dict | None:
         return None
     pt = _sum(usage.get("input_tokens"), usage.get("cache_creation_input_tokens"), usage.get("cache_read_input_tokens"))
     ct = usage.get("output_tokens")
-    return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": _sum(pt, ct)}
+    return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": _sum(pt, ct),
+            "cache_read_tokens": _sum(usage.get("cache_read_input_tokens")) or 0,
+            "cache_write_tokens": _sum(usage.get("cache_creation_input_tokens")) or 0}
 
 
 def _block_problem(block: Any) -> str | None:
@@ -477,7 +487,25 @@ class MessagesAssembler(EventAssembler):
         self.json_parts: dict[int, list[str]] = {}
         self.stop_reason: str | None = None
         self.api_usage: dict = {}
-        self.usage: dict | None = None
+        self.output_counted = False  # a message_delta gave the output count (a cut stream never sends it)
+        self.streamed_deltas = 0  # text, thinking and tool-input deltas that arrived, and their characters
+        self.streamed_chars = 0
+
+    @property
+    def streamed_tokens(self) -> int:
+        """The completion tokens a stream that arrived this far carries, at the least: one per delta, one per four
+        characters."""
+        return max(self.streamed_deltas, -(-self.streamed_chars // 4))
+
+    @property
+    def usage(self) -> dict | None:
+        """The ledger usage: the API's own counts; a stream cut before its output count is charged what arrived."""
+        if not self.api_usage:
+            return None
+        if self.output_counted:
+            return messages_ledger_usage(self.api_usage)
+        said = self.api_usage.get("output_tokens") if type(self.api_usage.get("output_tokens")) is int else 0
+        return messages_ledger_usage({**self.api_usage, "output_tokens": max(said, self.streamed_tokens)})
 
     def _merge_usage(self, value: Any) -> str | None:
         usage, problem = _usage(value, MESSAGES_USAGE_KEYS)
@@ -485,7 +513,6 @@ class MessagesAssembler(EventAssembler):
             return problem
         if usage:
             self.api_usage.update({k: v for k, v in usage.items() if v is not None})
-            self.usage = messages_ledger_usage(self.api_usage)
         return None
 
     def _typed(self, kind: str, obj: dict) -> str | None:
@@ -525,6 +552,9 @@ class MessagesAssembler(EventAssembler):
                 return f"a {dkind} is not a string"
             block = self.blocks.setdefault(i, {"type": {"text_delta": "text", "thinking_delta": "thinking",
                                                         "input_json_delta": "tool_use"}.get(dkind, "text")})
+            if dkind != "signature_delta":  # a signature is no generated text
+                self.streamed_deltas += 1
+                self.streamed_chars += len(piece)
             if target is None:
                 self.json_parts.setdefault(i, []).append(piece)
             else:
@@ -535,7 +565,10 @@ class MessagesAssembler(EventAssembler):
             if delta is not None and not isinstance(delta, dict):
                 return "message_delta's delta is not an object"
             self.stop_reason = _str((delta or {}).get("stop_reason")) or self.stop_reason
-            return self._merge_usage(obj.get("usage"))
+            usage = obj.get("usage")
+            self.output_counted = self.output_counted or (isinstance(usage, dict)
+                                                          and type(usage.get("output_tokens")) is int)
+            return self._merge_usage(usage)
         if kind == "message_stop":
             self.done = True
             return None
@@ -558,6 +591,8 @@ class MessagesAssembler(EventAssembler):
                     b["input"] = raw  # kept as sent: the record's tool call carries it as its arguments string
             blocks.append(b)
         part = messages_output(blocks, self.stop_reason, self.api_usage or None, self.model, self.id)
+        if self.api_usage and not self.output_counted:
+            part["stream_estimated_output_tokens"] = self.usage["completion_tokens"]
         return {**part, **self._stats()}
 
 
