@@ -203,6 +203,7 @@ def _missing_file(value, out: str | None) -> bool:
     from pathlib import Path
 
     root = str(Path(out).expanduser().absolute())
+    value = value.rstrip(".,:;)")  # a path at the end of a clause
     return value.startswith(root.rstrip("/") + "/") and not os.path.exists(value)
 
 

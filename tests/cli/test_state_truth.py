@@ -108,3 +108,12 @@ def test_a_stage_that_keeps_nothing_fails_its_flow_run_and_lists_no_file_it_did_
     assert "kept nothing (kept = 0)" in captured.err
     assert run_stage(keep_stage, KeepParams(out=str(tmp_path / "one"), keep=1)) == 0
     assert f"datasets: kept={tmp_path / 'one' / 'kept.parquet'}" in capsys.readouterr().out
+
+
+def test_the_end_block_filter_drops_only_missing_files(tmp_path):
+    from evolforge.cli.common import _missing_file
+
+    (tmp_path / "dedup_index").mkdir()
+    assert not _missing_file(f"{tmp_path / 'dedup_index'}:", str(tmp_path))  # a path ending a clause
+    assert _missing_file(str(tmp_path / "tasks.parquet"), str(tmp_path))
+    assert not _missing_file("/elsewhere/tasks.parquet", str(tmp_path))
