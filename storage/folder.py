@@ -182,6 +182,20 @@ def read_marker(root: str | Path | AnyPath) -> dict | None:
     return data if isinstance(data, dict) and data.get("kind") else None
 
 
+def in_folder(root: AnyPath, path: str | AnyPath) -> str:
+    """`path` as a folder's own records keep it: relative to the folder when inside it (so a folder moved or
+    copied elsewhere still names its own files), else absolute (or the URL)."""
+    root_s, path_s = str(location(root)).rstrip("/"), str(location(path))
+    return path_s[len(root_s) + 1:] if path_s.startswith(root_s + "/") else path_s
+
+
+def from_folder(root: AnyPath, recorded: str) -> str:
+    """A path a folder's records keep (`in_folder`), as the absolute path or URL it names now."""
+    if "://" in recorded or recorded.startswith("/"):
+        return recorded
+    return str(location(root) / recorded)
+
+
 def package_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
