@@ -57,6 +57,10 @@ def check_rows(path: str, field: str, what: str, max_chars: int | None = None,
 
 def check_file(path: str | None, what: str) -> None:
     if path and not input_exists(path):
+        import os
+
+        if "://" not in str(path) and os.path.isdir(os.path.expanduser(str(path))):
+            raise InputError(f"{what} {path} is a folder: give the file inside it")
         raise InputError(f"{what} not found: {path}")
 
 

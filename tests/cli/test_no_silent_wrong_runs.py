@@ -128,3 +128,12 @@ def test_nightly_takes_a_folder_that_is_not_a_dataset_only_with_new(tmp_path, se
         (tmp_path / "ds" / "stage.json").write_text(json.dumps({"kind": "nightly", "version": 1}))
         existing = typo.model_copy(update={"dataset": str(tmp_path / "ds")})
         stage.check(existing, existing.settings())
+
+
+def test_a_folder_given_as_an_optional_input_file_says_so(tmp_path):
+    from evolforge.tasks.core.checks import InputError, check_file
+
+    with pytest.raises(InputError, match="is a folder: give the file inside it"):
+        check_file(str(tmp_path), "--tasks")
+    with pytest.raises(InputError, match="not found"):
+        check_file(str(tmp_path / "nope.parquet"), "--tasks")
