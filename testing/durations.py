@@ -9,8 +9,9 @@ harness's server) are charged to no test: neither their setup, nor the work thei
 background loops run for as long as a test takes, so charging them would make a test's CPU grow with the load),
 nor the session's last teardown.
 
-The budget (ini option `test_cpu_budget_seconds`; 0 turns it off): a test of the quick tier (not marked `slow`)
-whose CPU seconds exceed it fails, unless it is marked `long` with a reason (`@pytest.mark.long("why")`). CPU
+The budget (ini option `test_cpu_budget_seconds`; 0 turns it off): in `make test`, a test of the quick tier (not
+marked `slow`) whose CPU seconds exceed it fails, unless it is marked `long` with a reason
+(`@pytest.mark.long("why")`); `make test-all` (EVOLFORGE_SLOW=1) lists such tests at the end without failing. CPU
 seconds and not wall seconds: on a shared machine a test waits for the CPU as long as others hold it, so its wall
 time measures the load as much as the test, and a wall-time bound would fail at random on a busy machine. The
 CPU seconds a test's processes use are what the test costs wherever it runs (within a few percent). Wall seconds
@@ -230,6 +231,13 @@ def pytest_runtest_teardown(item, nextitem):
             rec["wall"] = time.monotonic() - rec["wall0"]
 
 
+def _enforced() -> bool:
+    """The budget fails tests in the quick tier's own run (`make test`); in the full run (`make test-all`, CI:
+    EVOLFORGE_SLOW=1) the tests over it are listed at the end, so that a test that got slower on CI's machine
+    does not fail the whole run."""
+    return os.environ.get("EVOLFORGE_SLOW") != "1"
+
+
 def _reason(item: pytest.Item) -> str | None:
     mark = item.get_closest_marker("long")
     if mark is None:
@@ -249,7 +257,7 @@ def pytest_runtest_makereport(item, call):
     report.user_properties.append(("durations", {"cpu": cpu, "wall": rec["wall"], "tier": tier,
                                                  "load": os.getloadavg()[0], "long": _reason(item)}))
     budget = float(item.config.getini("test_cpu_budget_seconds") or 0)
-    if budget and tier == "quick" and cpu is not None and cpu > budget and report.passed:
+    if budget and tier == "quick" and cpu is not None and cpu > budget and report.passed and _enforced():
         if item.get_closest_marker("long") is None:
             report.outcome = "failed"
             report.longrepr = (

@@ -124,6 +124,8 @@ FULL_TIER: dict[str, str] = {
         "the proxy on several worker processes (~19 s CPU)",
     "tests/tasks/evolve/test_survival_plot.py::test_bars_beyond_the_largest_figure_draw_no_counts_rather_than_overlapping_ones":
         "draws the largest figures (~10 s CPU)",
+    "tests/tasks/sandbox/test_sandbox_split.py::test_a_flaky_solution_never_passes_as_a_reward[per-check]":
+        "42 checks in a bwrap sandbox each (~27 s CPU); the warm-worker case, the default, stays",
     "tests/flows/test_dedup_flow.py::test_kill_during_dedup_then_resume_gives_the_same_result":
         "a CLI run killed in dedup and resumed (~50 s CPU); the resume promise stays: tests/flows/test_resume_kill.py",
     "tests/flows/test_scale_out.py::test_dask_two_workers_matches_threads": "a local Dask cluster (~30 s CPU)",
