@@ -17,6 +17,7 @@ The trainer's optimizer steps are live progress (tasks/core/progress.py: the CLI
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 import time
@@ -29,6 +30,7 @@ from evolforge.config.sections.sft import SFTSettings
 from evolforge.storage import sft_sets as store
 from evolforge.tasks.core.progress import StepProgress, trainer_callback
 
+log = logging.getLogger("evolforge.sft")
 LOG_KEYS = ("loss", "learning_rate", "grad_norm", "epoch", "num_tokens", "mean_token_accuracy")
 
 
@@ -51,14 +53,16 @@ def base_policy(cfg: SFTSettings, ppo: PPOSettings, folder: store.SFTFolder) -> 
     return prepare_policy(find_policy_gguf(ppo.policy_gguf), folder.base_policy)
 
 
-def sft_dataset(rows: list[dict], tok):
+def sft_dataset(rows: list[dict], tok, max_length: int | None = None, fitted: dict | None = None):
     """The rows as TRL's conversational prompt-completion dataset, in the form the policy's chat template renders:
     tool calls with parsed arguments and the tool schemas as `tools` when the template renders them; when it does
     not (SmolLM2's template, the tiny test policy's), each call as `<tool_call>{"name", "arguments"}</tool_call>`
     text in the assistant turn and the schemas as a `# Tools` block in the system message, the rendering the
     trajectories stage's token samples use (tasks/trajectories/tokens.py), so a turn that only called tools still
     has its calls to learn. Each message is one `datasets.Json` value: arrow would merge the different shapes of
-    tool arguments into one struct, filling every call with the other tools' keys as nulls."""
+    tool arguments into one struct, filling every call with the other tools' keys as nulls. With `max_length`,
+    trajectory turns longer than it get their prompt shortened from the left, the completion whole
+    (tasks/trajectories/fit.py; the counts go to `fitted`)."""
     import datasets
 
     from evolforge.tasks.trajectories.tokens import ChatRenderer
@@ -71,6 +75,10 @@ def sft_dataset(rows: list[dict], tok):
         completion = renderer.template_messages(store.chat_messages(r["completion"]), None)[0]
         out.append({"prompt": prompt, "completion": completion,
                     "tools": json.dumps(tools_arg, ensure_ascii=False) if tools_arg else None})
+    if max_length:
+        from evolforge.tasks.trajectories.fit import fit_rows
+
+        out = fit_rows(out, rows, lambda p, c, t: len(renderer.ids(renderer.render(p + c, t))), max_length, fitted)
     message = datasets.List(datasets.Json())
     features = datasets.Features({"prompt": message, "completion": message, "tools": datasets.Value("string")})
     return datasets.Dataset.from_list(out, features=features)
@@ -99,6 +107,17 @@ def _step_counter(counter: dict):
     return Steps()
 
 
+def _max_length(cfg: SFTSettings, model, base) -> int:
+    """sft.max_length, capped at the policy's positions (a longer row would index past them), with a warning
+    naming both."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(positions, int) and 0 < positions < cfg.max_length:
+        log.warning("sft.max_length = %d tokens is more than the %d positions of the policy %s: rows are fitted "
+                    "to %d", cfg.max_length, positions, base, positions)
+        return positions
+    return cfg.max_length
+
+
 def train(folder: store.SFTFolder, base: Path, cfg: SFTSettings, progress: StepProgress | None = None,
           callbacks: list | None = None) -> dict[str, Any]:
     """Fine-tune `base` on folder.train (see the module docstring); returns the run's figures."""
@@ -120,17 +139,20 @@ def train(folder: store.SFTFolder, base: Path, cfg: SFTSettings, progress: StepP
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, plan["dtype"]))
+    max_length = _max_length(cfg, model, base)
     args = SFTConfig(
         output_dir=str(folder.checkpoints), num_train_epochs=cfg.epochs, max_steps=cfg.max_steps or -1,
         per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_ratio, lr_scheduler_type=cfg.lr_scheduler,
         logging_steps=cfg.logging_steps, save_strategy="steps", save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit, report_to="none", use_cpu=plan["device"] == "cpu", bf16=plan["bf16"],
-        seed=cfg.seed, data_seed=cfg.seed, max_length=cfg.max_length, completion_only_loss=cfg.completion_only_loss,
+        seed=cfg.seed, data_seed=cfg.seed, max_length=max_length, completion_only_loss=cfg.completion_only_loss,
         dataloader_num_workers=0, disable_tqdm=True, activation_checkpointing=False)
     counter: dict = {}
+    fitted: dict = {}
     extra = [_step_counter(counter)] + ([trainer_callback(progress)] if progress else []) + list(callbacks or [])
-    trainer = SFTTrainer(model=model, args=args, train_dataset=sft_dataset(rows, tok), processing_class=tok,
+    trainer = SFTTrainer(model=model, args=args, train_dataset=sft_dataset(rows, tok, max_length, fitted),
+                         processing_class=tok,
                          peft_config=_lora(cfg) if cfg.lora else None, callbacks=extra)
     resume = folder.last_checkpoint()
     t0 = time.perf_counter()
@@ -146,7 +168,7 @@ def train(folder: store.SFTFolder, base: Path, cfg: SFTSettings, progress: StepP
             "epochs": round(float(trainer.state.epoch or 0), 3), "train_loss": round(float(result.training_loss), 4),
             "learning_rate": cfg.learning_rate, "lora": cfg.lora, "device": plan["device"], "dtype": plan["dtype"],
             "completion_only_loss": cfg.completion_only_loss, "data": str(folder.train),
-            "evolforge_version": __version__}
+            "evolforge_version": __version__, **fitted}
     with tempfile.TemporaryDirectory(prefix=".model-", dir=folder.root) as staged:
         if cfg.lora:
             trainer.model.save_pretrained(str(folder.adapter))
