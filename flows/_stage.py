@@ -153,12 +153,12 @@ def stage_run(name: str, params: BaseModel) -> Iterator[StageRun]:
     stage = get(name)
     logger = get_run_logger()
     settings = params.settings()  # a bad config fails here, before anything is read or created
+    if stage.check is not None:
+        stage.check(params, settings)  # the same check the CLI runs, before anything is created
     out = stage.out_of(params)
     # one writer per output folder, for the whole run (the CLI took it already: re-entrant; storage/locks.py);
     # SIGINT / SIGTERM stop the run within seconds, over Prefect's own SIGTERM handler (tasks/core/stopping.py)
     with run_lock(location(out)) if out is not None else contextlib.nullcontext(), stop_on_signals():
-        if stage.check is not None:
-            stage.check(params, settings)  # the same check the CLI runs, before anything is created
         fresh = out is not None and run_lock_created_folder(location(out))
         before = read_marker(location(out)) if out is not None else None
         folder = stage.folder(out).ensure()
