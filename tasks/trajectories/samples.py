@@ -112,8 +112,47 @@ def _logprobs(lp) -> list[float] | None:
     return None
 
 
+def function_tool(tool) -> dict | None:
+    """A tool schema of any of the three APIs in the one form exports use, chat completions' function tool
+    (`{"type": "function", "function": {"name", "description", "parameters"}}`, what TRL and chat templates take):
+    a chat tool as it is; a Responses function tool (name and parameters at the top) and an Anthropic tool
+    (`input_schema`) moved under `function`; a Responses custom tool (Codex's apply_patch: free text, its grammar
+    in `format`) as a function of one string `input`; a built-in tool (Responses' local_shell, web_search,
+    Anthropic's bash_*, web_search_*) as a function named after it, parameters an open object. None for what is
+    not a tool object."""
+    if not isinstance(tool, dict):
+        return None
+    if isinstance(tool.get("function"), dict):
+        return tool
+    kind = tool.get("type")
+    name = tool.get("name") if isinstance(tool.get("name"), str) else kind if isinstance(kind, str) else None
+    if not name:
+        return None
+    fn: dict = {"name": name}
+    if isinstance(tool.get("description"), str):
+        fn["description"] = tool["description"]
+    if isinstance(tool.get("parameters"), dict):
+        fn["parameters"] = tool["parameters"]
+    elif isinstance(tool.get("input_schema"), dict):
+        fn["parameters"] = tool["input_schema"]
+    elif kind == "custom":
+        fn["parameters"] = {"type": "object", "properties": {"input": {"type": "string", "description":
+                            "the tool's free-text input" + (f" ({json.dumps(tool['format'], ensure_ascii=False)})"
+                                                            if isinstance(tool.get("format"), dict) else "")}},
+                            "required": ["input"]}
+    else:
+        fn["parameters"] = {"type": "object", "properties": {}}
+    if isinstance(tool.get("strict"), bool):
+        fn["strict"] = tool["strict"]
+    return {"type": "function", "function": fn}
+
+
 def tools_json(tools) -> str | None:
-    return json.dumps(tools, ensure_ascii=False) if tools else None
+    """The request's tool schemas as one JSON text, each in the chat-completions function form (`function_tool`)."""
+    if not isinstance(tools, list):
+        return None
+    out = [t for t in map(function_tool, tools) if t is not None]
+    return json.dumps(out, ensure_ascii=False) if out else None
 
 
 @dataclass

@@ -233,7 +233,7 @@ def messages_prompt(request: dict) -> tuple[list[dict], Parts]:
     if isinstance(system, str) and system:
         b.turn("system", system)
     for m in msgs:
-        role = "assistant" if m.get("role") == "assistant" else "user"
+        role = m.get("role") if m.get("role") in ("assistant", "system") else "user"  # Claude Code's system turns
         content = m.get("content")
         if isinstance(content, str) or not isinstance(content, list):
             b.turn(role, content)

@@ -133,6 +133,8 @@ def tokenizer():
     return tok
 
 
+@pytest.mark.long("the first test carries the module's export fixture (agent sessions through the proxy, dedup, the "
+                  "embedded model's tokenizer for the token samples): ~19 s CPU measured on a loaded machine")
 def test_summary_counts_sessions_rewards_failures_and_duplicates(exported):
     s = exported["summary"]
     assert json.loads(Path(exported["lay"].summary).read_text()) == json.loads(json.dumps(s))

@@ -89,6 +89,8 @@ def exported(tmp_path_factory):
             "tokens": pl.read_parquet(lay.tokens), "seen": seen}
 
 
+@pytest.mark.long("the first test carries the module's export fixture (three agent sessions through the proxy, the "
+                  "embedded model's tokenizer for the token samples): ~18 s CPU measured on a loaded machine")
 def test_a_messages_session_is_one_conversation_with_thinking_tools_and_the_image(exported):
     first, answer = exported["seen"]["claude"]
     msgs = exported["sft"]["claude-1"]["messages"]
@@ -124,7 +126,7 @@ def test_a_responses_chain_by_previous_response_id_is_one_conversation(exported)
     assert msgs[2]["reasoning_content"] == done.output[0].summary[0].text
     assert [m["content"] for m in msgs[3:5]] == ["sunny", "cold"] and msgs[5]["content"] == second.output_text == FINAL
     assert exported["sft"]["codex-1"]["calls"] == 2
-    assert json.loads(exported["sft"]["codex-1"]["tools"])[0]["name"] == "get_weather"
+    assert json.loads(exported["sft"]["codex-1"]["tools"])[0]["function"]["name"] == "get_weather"
     assert exported["summary"]["calls"]["responses_history_not_recorded"] == 0
 
 
@@ -265,3 +267,15 @@ def test_codex_custom_tool_and_local_shell_items_are_tool_calls_in_order():
     assert [m["content"] for m in msgs if m["role"] == "tool"] == ["Done!", "a.txt"]
     rec = responses_part({"output": [items[2]], "status": "completed"})  # what the proxy records of the reply
     assert rec["tool_calls"] == msgs[1]["tool_calls"] and rec["content"] is None
+
+
+CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_tools_are_exported_in_one_schema_whatever_the_api(exported):
+    # the Messages API's input_schema form and the Responses API's flat form: both the chat function form
+    assert json.loads(exported["sft"]["claude-1"]["tools"]) == [CHAT_TOOL]
+    assert json.loads(exported["sft"]["codex-1"]["tools"]) == [CHAT_TOOL]
+    tr = exported["transitions"].filter(pl.col("session").is_in(["claude-1", "codex-1"]))
+    assert {t for t in tr["tools"].to_list()} == {json.dumps([CHAT_TOOL])}
