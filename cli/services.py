@@ -102,11 +102,17 @@ def cmd_proxy(args) -> int:
     from evolforge.tasks.core.embedded_model import embedded_server
     from evolforge.tasks.core.keys import InsecureKeyTransport
     from evolforge.tasks.proxy.app import ProxyConfigError, redact_url
-    from evolforge.tasks.proxy.server import check, serve
+    from evolforge.tasks.proxy.server import check, check_settings, serve
 
     proxy_overrides = {k: v for k, v in (("upstream", args.upstream), ("host", args.host), ("port", args.port))
                        if v is not None}
     settings = settings_or_exit(args, {"proxy": proxy_overrides})
+    if settings.proxy.upstream and not args.check:
+        try:  # a settings error is itself, whatever listens on the port
+            check_settings(settings, settings.proxy.upstream)
+        except (ProxyConfigError, InsecureKeyTransport) as e:
+            print(f"evolforge: {e}", file=sys.stderr)
+            return 2
     if not args.check and (busy := port_in_use(settings.proxy.host, settings.proxy.port)):
         print(f"evolforge proxy: {busy}", file=sys.stderr)  # before the banner: nothing listens
         return 2

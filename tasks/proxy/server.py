@@ -33,13 +33,20 @@ from evolforge.tasks.proxy.app import (
 )
 
 
+def check_settings(settings: Settings, upstream: str) -> tuple[Upstream, str | None]:
+    """The checks that need no folder and no port: the bind address against the token, and the upstream (key
+    transport, URL credentials). Raises ProxyConfigError / InsecureKeyTransport; the CLI runs it before it probes
+    the port, so a settings error is reported as itself whatever listens on the port."""
+    token = os.environ.get(settings.proxy.token_env) or None
+    check_bind(settings.proxy.host, token)
+    return upstream_of(settings, upstream, operator_keys(settings)["openai"]), token
+
+
 def _checked(settings: Settings, upstream: str, out: str) -> tuple[Upstream, ProxyLayout, str | None]:
     """Check the bind address and the upstream (key transport, URL credentials) before anything is written; then
     make the folders and write proxy.json."""
     cfg = settings.proxy
-    token = os.environ.get(cfg.token_env) or None
-    check_bind(cfg.host, token)
-    up = upstream_of(settings, upstream, operator_keys(settings)["openai"])
+    up, token = check_settings(settings, upstream)
     layout = ProxyLayout(out)
     if cfg.workers > 1:
         if cfg.translate in ("responses", "both"):

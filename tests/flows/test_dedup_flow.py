@@ -105,5 +105,6 @@ def test_dedup_flow_on_any_file(tmp_path):
     assert marker["kind"] == "dedup" and marker["finished_at"] and marker["counts"] == {"kept": 3, "dropped": 1}
     st = stage_status(tmp_path / "o")
     assert st["kind"] == "dedup" and st["finished"] and st["units"] == [] and st["cost"]["calls"] == 0
-    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["dropped.csv", "kept.csv", "stage.json",
-                                                                  "summary.json"]
+    # the outputs, and the run lock (kept, empty: removing a flock file on release would race the next writer)
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [".evolforge.lock", "dropped.csv", "kept.csv",
+                                                                  "stage.json", "summary.json"]

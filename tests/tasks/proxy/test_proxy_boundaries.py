@@ -304,8 +304,12 @@ def test_the_environment_key_never_goes_over_plain_http_to_a_remote_upstream(tmp
         with running_proxy(make_settings(), "http://10.255.0.1:8000/v1", str(tmp_path / "a")):
             pass
     assert not (tmp_path / "a" / "proxy.json").exists()
-    r = subprocess.run([sys.executable, "-m", "evolforge.cli", "proxy", "--upstream", "http://10.255.0.1:8000/v1",
-                        "--out", str(tmp_path / "b")], capture_output=True, text=True, timeout=60)
+    with socket.socket() as busy:  # the settings error is reported as itself, even when the port is taken too
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        r = subprocess.run([sys.executable, "-m", "evolforge.cli", "proxy", "--upstream", "http://10.255.0.1:8000/v1",
+                            "--port", str(busy.getsockname()[1]), "--out", str(tmp_path / "b")],
+                           capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "allow_key_over_http" in r.stderr and ENV_KEY not in r.stderr
     ok = make_settings(gateway={"allow_key_over_http": True})
     with running_proxy(ok, "http://10.255.0.1:8000/v1", str(tmp_path / "c")):
