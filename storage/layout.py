@@ -34,13 +34,11 @@ synthesis, dedup, modules, reward, PPO and pipeline stages keep their layouts be
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-# TRANSITION (issue 22): the dedup stage's folder is in storage/dedup_sets.py; tasks/dedup/pipeline.py imports it
-# from here until its import is switched (then this line goes)
-from evolforge.storage.dedup_sets import DedupOutLayout  # noqa: F401
 from evolforge.storage.folder import BatchedSet, OutputFolder, StageFolder
-from evolforge.storage.fs import AnyPath, ensure_dir, list_files
+from evolforge.storage.fs import AnyPath, ensure_dir, exists, list_files, read_text
 
 
 @dataclass(frozen=True, init=False)
@@ -153,11 +151,21 @@ class RunLayout(StageFolder):
         """Each started round ("round 1", ...): what `evolforge status` counts."""
         return {f"round {r}": self.round_set(r) for r in self.rounds_started()}
 
-    def unit_complete(self, unit: str) -> bool:
-        """A round ("round 2") is complete: its _SUCCESS marker is whole (storage/rounds.py)."""
-        from evolforge.storage.rounds import round_is_complete
+    def round_complete(self, round_no: int) -> bool:
+        """The round's _SUCCESS marker parses and every batch part it counts is present."""
+        marker = self.round_success(round_no)
+        if not exists(marker):
+            return False
+        try:
+            n = json.loads(read_text(marker))["batches"]
+        except (ValueError, KeyError, TypeError):
+            return False
+        present = {p.name for p in list_files(self.parts_dir(round_no), "batch_*.parquet")}
+        return all(self.part(round_no, i).name in present for i in range(n))
 
-        return round_is_complete(self, int(unit.split()[-1]))
+    def unit_complete(self, unit: str) -> bool:
+        """A round ("round 2") is complete (round_complete)."""
+        return self.round_complete(int(unit.split()[-1]))
 
     def ensure(self) -> "RunLayout":
         super().ensure()

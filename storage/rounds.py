@@ -27,7 +27,6 @@ from evolforge.storage.fs import (
     list_files,
     parquet_writer,
     read_parquet,
-    read_text,
     replace,
     scan_parquet,
     unlink,
@@ -48,15 +47,8 @@ def batch_count(layout: RunLayout, round_no: int) -> int:
 
 
 def round_is_complete(layout: RunLayout, round_no: int) -> bool:
-    marker = layout.round_success(round_no)
-    if not exists(marker):
-        return False
-    try:
-        n = json.loads(read_text(marker))["batches"]
-    except (ValueError, KeyError):
-        return False
-    present = {p.name for p in list_files(layout.parts_dir(round_no), "batch_*.parquet")}
-    return all(layout.part(round_no, i).name in present for i in range(n))
+    """The round's _SUCCESS marker parses and every batch part it counts is present (RunLayout.round_complete)."""
+    return layout.round_complete(round_no)
 
 
 def mark_round_complete(layout: RunLayout, round_no: int, stats: dict) -> None:

@@ -254,8 +254,8 @@ def step_route(work: DedupWork, s: DedupSettings, phase: str, round: int, shard:
 def step_write(work: DedupWork, s: DedupSettings, input: str, text_field: str, id_field: str | None,
                out_dir: str, drop_steps: list, alive_step: str, stats: dict) -> dict:
     from evolforge.storage.datasets import read_any_table
+    from evolforge.storage.dedup_sets import DedupOutLayout
     from evolforge.storage.fs import location
-    from evolforge.storage.layout import DedupOutLayout
 
     df, fmt = read_any_table(input)
     ids = [str(x) for x in df[id_field].to_list()] if id_field else [str(i) for i in range(df.height)]

@@ -596,8 +596,8 @@ def dedup_file(path: str | Path, text_field: str, out_dir: str | Path, settings:
     import polars as pl
 
     from evolforge.storage.datasets import read_any_table
+    from evolforge.storage.dedup_sets import DedupOutLayout
     from evolforge.storage.fs import location
-    from evolforge.storage.layout import DedupOutLayout
 
     s = settings or DedupSettings()
     path, lay = location(path), DedupOutLayout(out_dir)
