@@ -385,3 +385,21 @@ def test_no_import_cycles_in_storage_or_tasks_counting_deferred_imports(layer):
              for m, p in FILES.items() if m.startswith(prefix)}
     cycles = _cycles(graph)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_lists_beside_the_registry_match_it():
+    """The registry is the one place a stage is declared: the nightly chain's stages (config), and the README's stage
+    table name exactly the registered stages, so a new stage cannot be half-added."""
+    import re
+
+    from evolforge.config.sections.runtime import CHAIN_STAGES
+    from evolforge.tasks.core.stages import stages
+
+    registered = stages()
+    chained = tuple(s.name for s in registered if s.deployment and s.deployment.trigger)
+    assert CHAIN_STAGES == chained, f"config CHAIN_STAGES {CHAIN_STAGES} != the registry's triggered stages {chained}"
+    readme = (ROOT / "README.md").read_text()
+    table = [ln for ln in readme.splitlines() if ln.startswith("| ") and "`evolforge " in ln]
+    commands = {m for ln in table for m in re.findall(r"`evolforge ([a-z-]+)", ln)}
+    missing = {s.cli_name for s in registered} - commands
+    assert not missing, f"stages missing from README's stage table: {sorted(missing)}"
