@@ -25,6 +25,8 @@ KEEP: dict[str, str | tuple[str, ...]] = {
     "synthesize": ("proposed", "kept", "yield"),
     "reward-data": ("irm_pairs", "prm_rows", "health"),
     "train-reward": ("irm", "prm", "metrics"),
+    "sft": ("training",),
+    "eval": ("table",),
 }
 
 

@@ -24,7 +24,11 @@ class PipelineParams(EndpointParams):
     rounds: int | None = Field(None, ge=1, le=64, description="Evolution rounds (default: evol_instruct.rounds).")
     synthesize: bool = Field(True, description="Synthesize verified tasks from the evolved instructions.")
     reward: bool = Field(True, description="Make reward-model data and train the IRM and PRM.")
+    sft: bool = Field(False, description="Fine-tune the policy (the SFT stage) on the evolved rows and the verified "
+                      "tasks; the PPO stage then starts from it.")
     ppo: bool = Field(False, description="Run the PPO stage (verl config / Ray job and the local GRPO smoke run).")
+    eval: bool = Field(False, description="Evaluate (the eval stage) the SFT policy when SFT ran, else the endpoint's "
+                       "model, on the held-out seed lineages' tasks and the configured benchmarks.")
     ignore_reward_health: bool = Field(False, description="The PPO stage runs even though the trained reward models "
                                        "fail the reward stage's health checks (as reward.health_policy = \"warn\").")
 
@@ -42,25 +46,27 @@ def check(params: PipelineParams, settings: Settings) -> None:
         from evolforge.tasks.synthesis.stage import check_budget
 
         check_budget(settings)
-    if params.ppo and is_url(params.out):
-        raise InputError(f"the PPO stage needs a local (or shared, mounted) output folder, not {params.out}: choose "
-                         "another --out, or leave the PPO stage off")
+    local = [name for name, on in (("SFT", params.sft), ("PPO", params.ppo)) if on]
+    if local and is_url(params.out):
+        raise InputError(f"the {' and '.join(local)} stage needs a local (or shared, mounted) output folder, not "
+                         f"{params.out}: choose another --out, or leave the {' and '.join(local)} stage off")
     check_endpoint(settings)
 
 
 STAGE = register(Stage(
     name="pipeline",
-    help="evolve -> synthesize -> reward data -> reward models [-> PPO]",
+    help="evolve -> synthesize -> reward data -> reward models [-> SFT] [-> PPO] [-> eval]",
     params=PipelineParams,
     flow="evolforge.flows.pipeline:pipeline_flow",
     folder=PipelineLayout,
     check=check,
     inputs=(Table("seeds", "(--seeds)", ("instruction", "id", "domain"), "seed instructions"),),
     outputs=(
-        Table("stage folders", "evolve/, synthesize/, reward/, ppo/", (),
+        Table("stage folders", "evolve/, synthesize/, reward/, sft/, ppo/, eval/", (),
               "each stage's own output folder (reward-data and train-reward share reward/)"),
         Table("plots", "plots/*.png", (), "tokens and cost of every stage, then each stage's own plots"),
     ),
-    deployment=Deployment("The whole chain - evolve, synthesize, reward data, reward models, (PPO off by default).",
+    deployment=Deployment("The whole chain - evolve, synthesize, reward data, reward models (SFT, PPO and eval off by "
+                          "default).",
                           ("evolforge", "pipeline"), concurrency_limit=1),
 ))

@@ -40,3 +40,29 @@ def test_pipeline_evolve_then_synthesize(tmp_path, server):
     st = stage_status(tmp_path / "p")
     assert st["kind"] == "pipeline" and st["finished"] is True
     assert sorted(s["kind"] for s in st["stages"]) == ["evolve", "synthesize"]
+
+
+@pytest.mark.long("two trainings in one flow: real TRL SFT on the tiny policy, then its eval (~25 s CPU)")
+def test_pipeline_through_sft_and_eval(tmp_path, server):
+    """With --sft and --eval the pipeline fine-tunes the policy on what evolve and synthesis kept, then evaluates
+    that policy (not the endpoint's model) on the held-out lineages' tasks."""
+    from evolforge.testing.tiny_policy import build_tiny_policy
+
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text("\n".join(json.dumps({"id": f"m{i}", "domain": "math", "instruction":
+                                           f"A shop sells {i + 2} boxes of 4 apples each. How many apples?"})
+                               for i in range(6)) + "\n")
+    tiny = build_tiny_policy(tmp_path / "tiny")
+    over = {"pricing": {"overrides": {"smollm2-135m-instruct": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}}},
+            "sft": {"base_model": str(tiny), "max_steps": 1, "batch_size": 2},
+            "eval": {"benchmarks": ["own"], "limit": 2, "max_new_tokens": 8}}
+    done = pipeline_flow(PipelineParams(seeds=str(seeds), out=str(tmp_path / "p"), rounds=1, reward=False,
+                                        sft=True, eval=True, base_url=server.base_url, overrides=over))
+    assert list(done) == ["evolve", "synthesize", "sft", "eval"]
+    assert done["sft"]["training"]["steps"] == 1 and (tmp_path / "p" / "sft" / "model" / "config.json").exists()
+    meta = json.loads((tmp_path / "p" / "eval" / "summary.json").read_text())
+    assert meta["policy"] == str(tmp_path / "p" / "sft" / "model")  # the SFT policy, not the endpoint's model
+    own = [r for r in done["eval"]["table"] if r["benchmark"] == "own"]
+    assert own and all(r["problems"] >= 1 for r in own)  # held-out lineages' tasks were evaluated
+    assert sorted(s["kind"] for s in stage_status(tmp_path / "p")["stages"]) == ["eval", "evolve", "sft", "synthesize"]
+
