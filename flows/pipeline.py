@@ -55,8 +55,9 @@ def pipeline_flow(params: PipelineParams = PipelineParams()) -> dict:
             ran["train-reward"] = train_reward_flow(TrainRewardParams(data=str(lay.stage("reward-data")), **common))
         sft = None  # the SFT stage's folder: PPO starts from its model, eval evaluates it
         if params.sft:
+            trained = lay.reward_models() if "train-reward" in ran else {}  # their IRM and PRM filters, if on
             ran["sft"] = sft_flow(SFTParams(evolve_out=str(lay.stage("evolve")), tasks=tasks,
-                                            out=str(lay.stage("sft")), **common))
+                                            out=str(lay.stage("sft")), **trained, **common))
             sft = str(lay.stage("sft"))
         if params.ppo:
             ran["ppo"] = ppo_flow(PPOParams(evolved=evolved, tasks=tasks, reward_dir=str(lay.stage("train-reward")),

@@ -32,6 +32,11 @@ class PipelineLayout(StageFolder):
         """The output folder of the stage `name` (its registered name) in this run."""
         return self.root / SHARED_FOLDERS.get(name, name)
 
+    def reward_models(self) -> dict[str, str]:
+        """The trained reward models' folders, as the SFT stage's irm_dir / prm_dir parameters."""
+        models = self.stage("train-reward") / "models"
+        return {"irm_dir": str(models / "irm"), "prm_dir": str(models / "prm")}
+
     def ensure(self) -> "PipelineLayout":
         """Only OUT itself: each stage creates its own folder (and the pipeline keeps no ledger or logs)."""
         ensure_dir(self.root)

@@ -113,6 +113,12 @@ class RewardSettings(Section):
         "data/skipped.parquet (the score and rank of each unselected row).")
     select_share: float = Field(0.5, gt=0, le=1, description="select_by_irm = share: the share of the pool kept, best IRM scores first (at least one).")
     select_threshold: float = Field(0.5, ge=0, le=1, description="select_by_irm = threshold: the lowest IRM score (0..1, sigmoid of the reward) kept.")
+    # --- the RLEIF loop's PRM filter (tasks/reward/selection.py prm_filter): which evolved answers SFT trains on
+    prm_min_step: float = Field(0.0, ge=0, lt=1, description="With the SFT stage's --prm-dir: an evolved answer is "
+                                "trained on only when every one of its steps scores at least this under the trained "
+                                "PRM (0..1); 0: off. The evolved answers are the only ones nothing else verified: "
+                                "verified synthesis tasks and rejection samples are not filtered. Each left-out answer "
+                                "is in data/skipped.parquet with its lowest step and score.")
 
     @model_validator(mode="after")
     def _ranges_ordered(self) -> "RewardSettings":

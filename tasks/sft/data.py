@@ -68,8 +68,13 @@ def user_text(view_row: dict) -> str:
     return _content(view_row["messages"], "user")
 
 
+def assistant_text(view_row: dict) -> str:
+    """The answer of an SFT-view row (its assistant turn)."""
+    return _content(view_row["messages"], "assistant")
+
+
 def evolved_rows(view: list[dict], held_out: set[str], cfg: SFTSettings, out: Built,
-                 selection: dict[str, dict] | None = None) -> list[dict]:
+                 selection: dict[str, dict] | None = None, prm: dict[str, dict] | None = None) -> list[dict]:
     rows = []
     for r in view:
         instruction, answer = _content(r["messages"], "user"), _content(r["messages"], "assistant")
@@ -87,6 +92,12 @@ def evolved_rows(view: list[dict], held_out: set[str], cfg: SFTSettings, out: Bu
             why = (f"IRM score {picked['irm_score']} (rank {picked['irm_rank']} of {len(selection)})" if picked
                    else "not in the scored pool")
             out.skip(r["id"], "evolved", seed, f"not selected by the IRM: {why}", instruction)
+            continue
+        judged = (prm or {}).get(str(r["id"]))
+        if prm is not None and not (judged and judged["prm_kept"]):
+            why = (f"step {judged['prm_step']} scored {judged['prm_min']}" if judged and judged["prm_min"] is not None
+                   else "not scored")
+            out.skip(r["id"], "evolved", seed, f"a step the PRM doubts: {why}", answer)
             continue
         rows.append({"id": str(r["id"]), "source": "evolved", "seed_id": seed, "domain": r.get("domain") or "general",
                      "prompt": [message(m["role"], m["content"]) for m in answer_messages(instruction, True)],
@@ -213,12 +224,13 @@ def decontaminate(tables: dict[str, list[dict]], index: NgramIndex | None, mode:
 
 def build(view: list[dict], tasks: list[dict], conversations: list[dict], held_out: set[str], cfg: SFTSettings,
           index: NgramIndex | None, selection: dict[str, dict] | None = None,
-          sampled: dict[str, list[str]] | None = None) -> Built:
+          sampled: dict[str, list[str]] | None = None, prm: dict[str, dict] | None = None) -> Built:
     """Every source -> the rows to train on (deduplicated by prompt, or by prompt and answer for a task's several
     answers, seeded order, at most sft.max_rows); with an IRM `selection` (id -> irm_selected ...), only the selected
-    evolved rows; with `sampled` (rejection sampling), the tasks' verified samples."""
+    evolved rows; with a PRM filter `prm` (id -> prm_kept ...), only the evolved answers whose every step the PRM
+    accepts; with `sampled` (rejection sampling), the tasks' verified samples."""
     out = Built()
-    tables = {"evolved": evolved_rows(view, held_out, cfg, out, selection),
+    tables = {"evolved": evolved_rows(view, held_out, cfg, out, selection, prm),
               "synthesis": task_rows(tasks, held_out, out, sampled),
               "trajectories": trajectory_rows(conversations, cfg, out)}
     tables = decontaminate(tables, index, cfg.decontaminate, out)

@@ -4,7 +4,9 @@
                                         the same evolve run and tasks), the evaluation sets' n-gram index, then
                                         data/train.parquet, data/skipped.parquet and decontamination.json (tasks/sft/
                                         data.py); with --irm-dir and reward.select_by_irm on, only the evolved rows
-                                        the IRM selects (tasks/reward/selection.py); with sft.rejection_samples,
+                                        the IRM selects (tasks/reward/selection.py); with --prm-dir and
+                                        reward.prm_min_step > 0, only the evolved answers whose every step the PRM
+                                        accepts (the same module); with sft.rejection_samples,
                                         the base policy's verified answers to the training tasks (tasks/sft/
                                         rejection.py, every sample in data/rejection_samples.parquet). An output
                                         folder that has its rows keeps them: a resumed run trains on exactly the
@@ -24,9 +26,10 @@ from evolforge.storage.reward_sets import META_FILE
 from evolforge.storage.synthesis_sets import read_kept_tasks
 from evolforge.tasks.core.progress import StepProgress
 from evolforge.tasks.problems.benchmarks import eval_index, held_out_seeds, own_problems
-from evolforge.tasks.reward.selection import irm_selection
+from evolforge.tasks.reward.selection import irm_selection, prm_filter
 from evolforge.tasks.sft import data, rejection, train
 from evolforge.tasks.sft.stage import SFTParams, inputs
+from evolforge.tasks.text.steps import steps_or_reason
 
 
 def prepare(params: SFTParams, settings: Settings, folder: store.SFTFolder) -> dict:
@@ -48,15 +51,32 @@ def prepare(params: SFTParams, settings: Settings, folder: store.SFTFolder) -> d
         pool = evolved or [{"id": r["id"], "status": "accepted", "instruction": data.user_text(r)} for r in view]
         irm = local_copy(location(params.irm_dir), marker=META_FILE)  # a remote folder: downloaded (cached)
         selection, picked = irm_selection(pool, irm, settings.reward)
+    prm, prm_summary = None, None
+    if params.prm_dir and settings.reward.prm_min_step > 0:  # the evolved answers nothing else verified
+        prm, prm_summary = prm_filter(prm_rows(view, held_out, settings.sft),
+                                      local_copy(location(params.prm_dir), marker=META_FILE),
+                                      settings.reward.prm_min_step)
     sampled, rejection = None, None
     if settings.sft.rejection_samples and tasks:  # the policy's own verified answers (RFT)
         sampled, rejection = rejection_sample(tasks, held_out, settings, folder)
-    built = data.build(view, tasks, conversations, held_out, settings.sft, index, selection, sampled)
+    built = data.build(view, tasks, conversations, held_out, settings.sft, index, selection, sampled, prm)
     store.write_skipped(built.skipped, folder.skipped)
     store.write_json(folder.decontamination, built.decontamination)
     store.write_rows(built.rows, folder.train)  # last: its presence means the rows are complete
     return {**built.counts(), "reused": False, "held_out_seeds": len(held_out), "decontamination": built.decontamination,
-            "irm_selection": picked, "rejection_sampling": rejection}
+            "irm_selection": picked, "prm_filter": prm_summary, "rejection_sampling": rejection}
+
+
+def prm_rows(view: list[dict], held_out: set[str], cfg) -> list[tuple[str, str, list[str]]]:
+    """(id, instruction, steps) of each SFT-view answer the PRM is asked about: not held out, in step form."""
+    rows = []
+    for r in view:
+        if (r.get("seed_id") or r.get("id")) in held_out:
+            continue
+        steps, _ = steps_or_reason(data.assistant_text(r), cfg.min_steps)
+        if steps:
+            rows.append((str(r["id"]), data.user_text(r), steps))
+    return rows
 
 
 def rejection_sample(tasks: list[dict], held_out: set[str], settings: Settings,

@@ -39,6 +39,9 @@ class SFTParams(StageParams):
     irm_dir: str | None = Field(None, description="The reward stage's trained IRM folder (REWARD_OUT/models/irm): "
                                 "with reward.select_by_irm on, its selection of the evolved pool decides which evolved "
                                 "rows are trained on (the PPO stage's rule); unselected rows are skipped with the score.")
+    prm_dir: str | None = Field(None, description="The reward stage's trained PRM folder (REWARD_OUT/models/prm): with "
+                                "reward.prm_min_step > 0, an evolved answer is trained on only when each of its steps "
+                                "scores at least that; the others are skipped with their lowest step and score.")
     out: str = Field("runs/sft", description="Output folder (data/, checkpoints/, model/); running again over it "
                      "resumes from the last checkpoint.")
     base_model: str | None = Field(None, description="transformers folder to fine-tune (default: sft.base_model, else "
@@ -85,6 +88,9 @@ def check(params: SFTParams, settings: Settings) -> None:
     if params.irm_dir and not input_exists(f"{params.irm_dir}/{META_FILE}"):
         raise InputError(f"--irm-dir {params.irm_dir} is not a trained IRM folder (no {META_FILE}): pass the reward "
                          "stage's models/irm (evolforge train-reward --out)")
+    if params.prm_dir and not input_exists(f"{params.prm_dir}/{META_FILE}"):
+        raise InputError(f"--prm-dir {params.prm_dir} is not a trained PRM folder (no {META_FILE}): pass the reward "
+                         "stage's models/prm (evolforge train-reward --out)")
     base = settings.sft.base_model
     if base and not (input_exists(f"{base}/config.json")):
         raise InputError(f"sft.base_model {base!r} is not a transformers model folder (no config.json)")
@@ -137,5 +143,7 @@ STAGE = register(Stage(
                               "evolve_out": chain.template(chain.night_folder_from(_REWARD)),
                               # the night's trained IRM: with reward.select_by_irm on, it selects the evolved rows
                               "irm_dir": chain.template(chain.reward_model(_REWARD, "irm")),
+                              # and its PRM: with reward.prm_min_step > 0, it filters the evolved answers' steps
+                              "prm_dir": chain.template(chain.reward_model(_REWARD, "prm")),
                               "out": chain.template(chain.sibling(_REWARD, "sft"))}})),
 ))

@@ -55,7 +55,7 @@ def test_each_link_renders_the_folders_of_the_night_from_the_run_before_it():
     assert seen["reward-data"] == {"evolve_out": night_dir, "out": folder["reward-data"]}
     assert seen["train-reward"] == {"data": folder["reward-data"]}  # the models go into the data folder
     assert seen["sft"] == {"evolve_out": night_dir, "irm_dir": folder["reward-data"] + "/models/irm",
-                           "out": folder["sft"]}
+                           "prm_dir": folder["reward-data"] + "/models/prm", "out": folder["sft"]}
     assert seen["ppo"] == {"evolved": night_dir, "reward_dir": folder["reward-data"], "sft": folder["sft"],
                            "out": folder["ppo"]}
     assert seen["eval"] == {"policy": folder["ppo"] + "/local/policy", "evolve_out": night_dir,
@@ -139,6 +139,7 @@ def test_completed_run_triggers_the_next_stage_and_a_switched_off_link_does_not(
     assert len(runs) == 1, "no sft run after the train-reward run completed"
     assert runs[0]["parameters"] == {"params": {"evolve_out": f"{dataset}/nights/{night}",
                                                 "irm_dir": f"{out}/models/irm",
+                                                "prm_dir": f"{out}/models/prm",
                                                 "out": str(chain.stage_dir(dataset, night, "sft"))}}
 
     _finish(api, runs[0]["id"])  # the ppo link is off
