@@ -78,6 +78,8 @@ def env_dir(requirements: tuple[str, ...] = REQUIREMENTS) -> Path:
 
 
 MARKER = ".evolforge-verl-env.json"
+# Packages of the project's virtualenv that must not be seen by verl's pinned ones (each raises ImportError).
+SHADOW = Path(__file__).resolve().parent / "verl_shadow"
 
 
 @dataclass(frozen=True)
@@ -100,9 +102,9 @@ class VerlEnv:
         return path
 
     def environ(self, base: dict | None = None) -> dict[str, str]:
-        """`base` (default os.environ) with the env first on PYTHONPATH, hub access off, Ray quiet."""
+        """`base` (default os.environ) with the env, then SHADOW, first on PYTHONPATH, hub access off, Ray quiet."""
         env = dict(os.environ if base is None else base)
-        env["PYTHONPATH"] = os.pathsep.join([str(self.site), *filter(None, [env.get("PYTHONPATH")])])
+        env["PYTHONPATH"] = os.pathsep.join([str(self.site), str(SHADOW), *filter(None, [env.get("PYTHONPATH")])])
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                     "RAY_USAGE_STATS_ENABLED": "0", "PYTHONNOUSERSITE": "1"})
         return env
