@@ -82,12 +82,20 @@ _QUESTION_WORDS = ("how ", "what ", "which ", "why ", "who ", "can you", "could 
                    "you need to ", "you'll need a ")
 # An answer or a reply speaks: it agrees, computes a result, or concludes.
 _ANSWER_OPENINGS = re.compile(r"^\W*(sure|certainly|of course|here is|here's|here are|yes\b|no,|i am\b|i'm\b|"
+                              r"what an? [\w ,'-]{1,40}!|"  # a reaction: "What a simple task!"
                               r"i will\b|i would\b|as an ai|great question|absolutely|okay|ok\b|you can\b|"
                               r"you could\b|let's\b|let me\b|when i\b|i'd\b|i'll\b|to (find|solve|calculate|determine|answer|"
                               r"do this|optimize|improve)\b|```)", re.I)
 _ANSWER_MARKS = re.compile(r"the answer is|the solution is|final answer|\bstep 1\s*:|\btherefore\b|\bin conclusion\b|"
                            r"\bthis will (return|print|output|give)\b|\bhere's (a|an|the)\b|"
-                           r"\d\s*[-+*/x\u00d7]\s*\d+(?:\.\d+)?\s*=\s*\$?\d", re.I)
+                           r"\d\s*[-+*/x\u00d7]\s*\d+(?:\.\d+)?\s*=\s*\$?\d|"
+                           r"\d+\s*[a-z]{1,3}\s*[x\u00d7*]\s*\d+(?:\.\d+)?\s*[a-z]{0,3}\s*=\s*\$?\d", re.I)  # 8m x 5m = 40m
+# talk about the rewriting or about the task instead of the task: "Here's how it could be rewritten ...",
+# "The new task is: ...", "This task is extremely challenging and requires ..."
+_META_TALK = re.compile(r"\b(could|can|should|would|will) be rewritten\b|\brewritten to be\b|"
+                        r"\b(the|a|my|your|this) new (task|prompt|instruction|question) (is|would be|could be|will be)\b|"
+                        r"(^|[.!\n]\s*)this (task|problem|question|prompt) (is|seems) (\w+ ){0,2}"
+                        r"(challenging|difficult|simple|easy|hard|complex|tricky)\b", re.I)
 # a question answered right after it: "What is the area ...? The area is 40 m²."
 _ANSWERED_QUESTION = re.compile(r"\?\s+[^?]*\b(is|are|equals|was|will be)\s+(about\s+)?\$?\d[^?]*$", re.I)
 # a solution written out: a function or class defined in code (a rewrite of a coding task that solves it)
@@ -107,11 +115,13 @@ def poses_task(instruction: str) -> bool:
 
 
 def not_an_instruction(instruction: str, operation: str | None = None) -> bool:
-    """Rule `not_an_instruction`: the rewrite answers (opens like a reply, states 'the answer is', works a sum out
-    as 'a * b = c' with no question left, answers its own question, or writes the solution's code when the
-    operation asks for none) or asks nothing at all (a poem, a story, a statement)."""
+    """Rule `not_an_instruction`: the rewrite answers (opens like a reply or a reaction, states 'the answer is',
+    works a sum out as 'a * b = c' with no question left, answers its own question, or writes the solution's code
+    when the operation asks for none), talks about the rewriting or the task instead of posing it ('here's how it
+    could be rewritten', 'the new task is', 'this task is challenging'), or asks nothing at all (a poem, a story, a
+    statement)."""
     text = instruction.strip().lstrip("#* ").strip()
-    if _ANSWER_OPENINGS.match(text) or _ANSWERED_QUESTION.search(text):
+    if _ANSWER_OPENINGS.match(text) or _ANSWERED_QUESTION.search(text) or _META_TALK.search(text):
         return True
     if operation not in CODE_IN_TASK and _SOLUTION_CODE.search(text):
         return True

@@ -1,9 +1,11 @@
 """The rules that judge a rewrite as an instruction, on rewrites the embedded model really wrote.
 
-tests/fixtures/evolve_rewrites_labelled.jsonl holds 144 rewrites of the sample seeds by the embedded
+tests/fixtures/evolve_rewrites_labelled.jsonl holds 160 rewrites of the sample seeds by the embedded
 SmolLM2-135M model: 60 asked with the published templates, 60 with evolforge's (system turn, one worked example),
-and the 24 rows a two-round sample run with evolforge's prompts accepted before the rules took code answers and
-prompt echoes into account.
+the 24 rows a two-round sample run with evolforge's prompts accepted before the rules took code answers and
+prompt echoes into account, and the 16 rows a fresh clone's `make run` accepted before the rules took talk about
+the task ("Here's how it could be rewritten", "The new task is:") and reactions ("What a simple task!") into
+account (`source`: "fresh-clone sample run").
 Each was labelled by reading it: `instruction` (a task a person could give a model) or `not_instruction` (an
 answer, a template echo, a poem, a statement, a plan of how to rewrite).
 """
@@ -29,7 +31,7 @@ def _rows(prompts_kind: str | None = None) -> list[dict]:
 
 def test_the_labelled_set_is_what_the_docstring_says():
     rows = _rows()
-    assert len(rows) == 144
+    assert len(rows) == 160
     assert {r["label"] for r in rows} == {"instruction", "not_instruction"}
     assert {r["prompts"] for r in rows} == {"published", "few-shot"}
 
@@ -60,6 +62,9 @@ def test_the_rules_keep_most_instructions_and_drop_most_of_the_rest():
     "You can use slicing to reverse the string: s[::-1] returns it reversed.",
     "```python\ndef f(x):\n    return x\n```",
     "The task is to flatten a nested list. The solution is: write a function flatten that returns a flat list.",
+    "What a simple task!\n\nA rectangle 8m long and 5m wide has an area of 8m x 5m = 40m.",
+    "This task is extremely challenging. Here's how it could be rewritten to be more complex: the tank holds 500 l.",
+    "It seems we can make it a new task.\n\nThe new task is:\n\nCreate a SQL query that returns the top customers.",
 ])
 def test_answers_poems_and_replies_are_not_instructions(text):
     assert rules.instruction_rule(text) == rules.RULE_NOT_TASK
@@ -74,6 +79,9 @@ def test_answers_poems_and_replies_are_not_instructions(text):
     "Given a list of integers, return the sum of the even ones.",
     "Implement binary search over a sorted list and return the index of the target or -1.",
     "The task is to implement a function that returns the first non-repeating character of a string.",
+    "In this task, you are given a list of words. Return the longest one.",
+    "This problem requires you to find the area of a 3 m x 4 m room. What is it?",
+    "Write a Python function that creates a new task in a to-do list and returns its id.",
 ])
 def test_tasks_are_instructions(text):
     assert rules.instruction_rule(text) is None
