@@ -57,8 +57,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import polars as pl
 import pyarrow as pa
 
 from evolforge.storage.cards import main_table
@@ -67,6 +67,9 @@ from evolforge.storage.folder import BatchedSet, StageFolder
 from evolforge.storage.fs import AnyPath, exists, location, read_parquet, write_text_atomic
 from evolforge.storage.parts import read_part, read_row_group, write_table_atomic
 from evolforge.storage.reward_sets import PRM_COLUMNS, PRM_SCHEMA, STEP_ROW_SCHEMA
+
+if TYPE_CHECKING:
+    import polars as pl  # imported where used: the CLI's --help path does not load it
 
 INPUT_SCHEMA = pa.schema([("id", pa.string()), ("question", pa.string())])
 # the input with a difficulty per question (written when the source has a `difficulty` or `generation` column)
@@ -161,6 +164,7 @@ def build_input(source: str | Path, dest: AnyPath, batch_size: int, question_fie
     stable on resume. The question is `question_field`, else `instruction` (an evolve run's evolved.parquet,
     whose eliminated rows are left out); ids are `id_field`, else row numbers. When the source has a
     `difficulty` or `generation` column, each question's difficulty (`difficulty_of`) is kept too."""
+    import polars as pl
     df, _ = read_any_table(source)
     field = question_field if question_field in df.columns else "instruction" if "instruction" in df.columns else None
     if field is None:
@@ -224,6 +228,7 @@ def write_items(items: pa.Table, layout: ModulesLayout) -> AnyPath:
 
 def write_prm_sets(step_rows: list[dict], layout: ModulesLayout) -> tuple[int, int]:
     """prm_steps.parquet (the rows with status ok, PRM_SCHEMA) and prm_rejected.parquet (the others)."""
+    import polars as pl
     table = pa.Table.from_pylist(step_rows, schema=STEP_ROW_SCHEMA)
     df = pl.from_arrow(table)
     ok = df.filter(pl.col("status") == "ok").select(PRM_COLUMNS)
@@ -238,4 +243,5 @@ def write_graph_markdown(markdown: str, layout: ModulesLayout) -> AnyPath:
 
 
 def read_items(path: str | Path) -> pl.DataFrame:
+    import polars as pl
     return pl.from_arrow(read_parquet(location(path)))

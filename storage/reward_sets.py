@@ -36,14 +36,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import polars as pl
 import pyarrow as pa
 
 from evolforge.storage.cards import main_table
 from evolforge.storage.folder import BatchedSet, StageFolder, read_marker
 from evolforge.storage.fs import AnyPath, exists, location, parquet_file, read_parquet
 from evolforge.storage.parts import read_part, read_row_group, write_table_atomic
+
+if TYPE_CHECKING:
+    import polars as pl  # imported where used: the CLI's --help path does not load it
 
 # A trained reward model's completion marker: written last (atomically), so a folder with it is complete.
 META_FILE = "reward_meta.json"
@@ -195,6 +198,7 @@ def evolve_dataset(evolve_out: str | Path) -> AnyPath:
 def build_input(evolved: AnyPath, dest: AnyPath, batch_size: int, max_instructions: int = 0,
                 reference_field: str = "reference_answer") -> int:
     """Snapshot the instructions to label into `dest` (row group = batch), so batches are stable on resume."""
+    import polars as pl
     df = pl.from_arrow(read_parquet(location(evolved)))
     if "status" in df.columns:
         df = df.filter(pl.col("status").is_null() | pl.col("status").is_in(["seed", "accepted"]))
@@ -235,6 +239,7 @@ def write_irm_sets(groups: pa.Table, pairs: list[dict], layout: RewardLayout) ->
 
 
 def write_prm_sets(rows: pa.Table, layout: RewardLayout) -> tuple[int, int]:
+    import polars as pl
     df = pl.from_arrow(rows)
     ok = df.filter(pl.col("status") == "ok").select(PRM_COLUMNS)
     rejected = df.filter(pl.col("status") != "ok").select("id", "status", "reason", "prompt", "reasked")
@@ -244,14 +249,17 @@ def write_prm_sets(rows: pa.Table, layout: RewardLayout) -> tuple[int, int]:
 
 
 def read_irm_pairs(path: str | Path) -> pl.DataFrame:
+    import polars as pl
     return pl.from_arrow(read_parquet(location(path)))
 
 
 def read_prm_steps(path: str | Path) -> pl.DataFrame:
+    import polars as pl
     return pl.from_arrow(read_parquet(location(path)))
 
 
 def read_groups(layout: RewardLayout) -> pl.DataFrame:
+    import polars as pl
     return pl.from_arrow(read_parquet(layout.irm_groups))
 
 

@@ -403,3 +403,27 @@ def test_the_lists_beside_the_registry_match_it():
     commands = {m for ln in table for m in re.findall(r"`evolforge ([a-z-]+)", ln)}
     missing = {s.cli_name for s in registered} - commands
     assert not missing, f"stages missing from README's stage table: {sorted(missing)}"
+
+
+# Libraries a command's --help must not load: they cost 0.1 to 3 s of start-up each, and no command's flags need them.
+HEAVY_FOR_HELP = ("polars", "torch", "transformers", "trl", "peft", "datasets", "sentence_transformers", "prefect",
+                  "ray", "dask", "distributed", "openai", "anthropic", "httpx", "pandas", "uvicorn", "starlette")
+
+
+def test_the_clis_help_loads_no_heavy_library():
+    """`evolforge --help` and each command's --help, in a fresh interpreter: none of HEAVY_FOR_HELP imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys, contextlib, io\n"
+            "from evolforge.cli import _main\n"
+            "for argv in ([], *[[c] for c in sys.argv[1:]]):\n"
+            "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+            "        _main([*argv, '--help'])\n"
+            f"heavy = {HEAVY_FOR_HELP!r}\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n")
+    commands = ["run", "nightly", "dedup", "synthesize", "reward-data", "train-reward", "modules", "trajectories",
+                "sft", "ppo", "eval", "pipeline", "compare", "retry", "proxy", "costs", "status", "preflight"]
+    proc = subprocess.run([sys.executable, "-c", code, *commands], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
