@@ -84,6 +84,13 @@ class ProxySettings(Section):
                                  "client's (e.g. Claude Code asks for claude-* names a vLLM server does not serve). "
                                  "Empty (default): the client's model name as sent. The ledger prices the model "
                                  "the upstream reports.")
+    embedded_max_tokens: int = Field(1024, ge=0, description="When the upstream is the embedded model (no "
+                                     "`upstream`): the most output tokens one call may ask of it. A chat or text "
+                                     "completion, Messages or Responses call that sets no limit (max_tokens, "
+                                     "max_completion_tokens, max_output_tokens) or a larger one is sent upstream with "
+                                     "this one (Codex sets none, Claude Code asks 32000: on a CPU that is minutes per "
+                                     "call); the record keeps what the client sent and names the cap under "
+                                     "`output_cap`. 0: no cap. Other upstreams get every call as sent.")
     translate_history: int = Field(256, ge=0, le=100_000, description="With `translate` of the Responses API: how "
                                    "many translated responses the proxy keeps in memory (the most recent; never on "
                                    "disk) so that a later call's previous_response_id is expanded into the "

@@ -35,6 +35,10 @@ written with the next refused record or at shutdown; a refused record keeps 256 
   still recorded.
 The record is written after the last byte has gone out, so recording never delays the agent.
 
+When the upstream is the embedded model (the CLI passes its alias in `embedded_models`), a recorded call that asks
+for no output limit or more than `proxy.embedded_max_tokens` goes upstream with that limit (`output_capped`); the
+record keeps the client's request and says what was capped under `output_cap`.
+
 With `proxy.translate` (an upstream that speaks only chat completions), `responses` and / or `messages` calls are
 not forwarded as sent: tasks/proxy/translate.py makes each a POST /chat/completions and answers in the client's
 API (JSON, or an event stream built chunk by chunk from the chat stream). The record keeps the client's view
@@ -102,6 +106,23 @@ HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-e
 OWN_HEADERS = ("x-evolforge-", "x-openforge-")
 CLIENT_KEY_HEADERS = ("x-api-key", "api-key")  # keys some clients send beside Authorization (Anthropic, Azure)
 CREDENTIAL_HEADERS = ("authorization", *CLIENT_KEY_HEADERS)
+# each recorded route's output-token limits (proxy.embedded_max_tokens caps them); the last is set when none is
+OUTPUT_LIMITS = {"chat/completions": ("max_completion_tokens", "max_tokens"), "completions": ("max_tokens",),
+                 "responses": ("max_output_tokens",), "messages": ("max_tokens",)}
+
+
+def output_capped(body: dict, path: str, cap: int) -> tuple[dict, dict] | None:
+    """`body` with its output-token limit at most `cap` (proxy.embedded_max_tokens: an embedded model on a CPU
+    must not write for minutes), and what was changed ({field: what the client asked, None: nothing}); None when
+    the body already asks for `cap` tokens or fewer, or `cap` is 0."""
+    keys = OUTPUT_LIMITS.get(path)
+    if not cap or not keys:
+        return None
+    present = [k for k in keys if k in body and body[k] is not None] or [keys[-1]]
+    changed = {k: body.get(k) for k in present if not (type(body.get(k)) is int and 1 <= body[k] <= cap)}
+    if not changed:
+        return None
+    return {**body, **dict.fromkeys(changed, cap)}, changed
 
 
 def operator_keys(settings: Settings, environ: dict | None = None) -> dict[str, str | None]:
@@ -238,6 +259,22 @@ class ProxyState:
     def record_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids):016x}"
 
+    @property
+    def embedded(self) -> bool:
+        """Whether the upstream is the embedded model (the CLI names its alias; any other upstream, none)."""
+        return bool(self.embedded_models)
+
+    def cap_output(self, call: "Call", body: dict, path: str) -> dict | None:
+        """The body to send the embedded model with its output limit capped (proxy.embedded_max_tokens), noted in
+        the call's record; None to send it as it is (another upstream, or within the cap)."""
+        if not self.embedded:
+            return None
+        capped = output_capped(body, path, self.settings.proxy.embedded_max_tokens)
+        if capped is None:
+            return None
+        call.output_cap = {"limit": self.settings.proxy.embedded_max_tokens, "asked": capped[1]}
+        return capped[0]
+
     def translates(self, path: str) -> bool:
         """Whether calls to this route go to the upstream as chat completions (proxy.translate)."""
         return self.settings.proxy.translate in translate.TRANSLATABLE.get(path, ())
@@ -330,6 +367,7 @@ class Call:
         self.response: dict | None = None
         self.usage: dict | None = None
         self.translation: dict | None = None  # the chat call made upstream for a translated call (proxy.translate)
+        self.output_cap: dict | None = None  # the output limit the embedded model got instead of the client's
         self.ttft_s: float | None = None
         self.latency_s: float | None = None
         self.finished = False
@@ -390,6 +428,8 @@ class Call:
         }
         if self.translation is not None:
             rec["translation"] = self.translation
+        if self.output_cap is not None:
+            rec["output_cap"] = self.output_cap
         row = dict(stage="proxy", task_id=self.session, model=_text(model), attempt=1, outcome=outcome,
                    http_status=self.status or None, prompt_tokens=pt, completion_tokens=ct, cost_usd=cost,
                    price_source=source, latency_s=latency, error=_text(self.error))
@@ -605,6 +645,8 @@ async def _serve(state: ProxyState, request: Incoming, call: Call, path: str, re
         return await refuse(400, "dot segments are not allowed in the path", "invalid_path")
     if recorded and wire is not None and state.translates(path):
         return await _serve_translated(state, request, call, path, receive, reply)
+    if recorded and isinstance(call.body, dict) and (capped := state.cap_output(call, call.body, path)) is not None:
+        raw = dumps(capped)  # the record keeps the client's body; `output_cap` says what the upstream got instead
     up = state.upstream
     url = f"{up.url}/{quote(path, safe=PATH_SAFE)}"
     if request.query:
@@ -764,6 +806,8 @@ async def _serve_translated(state: ProxyState, request: Incoming, call: Call, ap
     except translate.Untranslatable as e:
         return await fail(400, f"this {wire.name.rsplit(' ', 1)[0]} request cannot be made as a chat completion "
                           f"(proxy.translate): {e}", e.kind)
+    if (capped := state.cap_output(call, tr.body, translate.CHAT_PATH)) is not None:
+        tr.body = capped
     call.translation = tr.record()
     call.forwarded = True
     try:
