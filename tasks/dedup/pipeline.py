@@ -611,6 +611,20 @@ def dedup_file(path: str | Path, text_field: str, out_dir: str | Path, settings:
     return write_outputs(df, fmt, path, text_field, ids, res.kept_ids, res.dropped, res.stats, lay)
 
 
+def _free_names(columns: list[str], taken: list[str]) -> dict[str, str]:
+    """{input column: its new name} for the input columns named like one of `taken`: input_<name>, with the prefix
+    repeated until the name is neither an input column nor taken (nor given to another)."""
+    used, out = set(columns) | set(taken), {}
+    for c in columns:
+        if c in taken:
+            new = f"input_{c}"
+            while new in used:
+                new = f"input_{new}"
+            used.add(new)
+            out[c] = new
+    return out
+
+
 def write_outputs(df, fmt: str, path, text_field: str, ids: list[str], kept_ids: Sequence[str], d: list[dict],
                   stats: dict, lay) -> dict:
     """OUT/kept.<fmt>, OUT/dropped.<fmt> and OUT/summary.json of a dedup of `df` (see `dedup_file`)."""
@@ -630,9 +644,10 @@ def write_outputs(df, fmt: str, path, text_field: str, ids: list[str], kept_ids:
     }, schema={"dedup_duplicate_of": pl.Utf8, "dedup_method": pl.Utf8, "dedup_similarity": pl.Float64,
                "dedup_matched_id": pl.Utf8, "dedup_matched_similarity": pl.Float64, "dedup_detail": pl.Utf8})
     # an input that is itself an output (evolved.parquet has dedup_similarity): its own columns keep their values
-    # as input_<name>, this dedup's reasons take the names
+    # as input_<name>, this dedup's reasons take the names; a dedup's own dropped table already has input_<name>
+    # beside <name>, so the prefix repeats until the name is free (input_input_<name>)
     dropped_rows = df[[pos[r["id"]] for r in d]]
-    dropped_rows = dropped_rows.rename({c: f"input_{c}" for c in reasons.columns if c in dropped_rows.columns})
+    dropped_rows = dropped_rows.rename(_free_names(dropped_rows.columns, reasons.columns))
     dropped_df = pl.concat([dropped_rows, reasons], how="horizontal")  # before any write: nothing half-written
     ensure_dir(lay.root)
     write_any_table(df[kept_rows], lay.kept(fmt), fmt)
