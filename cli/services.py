@@ -102,10 +102,11 @@ def cmd_proxy(args) -> int:
     from evolforge.tasks.core.embedded_model import embedded_server
     from evolforge.tasks.core.keys import InsecureKeyTransport
     from evolforge.tasks.proxy.app import ProxyConfigError, redact_url
+    from evolforge.tasks.proxy.banner import banner
     from evolforge.tasks.proxy.server import check, check_settings, serve
 
-    proxy_overrides = {k: v for k, v in (("upstream", args.upstream), ("host", args.host), ("port", args.port))
-                       if v is not None}
+    proxy_overrides = {k: v for k, v in (("upstream", args.upstream), ("host", args.host), ("port", args.port),
+                                         ("translate", args.translate)) if v is not None}
     settings = settings_or_exit(args, {"proxy": proxy_overrides})
     if settings.proxy.upstream and not args.check:
         try:  # a settings error is itself, whatever listens on the port
@@ -123,15 +124,18 @@ def cmd_proxy(args) -> int:
         with ctx as url:
             models = {settings.embedded.alias} if embedded else set()
             if args.check:
-                res = check(settings, url, args.out, args.model or settings.models.default)
+                model = args.model or (settings.embedded.alias if embedded else settings.models.default)
+                res = check(settings, url, args.out, model, models)
                 if res["ok"]:
-                    print(f"OK  {res['latency_s']:.3f}s through the proxy to {redact_url(url)}")
+                    price = (f"cost $0: {res['price_source']}" if res["cost_usd"] == 0 else
+                             f"cost ${res['cost_usd']:.6f} ({res['price_source']})" if res["cost_usd"] is not None
+                             else f"no price known for {res['model']!r} (add [pricing.overrides] to price it)")
+                    print(f"OK  {res['latency_s']:.3f}s through the proxy to {redact_url(url)}; {price}")
                     return 0
                 print(f"FAIL HTTP {res.get('status', '-')}: {res['error']}\n     fix: {res['fix']}", file=sys.stderr)
                 return 1
-            cfg = settings.proxy
-            print(f"recording proxy on http://{cfg.host}:{cfg.port}/v1 -> {redact_url(url)}; records in {args.out}\n"
-                  f"  agents: set the base URL to http://{cfg.host}:{cfg.port}/s/SESSION/v1", flush=True)
+            token_set = bool(os.environ.get(settings.proxy.token_env))
+            print(banner(settings, redact_url(url), args.out, token_set, embedded), flush=True)
             serve(settings, url, args.out, models)
     except (ProxyConfigError, InsecureKeyTransport) as e:
         print(f"evolforge: {e}", file=sys.stderr)
@@ -166,6 +170,8 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, help="port (default: proxy.port)")
     p.add_argument("--out", default="runs/proxy", help="folder the records, session events and ledger go to")
     p.add_argument("--check", action="store_true", help="send one call through the proxy to the upstream and exit")
+    p.add_argument("--translate", help="which client APIs to translate to chat completions for a chat-only "
+                   "upstream: off, messages (Claude Code), responses (Codex) or both (default: proxy.translate)")
     p.add_argument("--config")
     p.add_argument("--model", help="model for --check (default: models.default)")
     p.set_defaults(fn=cmd_proxy)

@@ -8,5 +8,6 @@ model endpoint that forwards every call unchanged and records it as training dat
 - translate:  for a chat-only upstream (proxy.translate): Messages / Responses API calls made as chat
               completions and the replies and streams turned back into the client's API.
 - server:     `evolforge proxy` as a long-running service (uvicorn, no Prefect), in a thread, and --check.
+- banner:     what `evolforge proxy` prints at start: each client's base URL, session and token settings.
 Records go through storage/proxy_sets.py; the trajectories stage turns them into SFT and RL samples.
 """

@@ -244,11 +244,13 @@ def running_proxy(settings: Settings, upstream: str, out: str, embedded_models: 
         thread.join(timeout=30)
 
 
-def check(settings: Settings, upstream: str, out: str, model: str) -> dict:
-    """One chat completion through a temporary proxy to the upstream: latency, or the exact error and fix."""
+def check(settings: Settings, upstream: str, out: str, model: str, embedded_models: set[str] | None = None) -> dict:
+    """One chat completion through a temporary proxy to the upstream: latency and the call's cost as the ledger
+    prices it (`cost_usd`, `price_source`: the embedded model, named in `embedded_models`, is free), or the exact
+    error and fix."""
     import httpx
 
-    with running_proxy(settings, upstream, out) as url:
+    with running_proxy(settings, upstream, out, embedded_models) as url:
         t0 = time.perf_counter()
         try:
             r = httpx.post(f"{url}/s/preflight/v1/chat/completions", timeout=settings.proxy.timeout_seconds,
@@ -259,7 +261,16 @@ def check(settings: Settings, upstream: str, out: str, model: str) -> dict:
         latency = round(time.perf_counter() - t0, 3)
     shown = redact_url(upstream)
     if r.status_code == 200:
-        return {"ok": True, "latency_s": latency, "upstream": shown}
+        from evolforge.tasks.core.pricing import PriceBook, cache_tokens
+        from evolforge.tasks.proxy.recording import model_name, usage_of
+
+        body = r.json()
+        usage = usage_of(body.get("usage"))[0] or {}
+        served = model_name(body.get("model")) or model
+        cost, source = PriceBook(settings.pricing, embedded_models or set()).cost(
+            served, usage.get("prompt_tokens"), usage.get("completion_tokens"), *cache_tokens(usage))
+        return {"ok": True, "latency_s": latency, "upstream": shown, "model": served, "cost_usd": cost,
+                "price_source": source}
     try:
         message = r.json()["error"]["message"]
     except (ValueError, KeyError, TypeError):
