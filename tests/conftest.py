@@ -141,6 +141,9 @@ FULL_TIER: dict[str, str] = {
         "reward training through the CLI (~19 s CPU)",
     "tests/tasks/trajectories/test_trajectories.py::test_cli_exports_a_recorded_folder_with_unfinished_sessions":
         "the export CLI in a subprocess (~14 s CPU)",
+    "tests/cli/test_portable_resume.py::test_a_moved_run_and_seed_file_resume_round_two_without_repeating_a_call":
+        "three CLI commands on a moved and a copied run folder (~31 s CPU); the quick tier keeps "
+        "tests/cli/test_portable_folders.py's moved folder resumed and retried",
 }
 _GROUPS_FILE = "EVOLFORGE_XDIST_GROUPS_FILE"  # where workers write {nodeid: group} for the controller's scheduler
 if not _WORKER:
