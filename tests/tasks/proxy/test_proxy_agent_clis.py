@@ -1,5 +1,5 @@
-"""The real agent CLIs through the recording proxy (slow; skipped without node or the npm packages, see
-testing/agent_clis.py): Codex (`codex exec`, a custom model provider with wire_api "responses") and Claude Code
+"""The real agent CLIs through the recording proxy (slow; skipped, saying why, without node or without the CLIs
+in the npm cache folder or on PATH, see testing/agent_clis.py): Codex (`codex exec`, a custom model provider with wire_api "responses") and Claude Code
 (`claude -p`, ANTHROPIC_BASE_URL at the proxy) each run a small task (run a shell command, report its output)
 against the scripted upstreams: passed through to one that speaks their API (testing/agent_apis.py), and
 translated for one that speaks only chat completions (testing/chat_upstream.py, proxy.translate). The session
@@ -17,6 +17,7 @@ import pytest
 
 from evolforge.storage.proxy_sets import ProxyLayout, iter_records
 from evolforge.storage.trajectory_sets import TrajectoryLayout
+from evolforge.tasks.proxy.banner import SESSION_HEADER, TOKEN_HEADER
 from evolforge.tasks.proxy.server import running_proxy
 from evolforge.tasks.trajectories.export import collect, dedup_prompts, publish
 from evolforge.testing import agent_clis
@@ -50,20 +51,29 @@ def _records(layout: ProxyLayout, n: int, timeout: float = 10.0) -> list[dict]:
         time.sleep(0.05)
 
 
-def _session(tmp_path: Path, cli: str, translated: bool) -> dict:
-    """Run the CLI's task through the proxy, finish the session, export it; what each side saw."""
+def _session(tmp_path: Path, cli: str, translated: bool, token: str | None = None) -> dict:
+    """Run the CLI's task through the proxy, finish the session, export it; what each side saw. With `token`, the
+    proxy requires it and the CLI is set up as the start banner says (tasks/proxy/banner.py): Codex sends it by
+    env_http_headers, Claude Code (at the proxy's root) sends it and the session in ANTHROPIC_CUSTOM_HEADERS."""
     settings = make_settings(proxy={"translate": "both" if translated else "off"})
     work = tmp_path / "work"
-    work.mkdir()
+    work.mkdir(parents=True)
     rec = tmp_path / "rec"
     session = f"{cli}-task"
     with (ChatUpstream() if translated else AgentUpstream()) as up, \
             running_proxy(settings, up.base_url, str(rec)) as url:
-        if cli == "codex":
+        if cli == "codex" and token:
+            proc = agent_clis.codex_exec(f"{url}/s/{session}/v1", work, tmp_path / "home", CLI_PROMPT,
+                                         env_headers={TOKEN_HEADER: "EVOLFORGE_PROXY_TOKEN"},
+                                         env={"EVOLFORGE_PROXY_TOKEN": token})
+        elif cli == "codex":
             proc = agent_clis.codex_exec(f"{url}/s/{session}/v1", work, tmp_path / "home", CLI_PROMPT)
+        elif token:
+            proc = agent_clis.claude_print(url, work, tmp_path / "home", CLI_PROMPT,
+                                           headers={SESSION_HEADER: session, TOKEN_HEADER: token})
         else:
             proc = agent_clis.claude_print(f"{url}/s/{session}", work, tmp_path / "home", CLI_PROMPT)
-        with httpx.Client(base_url=url, timeout=10) as h:
+        with httpx.Client(base_url=url, timeout=10, headers={TOKEN_HEADER: token} if token else {}) as h:
             h.post(f"/s/{session}/reward", json={"reward": 1.0})
             h.post(f"/s/{session}/finish")
         recs = [r for r in _records(ProxyLayout(rec), 2) if r["route"] in ("responses", "messages")]
@@ -104,6 +114,23 @@ def _check_export(s: dict, tool: str, args: dict) -> tuple[dict, dict, dict]:
 def _codex_output(body: dict) -> str:
     out = [i for i in body["input"] if i.get("type") == "function_call_output"][-1]["output"]
     return out if isinstance(out, str) else json.dumps(out)
+
+
+def test_codex_and_claude_code_set_up_as_the_banner_says_with_a_proxy_token(tmp_path, monkeypatch):
+    """The start banner's set-up with an access token: Codex at /s/SESSION/v1 sending the token by
+    env_http_headers; Claude Code at the proxy's root (no /v1) with the session and the token in
+    ANTHROPIC_CUSTOM_HEADERS. Each session is recorded under its name and exported."""
+    _needs("codex")
+    _needs("claude")
+    monkeypatch.setenv("EVOLFORGE_PROXY_TOKEN", "proxy-token-cli-77")
+    for cli in ("codex", "claude"):
+        s = _session(tmp_path / cli, cli, translated=False, token="proxy-token-cli-77")
+        assert s["proc"].returncode == 0 and ANSWER in s["proc"].stdout
+        assert [r["session"] for r in s["records"]][-2:] == [s["session"]] * 2
+        assert all(r["status"] == 200 for r in s["records"])
+        _check_export(s, "exec_command" if cli == "codex" else "Bash",
+                      {"cmd": CLI_COMMAND} if cli == "codex" else
+                      {"command": CLI_COMMAND, "description": "Print the marker"})
 
 
 @pytest.mark.parametrize("translated", [False, True], ids=["responses-upstream", "chat-upstream"])
