@@ -40,7 +40,8 @@ class ModulesParams(EndpointParams):
 
 def check(params: ModulesParams, settings: Settings) -> None:
     """The question file holds a usable question, the output folder can be written, the endpoint answers."""
-    check_rows(params.input, settings.modules.question_field, "question file", fallback_field="instruction")
+    check_rows(params.input, settings.modules.question_field, "question file", fallback_field="instruction",
+               field_fix="set modules.question_field to the column that holds the question")
     check_out_dir(params.out)
     check_endpoint(settings)
 

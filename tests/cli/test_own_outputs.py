@@ -31,3 +31,21 @@ def test_dedup_reads_the_evolve_stage_tables(tmp_path, name):
     dropped = pl.read_parquet(out / "dropped.parquet")
     assert dropped["dedup_duplicate_of"].to_list() == ["r0"] and dropped["input_dedup_similarity"].to_list() == [0.5]
     assert pl.read_parquet(out / "kept.parquet").height == 5
+
+
+def test_modules_on_a_table_without_a_question_column_names_its_own_setting(tmp_path):
+    """The synthesized tasks table holds its questions in `statement`: the refusal names the setting that reads
+    another column for the modules stage (modules.question_field), not the seed files' input.instruction_field."""
+    from evolforge.config.settings import load_settings
+    from evolforge.tasks.core.checks import InputError
+    from evolforge.tasks.modules.stage import ModulesParams, check
+
+    tasks = tmp_path / "tasks.parquet"
+    pl.DataFrame({"task_id": ["t1"], "kind": ["math"], "statement": ["Ann buys 3 boxes of 4 apples. How many?"],
+                  "answer": ["12"]}).write_parquet(tasks)
+    with pytest.raises(InputError, match=r"modules\.question_field") as err:
+        check(ModulesParams(input=str(tasks), out=str(tmp_path / "m"), base_url="http://127.0.0.1:9/v1"),
+              load_settings())
+    assert "input.instruction_field" not in str(err.value) and "statement" in str(err.value)
+    overridden = load_settings(overrides={"modules": {"question_field": "statement"}})
+    check(ModulesParams(input=str(tasks), out=str(tmp_path / "m"), base_url="http://127.0.0.1:9/v1"), overridden)
