@@ -114,14 +114,19 @@ OUTPUT_LIMITS = {"chat/completions": ("max_completion_tokens", "max_tokens"), "c
 def output_capped(body: dict, path: str, cap: int) -> tuple[dict, dict] | None:
     """`body` with its output-token limit at most `cap` (proxy.embedded_max_tokens: an embedded model on a CPU
     must not write for minutes), and what was changed ({field: what the client asked, None: nothing}); None when
-    the body already asks for `cap` tokens or fewer, or `cap` is 0."""
+    the body already asks for `cap` tokens or fewer, or `cap` is 0. A capped chat call gets `max_tokens` too
+    (the field every server reads; some ignore max_completion_tokens)."""
     keys = OUTPUT_LIMITS.get(path)
     if not cap or not keys:
         return None
-    present = [k for k in keys if k in body and body[k] is not None] or [keys[-1]]
-    changed = {k: body.get(k) for k in present if not (type(body.get(k)) is int and 1 <= body[k] <= cap)}
-    if not changed:
+
+    def within(v) -> bool:
+        return type(v) is int and 1 <= v <= cap
+
+    present = [k for k in keys if body.get(k) is not None]
+    if present and all(within(body[k]) for k in present):
         return None
+    changed = {k: body.get(k) for k in dict.fromkeys([*present, keys[-1]]) if not within(body.get(k))}
     return {**body, **dict.fromkeys(changed, cap)}, changed
 
 

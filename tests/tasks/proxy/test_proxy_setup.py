@@ -22,6 +22,7 @@ import pytest
 from evolforge.config.sections.proxy import ProxySettings
 from evolforge.storage.ledger import read_ledger
 from evolforge.storage.proxy_sets import ProxyLayout, iter_records
+from evolforge.tasks.proxy.app import output_capped
 from evolforge.tasks.proxy.banner import banner
 from evolforge.tasks.proxy.server import running_proxy
 from evolforge.testing.agent_upstream import AgentUpstream
@@ -72,16 +73,27 @@ def test_embedded_upstream_gets_an_output_cap_others_get_calls_as_sent(tmp_path,
               for _, b in got]
     assert [p for p, _ in got] == ["chat/completions"] * 3 + ["completions", "responses", "messages"]
     if embedded:
-        assert limits == [{"max_tokens": 300}, {"max_completion_tokens": 300}, {"max_tokens": 10},
+        assert limits == [{"max_tokens": 300}, {"max_tokens": 300, "max_completion_tokens": 300}, {"max_tokens": 10},
                           {"max_tokens": 300}, {"max_output_tokens": 300}, {"max_tokens": 300}]
         assert [r.get("output_cap") for r in recs] == [
-            {"limit": 300, "asked": {"max_tokens": None}}, {"limit": 300, "asked": {"max_completion_tokens": 50_000}},
+            {"limit": 300, "asked": {"max_tokens": None}},
+            {"limit": 300, "asked": {"max_completion_tokens": 50_000, "max_tokens": None}},
             None, {"limit": 300, "asked": {"max_tokens": None}}, {"limit": 300, "asked": {"max_output_tokens": None}},
             {"limit": 300, "asked": {"max_tokens": 20_000}}]
         assert recs[5]["request"]["parameters"]["max_tokens"] == 20_000  # the record keeps what the client sent
     else:
         assert limits == [{}, {"max_completion_tokens": 50_000}, {"max_tokens": 10}, {}, {}, {"max_tokens": 20_000}]
         assert not any("output_cap" in r for r in recs)
+
+
+def test_output_capped_edge_cases():
+    chat = "chat/completions"
+    assert output_capped({"max_tokens": 10, "max_completion_tokens": 50_000}, chat, 300) == (
+        {"max_tokens": 10, "max_completion_tokens": 300}, {"max_completion_tokens": 50_000})
+    assert output_capped({"max_tokens": -1}, chat, 300) == ({"max_tokens": 300}, {"max_tokens": -1})
+    assert output_capped({"max_tokens": True}, "messages", 300) == ({"max_tokens": 300}, {"max_tokens": True})
+    assert output_capped({"max_tokens": 300}, chat, 300) is None
+    assert output_capped({}, chat, 0) is None and output_capped({}, "embeddings", 300) is None
 
 
 def test_output_cap_on_a_translated_call_and_off_at_zero(tmp_path):
