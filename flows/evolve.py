@@ -135,7 +135,8 @@ def evolve_flow(params: EvolveParams = EvolveParams()) -> dict:
         if retried and retried["nothing_to_retry"]:
             return {**read_json(lay.summary), "retry": retried}
         # the same seeds and result-changing settings as the run's own, or a clear error before any work
-        record = run_record.open_run(lay, params.seeds, settings, run.run_id, force=params.force_settings)
+        record = run_record.open_run(lay, params.seeds, settings, run.run_id, force=params.force_settings,
+                                     retry=params.retry)  # a retry: the folder's own pool, no seed file read
         seeds = SeedImport(record, params.seeds, settings, run.logger)  # while the endpoint starts
         try:
             with run.endpoint(log=f"models: {settings.models.model_dump()}"):

@@ -152,12 +152,15 @@ class RunRecord:
         return self.info
 
 
-def open_run(layout: RunLayout, seeds: str, settings: Settings, run_id: str, *, force: bool = False) -> RunRecord:
+def open_run(layout: RunLayout, seeds: str, settings: Settings, run_id: str, *, force: bool = False,
+             retry: bool = False) -> RunRecord:
     """The record of the run at `layout`, checked against this run's seeds and settings.
 
     A folder without a round-1 pool holds no results yet: this run starts it (an earlier record's history
     is kept). Otherwise changed seeds or result-changing settings raise `RunInputsChanged`, unless `force`
-    (then the change is recorded and the run goes on with the new settings).
+    (then the change is recorded and the run goes on with the new settings). A `retry` reads no seed file: it
+    works from the folder's imported round-1 pool, and the recorded path may name a file that moved or that
+    is another one now (a folder moved or copied elsewhere).
     """
     seeds = str(location(seeds))
     now = settings.fingerprint()
@@ -190,7 +193,7 @@ def open_run(layout: RunLayout, seeds: str, settings: Settings, run_id: str, *, 
         problems.append("settings that change results differ from the run's: " + "; ".join(
             f"{k} {old_v!r} -> {new_v!r}" for k, (old_v, new_v) in changes.items()))
 
-    seeds_changed = _seeds_change(info, seeds)
+    seeds_changed = {} if retry else _seeds_change(info, seeds)
     if seeds_changed.get("changed"):
         problems.append(seeds_changed["message"])
     elif seeds_changed.get("note"):

@@ -105,3 +105,36 @@ def test_a_copied_synthesis_folder_resumes_from_its_own_snapshot(tmp_path, capsy
             _WATCH.clear()
         assert not _SEEN, f"the copy read its original's paths: {_SEEN[:5]}"
         assert len(srv.posts()) == sent and again["kept"] == first["kept"] == 1
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_moved_folder_retries_its_failed_batch_whatever_lies_at_the_old_seed_path(tmp_path):
+    """A run with two rejected records, its folder moved, and another file written where its seed file was: the
+    retry of the moved folder resends only the two failed records (its seeds are in the folder since round 1),
+    without opening the old seed path (which it once refused as a changed seed file)."""
+    from evolforge.flows.evolve import EvolveParams, evolve_flow
+
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text("".join(json.dumps({"id": f"s{i}", "instruction": f"Plan a trip to city number {i}."}) + "\n"
+                             for i in range(4)))
+    out = tmp_path / "out"
+    with ScriptedServer() as srv:
+        srv.script("400", "400")  # two records' first call is rejected: kept as status=error, to retry
+        evolve_flow(EvolveParams(seeds=str(seeds), out=str(out), rounds=1, base_url=srv.base_url, model="scripted",
+                                 overrides={"evol_instruct": {"batch_size": 2},
+                                            "gateway": {"backoff_base_seconds": 0.0, "max_retries": 1}}))
+        moved = tmp_path / "elsewhere" / "run"
+        moved.parent.mkdir()
+        shutil.move(str(out), str(moved))
+        seeds.write_text(json.dumps({"instruction": "Someone else's seeds, written at the old place."}) + "\n")
+        sent = len(srv.posts())
+        _WATCH[:], _SEEN[:] = [str(out), str(seeds)], []
+        try:
+            code = main(["retry", "--out", str(moved), "--base-url", srv.base_url])
+        finally:
+            _WATCH.clear()
+        assert code == 0
+        assert not _SEEN, f"the retry read the old paths: {_SEEN[:5]}"
+        assert len(srv.posts()) - sent == 6  # the two failed records, 3 calls each
+    lineage = pl.read_parquet(moved / "dataset" / "lineage.parquet")
+    assert lineage.height == 4 and set(lineage["status"]) == {"accepted"}
