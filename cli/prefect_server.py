@@ -27,7 +27,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 STATE_FILE = "evolforge-server.json"
@@ -45,6 +44,8 @@ def _state_path() -> Path:
 
 
 def healthy(api_url: str, timeout: float = 1.0) -> bool:
+    import urllib.request  # here: 0.1 s of every command's start (ssl, http.client) otherwise
+
     try:
         with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout) as r:
             return r.status == 200
@@ -69,6 +70,8 @@ def _alive(pid: int) -> bool:
 
 def ui_api_url(api_url: str, timeout: float = 2.0) -> str | None:
     """The API address the server's UI is told to use (its /ui-settings), None when it does not say."""
+    import urllib.request
+
     try:
         with urllib.request.urlopen(f"{api_url.rstrip('/')[:-4]}/ui-settings", timeout=timeout) as r:
             return json.loads(r.read()).get("api_url")

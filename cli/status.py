@@ -46,7 +46,7 @@ def stage_status(out) -> dict:
     from evolforge.storage.status import folder_status
     from evolforge.tasks.core.stages import stages
 
-    return folder_status(out, {s.name: s.folder for s in stages() if s.folder is not None})
+    return folder_status(out, {s.name: s.folder_class() for s in stages() if s.folder is not None})
 
 
 def cmd_status(args) -> int:

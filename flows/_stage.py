@@ -161,7 +161,7 @@ def stage_run(name: str, params: BaseModel) -> Iterator[StageRun]:
     with run_lock(location(out)) if out is not None else contextlib.nullcontext(), stop_on_signals():
         fresh = out is not None and run_lock_created_folder(location(out))
         before = read_marker(location(out)) if out is not None else None
-        folder = stage.folder(out).ensure()
+        folder = stage.folder_class()(out).ensure()
         folder.start_marker(stage.name)
         run = StageRun(stage, params, settings, folder, flow_run.id or f"local-{int(time.time())}", time.time(),
                        logger)

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evolforge.storage.ppo import PPOLayout
-
 CHAIN_DIR = "chain"
 NIGHTS_DIR = "nights"  # storage/nights.py NightlyFolder.nights_dir
 NIGHT_RUN_PREFIX = "night-"  # the nightly flow run's name: night-YYYY-MM-DD (flows/nightly.py)
-PPO_POLICY = PPOLayout("/x").policy.relative_to(Path("/x")).as_posix()  # local/policy
+# PPOLayout's policy folder relative to its root (storage/ppo.py; tests/deployments/test_chain_triggers.py checks
+# they agree), written out: storage/ppo.py loads pyarrow, and the stages' descriptors (the CLI's --help) use this
+PPO_POLICY = "local/policy"
 
 
 def chain_root(dataset: str | Path, night: str) -> Path:

@@ -27,8 +27,7 @@ import hashlib
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from evolforge.storage.fs import (
     AnyPath,
@@ -42,6 +41,9 @@ from evolforge.storage.fs import (
     write_json_atomic,
 )
 from evolforge.storage.parts import num_row_groups
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # imported where used: the CLI's --help path does not load it
 
 MARKER = "stage.json"
 FOLDER_VERSION = 1
@@ -94,6 +96,8 @@ class BatchedSet:
 
     def all_parts(self, schema: pa.Schema) -> pa.Table:
         """Every part written so far, in batch order (an empty table of `schema` when there is none)."""
+        import pyarrow as pa
+
         files = self.part_files()
         return pa.concat_tables([read_parquet(f) for f in files]) if files else schema.empty_table()
 

@@ -44,20 +44,30 @@ import contextlib
 import os
 import shutil
 import stat
+import sys
 import tempfile
 import uuid
 from pathlib import Path, PurePosixPath
-from typing import IO, Iterable, Iterator, Union
+from typing import IO, TYPE_CHECKING, Iterable, Iterator, Union
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-try:  # universal-pathlib: pathlib's API over fsspec
+if TYPE_CHECKING:  # pyarrow and universal-pathlib load where used: the CLI's --help path loads neither
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     from upath import UPath
-except ImportError:  # pragma: no cover - a dependency of evolforge
-    UPath = None  # type: ignore[assignment,misc]
 
 AnyPath = Union[Path, "UPath"]
+
+
+def _upath_class(load: bool = False):
+    """universal-pathlib's UPath, or None when it is not installed. Without `load`, None while upath is not
+    imported yet: no UPath object can exist then, so an isinstance check needs no import."""
+    if not load and "upath" not in sys.modules:
+        return None
+    try:
+        from upath import UPath
+    except ImportError:  # pragma: no cover - a dependency of evolforge
+        return None
+    return UPath
 LOCAL_PROTOCOLS = ("", "file", "local")
 # Local output files and folders are created with these modes less the process's umask (as `open` and `mkdir`
 # do): datasets, plots and cards are as readable as the operator's umask makes them. None of them holds a
@@ -83,6 +93,7 @@ def location(loc: str | os.PathLike) -> AnyPath:
     """A local `Path` (absolute) for a path or file:// URL, else a `UPath` for the URL."""
     if isinstance(loc, Path) and not is_remote(loc):
         return Path(loc).expanduser().resolve()
+    UPath = _upath_class()
     if UPath is not None and isinstance(loc, UPath):
         return loc
     s = os.fspath(loc)
@@ -90,6 +101,7 @@ def location(loc: str | os.PathLike) -> AnyPath:
         s = s[len("file://"):]
     if not is_url(s):
         return Path(s).expanduser().resolve()
+    UPath = _upath_class(load=True)
     if UPath is None:
         raise StorageURLError(f"{s}: URLs need the package universal-pathlib (pip install universal-pathlib)")
     try:
@@ -103,6 +115,7 @@ def location(loc: str | os.PathLike) -> AnyPath:
 
 
 def is_remote(p: AnyPath) -> bool:
+    UPath = _upath_class()
     return UPath is not None and isinstance(p, UPath) and getattr(p, "protocol", "") not in LOCAL_PROTOCOLS
 
 
@@ -436,11 +449,15 @@ def arrow_location(path: AnyPath) -> tuple[str, "pa.fs.FileSystem | None"]:
 
 
 def read_parquet(path: AnyPath, columns: list[str] | None = None) -> pa.Table:
+    import pyarrow.parquet as pq
+
     p, fs = arrow_location(path)
     return pq.read_table(p, columns=columns, filesystem=fs)
 
 
 def parquet_file(path: AnyPath) -> pq.ParquetFile:
+    import pyarrow.parquet as pq
+
     p, fs = arrow_location(path)
     return pq.ParquetFile(p, filesystem=fs) if fs is not None else pq.ParquetFile(p)
 
@@ -463,6 +480,8 @@ def scan_parquet(paths: Iterable[AnyPath]):
 @contextlib.contextmanager
 def parquet_writer(path: AnyPath, schema: pa.Schema, **kw) -> Iterator[pq.ParquetWriter]:
     """A streaming ParquetWriter whose file appears at `path` only once it is closed whole."""
+    import pyarrow.parquet as pq
+
     with atomic_output(path, "wb") as fh:
         with pq.ParquetWriter(fh, schema, **kw) as writer:
             yield writer

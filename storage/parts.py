@@ -15,8 +15,7 @@ so `evolforge status` tells a failed batch from one not run yet.
 from __future__ import annotations
 
 import time
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from evolforge.storage.fs import (
     AnyPath,
@@ -29,6 +28,9 @@ from evolforge.storage.fs import (
     unlink,
     write_json_atomic,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # imported where used: the CLI's --help path does not load it
 
 ROWS_KEY = b"evolforge.rows"
 
@@ -60,6 +62,8 @@ class CorruptPart(ValueError):
 
 def read_part(path: AnyPath) -> pa.Table:
     """Read a part and verify it is whole; raise CorruptPart when it is not."""
+    import pyarrow as pa
+
     try:
         table = read_parquet(path)
     except (OSError, pa.ArrowException) as e:

@@ -406,8 +406,11 @@ def test_the_lists_beside_the_registry_match_it():
 
 
 # Libraries a command's --help must not load: they cost 0.1 to 3 s of start-up each, and no command's flags need them.
+# pyarrow (with numpy) and universal-pathlib / fsspec come with storage/'s table modules: the stages' descriptors name
+# their folder classes by import path (Stage.folder_class) and import storage inside their checks.
 HEAVY_FOR_HELP = ("polars", "torch", "transformers", "trl", "peft", "datasets", "sentence_transformers", "prefect",
-                  "ray", "dask", "distributed", "openai", "anthropic", "httpx", "pandas", "uvicorn", "starlette")
+                  "ray", "dask", "distributed", "openai", "anthropic", "httpx", "pandas", "uvicorn", "starlette",
+                  "pyarrow", "numpy", "fsspec", "upath")
 
 
 def test_the_clis_help_loads_no_heavy_library():
@@ -427,3 +430,49 @@ def test_the_clis_help_loads_no_heavy_library():
     proc = subprocess.run([sys.executable, "-c", code, *commands], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
+
+
+def _heavy_loaded_by(argv: list[str]) -> tuple[int, list[str]]:
+    """Run `evolforge ARGV` in a fresh interpreter (output discarded): its exit status and the HEAVY_FOR_HELP
+    libraries it loaded."""
+    import ast
+    import subprocess
+    import sys
+
+    code = ("import sys, contextlib, io\n"
+            "from evolforge.cli import _main\n"
+            "code = 0\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "    try:\n"
+            "        code = _main(sys.argv[1:])\n"
+            "    except SystemExit as e:\n"
+            "        code = e.code\n"
+            f"heavy = {HEAVY_FOR_HELP!r}\n"
+            "print(code)\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n")
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    code_line, heavy_line = proc.stdout.strip().splitlines()[-2:]
+    return int(code_line), ast.literal_eval(heavy_line)
+
+
+def test_a_user_error_is_reported_before_any_heavy_library_loads(tmp_path):
+    """A seed file that does not exist is one line and exit 2 from input checks that load none of HEAVY_FOR_HELP
+    (issue 41: a user error within 0.5 s)."""
+    for argv in (["run", "--seeds", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "out")],
+                 ["synthesize", "--seeds", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "syn")],
+                 ["dedup", "--input", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "dd")]):
+        code, heavy = _heavy_loaded_by(argv)
+        assert code == 2, (argv, code)
+        assert heavy == [], (argv, heavy)
+
+
+def test_table_columns_written_out_in_stage_descriptors_match_storage():
+    """tasks/reward/stage.py spells out the reward sets' columns (so its descriptors do not load pyarrow): they are
+    still storage's."""
+    from evolforge.storage.reward_sets import IRM_PAIR_SCHEMA
+    from evolforge.storage.reward_sets import PRM_COLUMNS as STORED_PRM_COLUMNS
+    from evolforge.tasks.reward.stage import IRM_PAIR_COLUMNS, PRM_COLUMNS
+
+    assert IRM_PAIR_COLUMNS == tuple(IRM_PAIR_SCHEMA.names)
+    assert PRM_COLUMNS == tuple(STORED_PRM_COLUMNS)

@@ -67,7 +67,9 @@ class Stage:
     help: str
     params: type[BaseModel]
     flow: str  # "evolforge.flows.<module>:<flow function>"
-    folder: type | None = None  # the storage class of its output folder (a StageFolder)
+    # the storage class of its output folder (a StageFolder), or its import path "module:Class", loaded when used
+    # (folder_class()), so the CLI's flags and --help do not load storage's pyarrow schemas
+    folder: type | str | None = None
     check: Callable[[Any, Any], None] | None = None  # check(params, settings): fail fast, creates nothing
     models: Callable[[Any], tuple[str, ...]] | None = None  # models(settings): models it calls beyond [models]
     inputs: tuple[Table, ...] = ()
@@ -91,6 +93,13 @@ class Stage:
 
     def load_flow(self) -> Callable:
         module, _, attr = self.flow.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def folder_class(self) -> type | None:
+        """The output folder's storage class (`folder` itself, or the class its import path names)."""
+        if not isinstance(self.folder, str):
+            return self.folder
+        module, _, attr = self.folder.partition(":")
         return getattr(importlib.import_module(module), attr)
 
     def out_of(self, params: BaseModel) -> str | None:

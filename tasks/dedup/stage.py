@@ -7,7 +7,6 @@ from __future__ import annotations
 from pydantic import Field
 
 from evolforge.config.settings import Settings
-from evolforge.storage.dedup_sets import DedupOutLayout
 from evolforge.tasks.core.checks import check_out_dir, check_rows
 from evolforge.tasks.core.params import StageParams
 from evolforge.tasks.core.stages import Deployment, Stage, Table, register
@@ -38,7 +37,7 @@ STAGE = register(Stage(
     help="dedup any jsonl / parquet / csv file: kept set + dropped set with reasons",
     params=DedupParams,
     flow="evolforge.flows.dedup:dedup_flow",
-    folder=DedupOutLayout,
+    folder="evolforge.storage.dedup_sets:DedupOutLayout",
     check=check,
     inputs=(Table("input", "(--input)", ("<text_field>", "<id_field>"), "any jsonl / parquet / csv file"),
             Table("index", "(--index)/manifest.json", (), "a persistent dedup index to check against and extend")),

@@ -11,11 +11,7 @@ from pydantic import Field
 
 from evolforge.config.settings import Settings
 from evolforge.storage import chain
-from evolforge.storage.eval_sets import EvalFolder
-from evolforge.storage.folder import read_marker
 from evolforge.storage.inputs import input_exists
-from evolforge.storage.layout import RunLayout
-from evolforge.storage.synthesis_sets import SynthLayout
 from evolforge.tasks.core.checks import InputError, check_endpoint, check_out_dir
 from evolforge.tasks.core.params import EndpointParams, overrides_from
 from evolforge.tasks.core.stages import Deployment, Stage, Table, Trigger, register
@@ -49,6 +45,9 @@ class EvalParams(EndpointParams):
 
 
 def inputs(params: EvalParams) -> dict[str, str | None]:
+    from evolforge.storage.layout import RunLayout
+    from evolforge.storage.synthesis_sets import SynthLayout  # here: it loads pyarrow, --help does not
+
     tasks = params.tasks
     if tasks and not str(tasks).endswith(".parquet"):
         lay = SynthLayout(tasks)
@@ -71,6 +70,8 @@ def check(params: EvalParams, settings: Settings) -> None:
                              "output folder")
     if settings.eval.math_file and "math" in settings.eval.benchmarks and not input_exists(settings.eval.math_file):
         raise InputError(f"eval.math_file {settings.eval.math_file} not found")
+    from evolforge.storage.folder import read_marker
+
     for folder in params.training:
         if (read_marker(folder) or {}).get("kind") not in ("evolve", "synthesize", "sft", "ppo"):
             raise InputError(f"--training {folder}: not an evolve, synthesize, sft or ppo output folder (its stage.json)")
@@ -85,7 +86,7 @@ STAGE = register(Stage(
          "the sandbox) and a math set, with Wilson 95 percent intervals",
     params=EvalParams,
     flow="evolforge.flows.eval:eval_flow",
-    folder=EvalFolder,
+    folder="evolforge.storage.eval_sets:EvalFolder",
     check=check,
     models=lambda settings: (),
     inputs=(

@@ -9,7 +9,6 @@ from typing import Any, Literal
 from pydantic import Field
 
 from evolforge.config.settings import Settings
-from evolforge.storage.module_sets import ModulesLayout
 from evolforge.tasks.core.checks import check_endpoint, check_out_dir, check_rows
 from evolforge.tasks.core.params import EndpointParams
 from evolforge.tasks.core.stages import Deployment, Stage, Table, register
@@ -59,7 +58,7 @@ STAGE = register(Stage(
          "and PRM rows (resumes over the same --out)",
     params=ModulesParams,
     flow="evolforge.flows.modules:modules_flow",
-    folder=ModulesLayout,
+    folder="evolforge.storage.module_sets:ModulesLayout",
     check=check,
     models=models,
     inputs=(Table("questions", "(--input)", ("question", "id", "difficulty", "generation"),

@@ -10,7 +10,6 @@ from pydantic import Field
 
 from evolforge.config.settings import SAMPLE_SEEDS, Settings
 from evolforge.storage.fs import is_url
-from evolforge.storage.pipeline_sets import PipelineLayout
 from evolforge.tasks.core.checks import InputError, check_endpoint, check_out_dir, check_rows
 from evolforge.tasks.core.params import EndpointParams
 from evolforge.tasks.core.stages import Deployment, Stage, Table, register
@@ -58,7 +57,7 @@ STAGE = register(Stage(
     help="evolve -> synthesize -> reward data -> reward models [-> SFT] [-> PPO] [-> eval]",
     params=PipelineParams,
     flow="evolforge.flows.pipeline:pipeline_flow",
-    folder=PipelineLayout,
+    folder="evolforge.storage.pipeline_sets:PipelineLayout",
     check=check,
     inputs=(Table("seeds", "(--seeds)", ("instruction", "id", "domain"), "seed instructions"),),
     outputs=(

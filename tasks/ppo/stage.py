@@ -15,7 +15,6 @@ from evolforge.storage import chain
 from evolforge.storage.fs import AnyPath, is_url, location
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.layout import RunLayout
-from evolforge.storage.ppo import PPOLayout
 from evolforge.tasks.core.checks import InputError, check_folder, check_out_dir
 from evolforge.tasks.core.params import StageParams
 from evolforge.tasks.core.stages import Deployment, Stage, Table, Trigger, register
@@ -110,7 +109,7 @@ STAGE = register(Stage(
     help="PPO (RLEIF): verl prompt data, PPO config and Ray job, local GRPO smoke run",
     params=PPOParams,
     flow="evolforge.flows.ppo:ppo_flow",
-    folder=PPOLayout,
+    folder="evolforge.storage.ppo:PPOLayout",
     check=check,
     inputs=(
         Table("evolved", "(--evolved)", ("id", "parent_id", "seed_id", "status", "instruction", "answer", "domain"),

@@ -20,7 +20,6 @@ from evolforge.config.settings import Settings
 from evolforge.storage import chain
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.layout import RunLayout
-from evolforge.storage.reward_sets import IRM_PAIR_SCHEMA, PRM_COLUMNS, RewardLayout, RewardModelsFolder
 from evolforge.tasks.core.checks import InputError, check_endpoint, check_out_dir
 from evolforge.tasks.core.params import EndpointParams, StageParams
 from evolforge.tasks.core.stages import Deployment, Stage, Table, Trigger, register
@@ -77,6 +76,8 @@ def check_reward_data(params: RewardDataParams, settings: Settings) -> None:
 
 def check_train_reward(params: TrainRewardParams, settings: Settings) -> None:
     """The data folder holds the set of every model to train, the output folder can be written."""
+    from evolforge.storage.reward_sets import RewardLayout  # here: it loads pyarrow, --help does not
+
     lay = RewardLayout(params.data)
     needed = {"irm": lay.irm_pairs, "prm": lay.prm_steps}
     for kind in params.models:
@@ -86,12 +87,18 @@ def check_train_reward(params: TrainRewardParams, settings: Settings) -> None:
     check_out_dir(params.out_dir)
 
 
+# the columns of storage/reward_sets.py's IRM_PAIR_SCHEMA and PRM_COLUMNS, written out (that module loads pyarrow;
+# tests/test_architecture.py checks they agree)
+IRM_PAIR_COLUMNS = ("prompt", "chosen", "rejected", "margin", "instruction_id", "chosen_rank", "rejected_rank",
+                    "group_size", "chosen_source", "rejected_source")
+PRM_COLUMNS = ("prompt", "completions", "labels", "raw_scores", "scores", "id", "method", "reasked")
+
 DATA_OUTPUTS = (
-    Table("irm_pairs", "data/train-00000-of-00001.parquet", tuple(IRM_PAIR_SCHEMA.names),
+    Table("irm_pairs", "data/train-00000-of-00001.parquet", IRM_PAIR_COLUMNS,
           "IRM preference pairs (TRL RewardTrainer: prompt, chosen, rejected, margin)"),
     Table("irm_groups", "irm_groups.parquet", ("id", "status", "reason", "versions", "sources", "ranking",
                                                "judge_scores", "judge_model"), "every ranked group of versions"),
-    Table("prm_steps", "prm_steps.parquet", tuple(PRM_COLUMNS),
+    Table("prm_steps", "prm_steps.parquet", PRM_COLUMNS,
           "PRM step labels (TRL stepwise supervision: prompt, completions, labels)"),
     Table("prm_rejected", "prm_rejected.parquet", ("id", "status", "reason", "prompt", "reasked"),
           "answers that could not be labelled, with the reason"),
@@ -104,7 +111,7 @@ REWARD_DATA = register(Stage(
          "over the same --out)",
     params=RewardDataParams,
     flow="evolforge.flows.reward_data:reward_data_flow",
-    folder=RewardLayout,
+    folder="evolforge.storage.reward_sets:RewardLayout",
     check=check_reward_data,
     models=lambda settings: tuple(settings.reward.variant_models),
     inputs=(Table("evolved", "(--evolve-out)/dataset/evolved.parquet",
@@ -123,7 +130,7 @@ TRAIN_REWARD = register(Stage(
     help="train the IRM and PRM reward models on reward-data output (health gate, held-out metrics)",
     params=TrainRewardParams,
     flow="evolforge.flows.train_reward:train_reward_flow",
-    folder=RewardModelsFolder,
+    folder="evolforge.storage.reward_sets:RewardModelsFolder",
     check=check_train_reward,
     out_field="out_dir",  # --out, else --data
     inputs=(

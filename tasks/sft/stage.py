@@ -14,10 +14,6 @@ from evolforge.storage import chain
 from evolforge.storage.fs import is_url
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.layout import RunLayout
-from evolforge.storage.reward_sets import META_FILE
-from evolforge.storage.sft_sets import SFTFolder
-from evolforge.storage.synthesis_sets import SynthLayout
-from evolforge.storage.trajectory_sets import TrajectoryLayout
 from evolforge.tasks.core.checks import InputError, check_out_dir
 from evolforge.tasks.core.params import StageParams, overrides_from
 from evolforge.tasks.core.stages import Deployment, Stage, Table, Trigger, register
@@ -62,6 +58,10 @@ class SFTParams(StageParams):
 
 def inputs(params: SFTParams) -> dict[str, str | None]:
     """The input tables the parameters name: the SFT view, the evolved table, the tasks table, sft.jsonl."""
+    # here: storage's table modules load pyarrow, --help does not
+    from evolforge.storage.synthesis_sets import SynthLayout
+    from evolforge.storage.trajectory_sets import TrajectoryLayout
+
     run = RunLayout(params.evolve_out) if params.evolve_out else None
     tasks = params.tasks
     if tasks and not str(tasks).endswith(".parquet"):
@@ -77,6 +77,8 @@ def check(params: SFTParams, settings: Settings) -> None:
     if not (params.evolve_out or params.tasks or params.trajectories):
         raise InputError("nothing to train on: pass --evolve-out (an evolve run), --tasks (a synthesis run) and/or "
                          "--trajectories (a trajectories export)")
+    from evolforge.storage.reward_sets import META_FILE  # here: it loads pyarrow, --help does not
+
     found = inputs(params)
     hints = {"sft_view": "pass the output folder of a finished evolve run (evolforge run --out)",
              "evolved": "pass the output folder of a finished evolve run (evolforge run --out)",
@@ -113,7 +115,7 @@ STAGE = register(Stage(
          "solutions and successful trajectories; resumes from its last checkpoint over the same --out",
     params=SFTParams,
     flow="evolforge.flows.sft:sft_flow",
-    folder=SFTFolder,
+    folder="evolforge.storage.sft_sets:SFTFolder",
     check=check,
     inputs=(
         Table("sft_view", "(--evolve-out)/dataset/sft/train.parquet", ("id", "seed_id", "domain", "messages"),

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pydantic import Field
 
 from evolforge.config.settings import Settings
-from evolforge.storage.synthesis_sets import SynthLayout
 from evolforge.tasks.core.checks import check_endpoint, check_out_dir, check_priced, check_rows
 from evolforge.tasks.core.params import EndpointParams
 from evolforge.tasks.core.stages import Deployment, Stage, Table, register
@@ -42,7 +41,7 @@ STAGE = register(Stage(
     help="verified task synthesis from instructions (sandboxed tests, repair loop, solver check, cost per task)",
     params=SynthesizeParams,
     flow="evolforge.flows.synthesize:synthesize_flow",
-    folder=SynthLayout,
+    folder="evolforge.storage.synthesis_sets:SynthLayout",
     check=check,
     inputs=(Table("seeds", "(--seeds)", ("instruction", "id", "domain"), "instructions to draw tasks from"),),
     outputs=(

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pydantic import Field
 
 from evolforge.config.settings import Settings
-from evolforge.storage.trajectory_sets import TrajectoryLayout, recorded_roles
 from evolforge.tasks.core.checks import InputError, check_file, check_folder, check_out_dir
 from evolforge.tasks.core.params import StageParams
 from evolforge.tasks.core.stages import Deployment, Stage, Table, register
@@ -51,6 +50,8 @@ def check_roles(proxy_out: str, roles: list[str]) -> None:
     wanted = {r.strip() for r in roles if r and r.strip()}
     if not wanted:
         raise InputError("--roles names no role: pass agent roles separated by commas, e.g. --roles planner,coder")
+    from evolforge.storage.trajectory_sets import recorded_roles  # here: it loads pyarrow, --help does not
+
     seen = recorded_roles(proxy_out, stop_when=wanted)  # all of them when one is missing: it read every record
     missing = wanted - seen
     if missing:
@@ -64,7 +65,7 @@ STAGE = register(Stage(
     help="agent traffic recorded by the proxy -> SFT conversations, per-call transitions and token-level samples",
     params=TrajectoriesParams,
     flow="evolforge.flows.trajectories:trajectories_flow",
-    folder=TrajectoryLayout,
+    folder="evolforge.storage.trajectory_sets:TrajectoryLayout",
     check=check,
     inputs=(
         Table("records", "(--proxy-out)/records/*.jsonl", ("record_id", "session", "parent_session", "role", "route",

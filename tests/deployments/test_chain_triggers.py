@@ -157,3 +157,13 @@ def test_a_nightly_run_is_named_after_its_night(monkeypatch):
     assert night_run_name() == "night-2026-12-01"  # what the reward-data link reads (flow_run.name[6:])
     monkeypatch.setattr(flow_run, "parameters", {"params": {"night": "yesterday"}}, raising=False)
     assert night_run_name() == "nightly"  # the flow reports the bad night itself
+
+
+def test_the_chains_ppo_policy_is_the_ppo_folders_policy():
+    """chain.PPO_POLICY is written out (storage/ppo.py loads pyarrow, the stages' descriptors must not): it is still
+    where PPOLayout keeps the trained policy."""
+    from pathlib import Path
+
+    from evolforge.storage.ppo import PPOLayout
+
+    assert chain.PPO_POLICY == PPOLayout("/x").policy.relative_to(Path("/x")).as_posix()
