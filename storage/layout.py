@@ -128,9 +128,43 @@ class RunLayout(StageFolder):
 
     @property
     def dedup_run(self) -> AnyPath:
-        """{"run": tag, "source": OUT, "indexes": [...]}: the tag this run's index segments carry, so a retry
+        """{"run": tag, "source": OUT, "indexes": [...], "relative": [...]}: the tag this run's index segments
+        carry and the indexes it wrote to (`recorded_indexes`: how they are named), so a retry
         (`evolforge retry`) can roll its rounds back out of a shared index (tasks/evolve/dedup_round.py)."""
         return self.root / "dedup_run.json"
+
+    def recorded_indexes(self, ref: dict | None = None) -> list[str]:
+        """The dedup indexes dedup_run.json (or `ref`, its content) names, as paths or URLs now: an index inside
+        the folder is kept relative to it; one outside it (a nightly dataset's DATASET/dedup_index beside
+        DATASET/nights/DATE) is kept absolute and, when local, also relative to the folder ("relative"), so
+        the old path and the one the relative path names now (the two moved together) are both its index."""
+        import os
+
+        ref = ref if ref is not None else (json.loads(read_text(self.dedup_run)) if exists(self.dedup_run) else {})
+        root = str(self.root).rstrip("/")
+        out: list[str] = []
+        for i, rec in enumerate(ref.get("indexes") or []):
+            named = [rec if "://" in rec or rec.startswith("/") else f"{root}/{rec}"]
+            rels = ref.get("relative") or []
+            rel = rels[i] if i < len(rels) else None
+            if rel and "://" not in root:
+                named.append(os.path.normpath(os.path.join(root, rel)))
+            out += [n for n in named if n not in out]
+        return out
+
+    def index_record(self, ref: dict, indexes: list[str]) -> dict:
+        """dedup_run.json's content for `ref` ({"run", "source"}) and the absolute indexes the run wrote to
+        (see `recorded_indexes`)."""
+        import os
+
+        root = str(self.root).rstrip("/")
+        kept, relative = [], []
+        for index in indexes:
+            inside = index.startswith(root + "/")
+            kept.append(index[len(root) + 1:] if inside else index)
+            local = "://" not in index and "://" not in root and not inside
+            relative.append(os.path.relpath(index, root) if local else None)
+        return {**ref, "indexes": kept, "relative": relative}
 
     def round_set(self, round_no: int) -> BatchedSet:
         """The round's batched table: its input pool, parts and call journals."""

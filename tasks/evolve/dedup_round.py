@@ -25,7 +25,7 @@ import uuid
 from evolforge.config.sections.dedup import DedupSettings
 from evolforge.config.settings import Settings
 from evolforge.storage import rounds as round_store
-from evolforge.storage.folder import from_folder, in_folder
+from evolforge.storage.folder import from_folder
 from evolforge.storage.fs import AnyPath, exists, location, read_json, read_text, unlink, write_text_atomic
 from evolforge.storage.layout import IndexLayout, RunLayout
 from evolforge.tasks.dedup.index import index_lock, rollback_index
@@ -42,16 +42,16 @@ def run_index(layout: RunLayout, index_dir: AnyPath) -> tuple[AnyPath, dict]:
     the run's seeds and earlier rounds are in the recorded index.
     """
     ref = read_json(layout.dedup_run) or {}
-    indexes = [from_folder(layout.root, i) for i in ref.get("indexes", [])]  # inside the folder: kept relative
+    indexes = layout.recorded_indexes(ref)  # kept relative to the folder too: a moved folder names them
     given = str(location(index_dir))
     if indexes and given not in indexes:
         raise ValueError(f"{layout.root} was deduplicated against the dedup index {indexes[-1]} (its "
                          f"{layout.dedup_run.name}), not {given}: its seeds and earlier rounds are there. Name that "
                          "index (--dedup-index, flow parameter dedup_index), or use a new output folder.")
     if not ref.get("run") or given not in indexes:
-        ref = {"run": ref.get("run") or uuid.uuid4().hex, "source": ref.get("source") or str(layout.root),
-               "indexes": [in_folder(layout.root, i) for i in ([*indexes, given] if given not in indexes
-                                                               else indexes)]}
+        wrote = [from_folder(layout.root, i) for i in ref.get("indexes", [])]
+        ref = layout.index_record({"run": ref.get("run") or uuid.uuid4().hex,
+                                   "source": ref.get("source") or str(layout.root)}, [*wrote, given])
         round_store.write_json_atomic(layout.dedup_run, ref)
     return index_dir, {"run": ref["run"], "source": ref["source"]}
 
@@ -123,6 +123,6 @@ def rollback_run(layout: RunLayout, from_round: int, index_dir: AnyPath,
     """
     ref = read_json(layout.dedup_run) or {}
     index = str(location(index_dir))
-    if not ref.get("run") or index not in [from_folder(layout.root, i) for i in ref.get("indexes", [])]:
+    if not ref.get("run") or index not in layout.recorded_indexes(ref):
         return []
     return [{"index": index, **rollback_index(location(index), ref["run"], from_round, settings)}]

@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 from pydantic import Field
 
 from evolforge.config.settings import SAMPLE_SEEDS, Settings, deep_merge
-from evolforge.storage.folder import from_folder, read_marker
+from evolforge.storage.folder import read_marker
 from evolforge.storage.fs import exists, location, read_json
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.nights import NightlyFolder
@@ -102,7 +102,7 @@ def _same_endpoint(layout: RunLayout, recorded: str, settings: Settings) -> None
 
 
 def _same_index(layout: RunLayout, params: EvolveParams) -> None:
-    recorded = [from_folder(layout.root, i) for i in (read_json(layout.dedup_run) or {}).get("indexes") or []]
+    recorded = layout.recorded_indexes()  # an index outside the folder by its old path or where it moved with it
     mine = index_of(params)
     if recorded and mine not in recorded:
         given = "--dedup-index" if params.dedup_index else "your settings (the default OUT/dedup_index)"

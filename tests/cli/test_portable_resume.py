@@ -138,3 +138,26 @@ def test_a_moved_folder_retries_its_failed_batch_whatever_lies_at_the_old_seed_p
         assert len(srv.posts()) - sent == 6  # the two failed records, 3 calls each
     lineage = pl.read_parquet(moved / "dataset" / "lineage.parquet")
     assert lineage.height == 4 and set(lineage["status"]) == {"accepted"}
+
+
+def test_a_moved_nightly_dataset_resumes_a_night_against_its_own_index(tmp_path):
+    """A night's folder is deduplicated against the dataset's index, outside the night's folder
+    (DATASET/dedup_index beside DATASET/nights/DATE): the dataset moved whole, the night resumes against the index
+    at its new place without naming it; the index's old absolute path is still accepted when named."""
+    from evolforge.storage.layout import RunLayout
+    from evolforge.storage.nights import NightlyFolder
+    from evolforge.tasks.evolve.dedup_round import rollback_run, run_index
+    from evolforge.tasks.evolve.stage import EvolveParams, _same_index
+
+    old = NightlyFolder(tmp_path / "dataset")
+    night = RunLayout(old.night_dir("2026-12-01")).ensure()
+    tag = run_index(night, old.dedup_index)[1]
+    shutil.move(str(old.root), str(tmp_path / "moved"))
+    new = NightlyFolder(tmp_path / "moved")
+    night = RunLayout(new.night_dir("2026-12-01"))
+    _same_index(night, EvolveParams(out=str(night.root), dedup_index=str(new.dedup_index)))
+    assert run_index(night, new.dedup_index) == (new.dedup_index, tag)  # the same run tag: its segments
+    assert rollback_run(night, 1, tmp_path / "elsewhere_index", None) == []  # an index it never used: untouched
+    _same_index(night, EvolveParams(out=str(night.root), dedup_index=str(old.dedup_index)))  # the recorded path
+    with pytest.raises(Exception, match="records the dedup index"):
+        _same_index(night, EvolveParams(out=str(night.root), dedup_index=str(tmp_path / "another_index")))
