@@ -268,3 +268,32 @@ def test_check_on_the_embedded_model_says_it_is_free(tmp_path, monkeypatch, caps
     assert body["model"] == make_settings().embedded.alias
     led = read_ledger(tmp_path / "chk")
     assert led["cost_usd"].to_list() == [0.0] and led["price_source"].to_list() == ["embedded model (free)"]
+
+
+@pytest.mark.slow
+@pytest.mark.embedded
+def test_the_embedded_llama_server_stops_at_the_cap(tmp_path):
+    """The real embedded server behind the proxy, as `evolforge proxy` starts it: a chat call and a translated
+    Responses call (Codex's kind) that set no output limit end at proxy.embedded_max_tokens; the ledger prices
+    them free."""
+    from evolforge.tasks.core import llama_server
+    from evolforge.tasks.core.embedded_model import embedded_server
+
+    settings = make_settings(embedded={"server": "llama-server"},
+                             proxy={"translate": "responses", "embedded_max_tokens": 8})
+    if not llama_server.find_binary(settings.embedded):
+        pytest.skip("llama-server is not built here: evolforge serve-model --build")
+    alias = settings.embedded.alias
+    story = "Write a very long story about a dragon, at least five hundred words."
+    with embedded_server(settings.embedded, tmp_path) as up, \
+            running_proxy(settings, up, str(tmp_path / "rec"), {alias}) as url:
+        oai = openai.OpenAI(base_url=f"{url}/s/cap-real/v1", api_key="x", max_retries=0)
+        chat = oai.chat.completions.create(model=alias, messages=[{"role": "user", "content": story}],
+                                           temperature=0)
+        resp = oai.responses.create(model=alias, input=story, temperature=0)
+        recs = _records(ProxyLayout(tmp_path / "rec"), 2, timeout=30)
+    assert chat.usage.completion_tokens <= 8 and chat.choices[0].finish_reason == "length"
+    assert resp.usage.output_tokens <= 8 and resp.status == "incomplete"
+    assert [r["output_cap"]["limit"] for r in recs] == [8, 8]
+    led = read_ledger(tmp_path / "rec")
+    assert led["cost_usd"].to_list() == [0.0, 0.0]
