@@ -51,7 +51,8 @@ def run_index(layout: RunLayout, index_dir: AnyPath) -> tuple[AnyPath, dict]:
     if not ref.get("run") or given not in indexes:
         wrote = [from_folder(layout.root, i) for i in ref.get("indexes", [])]
         ref = layout.index_record({"run": ref.get("run") or uuid.uuid4().hex,
-                                   "source": ref.get("source") or str(layout.root)}, [*wrote, given])
+                                   "source": ref.get("source") or str(layout.root)},
+                                  wrote if given in indexes else [*wrote, given])
         round_store.write_json_atomic(layout.dedup_run, ref)
     return index_dir, {"run": ref["run"], "source": ref["source"]}
 
