@@ -1,0 +1,123 @@
+"""How long a command takes before it does anything: this tree against another commit's, side by side.
+
+    .venv/bin/python bench/bench_cli_start.py --ref COMMIT [--repeat 7]   # bench/results/cli_start.json
+
+Each case is the real console script (.venv/bin/evolforge, a fresh interpreter), timed from spawn to exit, output
+discarded:
+  help            evolforge --help
+  run-help        evolforge run --help
+  synth-help      evolforge synthesize --help
+  user-error      evolforge run --seeds /nonexistent/seeds.jsonl --out TMP/x   (exit 2, one line)
+The reference is the same script run by COMMIT's code: a temporary git worktree made importable as `evolforge` ahead
+of this venv's editable install (a PYTHONPATH entry holding a symbolic link named evolforge, as
+bench_orchestration_ab.py does), so both use the same interpreter and libraries. In every repeat each case runs once
+per tree, alternating which goes first, so load from other work falls on both alike. Two floors are measured the same
+way: `python -c pass` and `python -c "import pydantic"` (the stages' flags are built from pydantic models).
+Reported per case and tree: median and min seconds; the ratio is reference median / this tree's median. The load
+average (/proc/loadavg) is recorded before and after: on a busy machine every figure is inflated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EVOLFORGE = Path(sys.executable).parent / "evolforge"
+GOALS = {"help": 0.3, "run-help": 0.3, "synth-help": 0.3, "user-error": 0.5}  # issue 41, seconds
+
+
+def cases(tmp: Path) -> dict[str, list[str]]:
+    return {"help": ["--help"], "run-help": ["run", "--help"], "synth-help": ["synthesize", "--help"],
+            "user-error": ["run", "--seeds", "/nonexistent/seeds.jsonl", "--out", str(tmp / "x")]}
+
+
+def timed(argv: list[str], pythonpath: str | None, expect: int) -> float:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
+    took = time.perf_counter() - t0
+    if r.returncode != expect:
+        sys.exit(f"{argv} exited {r.returncode}, expected {expect}:\n{r.stderr[-2000:]}")
+    return took
+
+
+def load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ref", required=True, help="the commit to compare with (e.g. the one before the lazy start)")
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "cli_start.json"))
+    a = ap.parse_args()
+    ref = subprocess.run(["git", "-C", str(ROOT), "rev-parse", a.ref], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True).stdout.strip())
+    with tempfile.TemporaryDirectory(prefix="evolforge-cli-start-") as tmp:
+        work = Path(tmp)
+        tree = work / "ref-tree"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref], check=True,
+                       capture_output=True)
+        try:
+            (work / "shadow").mkdir()
+            (work / "shadow" / "evolforge").symlink_to(tree)
+            trees = {"this": None, "ref": str(work / "shadow")}
+            runs = {name: [[EVOLFORGE, *argv], 2 if name == "user-error" else 0] for name, argv in cases(work).items()}
+            floors = {"python -c pass": [sys.executable, "-c", "pass"],
+                      "python -c 'import pydantic'": [sys.executable, "-c", "import pydantic"]}
+            times = {name: {t: [] for t in trees} for name in runs}
+            floor_times = {name: [] for name in floors}
+            load_before = load()
+            for i in range(a.repeat):
+                order = list(trees) if i % 2 == 0 else list(reversed(trees))
+                for name, (argv, expect) in runs.items():
+                    for t in order:
+                        times[name][t].append(timed([str(x) for x in argv], trees[t], expect))
+                for name, argv in floors.items():
+                    floor_times[name].append(timed(argv, None, 0))
+            load_after = load()
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False,
+                           capture_output=True)
+
+    def stats(xs: list[float]) -> dict:
+        return {"median_s": round(statistics.median(xs), 3), "min_s": round(min(xs), 3),
+                "all_s": [round(x, 3) for x in xs]}
+
+    result = {
+        "this": head + (" (with uncommitted changes)" if dirty else ""), "ref": ref, "repeat": a.repeat,
+        "cpus": os.cpu_count(), "load_before": load_before, "load_after": load_after,
+        "cases": {name: {"argv": [str(x) for x in argv[1:]], "goal_s": GOALS[name],
+                         "this": stats(times[name]["this"]), "ref": stats(times[name]["ref"]),
+                         "ref_over_this": round(statistics.median(times[name]["ref"])
+                                                / statistics.median(times[name]["this"]), 2)}
+                  for name, (argv, _) in runs.items()},
+        "floors": {name: stats(xs) for name, xs in floor_times.items()},
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"load {load_before} -> {load_after}; {a.repeat} repeats; this {head[:8]} vs ref {ref[:8]}")
+    for name, c in result["cases"].items():
+        print(f"  {name:11s} this {c['this']['median_s']:.3f}s (min {c['this']['min_s']:.3f})  ref "
+              f"{c['ref']['median_s']:.3f}s (min {c['ref']['min_s']:.3f})  {c['ref_over_this']}x  goal {c['goal_s']}s")
+    for name, f in result["floors"].items():
+        print(f"  floor {name}: {f['median_s']:.3f}s (min {f['min_s']:.3f})")
+    print(f"-> {a.out}")
+
+
+if __name__ == "__main__":
+    main()
