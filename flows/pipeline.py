@@ -47,7 +47,7 @@ def pipeline_flow(params: PipelineParams = PipelineParams()) -> dict:
         tasks = None  # the synthesis stage's tasks table: verified ground truth for the PPO prompts
         if params.synthesize:
             ran["synthesize"] = synthesize_flow(SynthesizeParams(seeds=evolved, out=str(lay.stage("synthesize")),
-                                                                 **endpoint, **common))
+                                                                 validator=params.validator, **endpoint, **common))
             tasks = ran["synthesize"]["datasets"]["tasks"]
         if params.reward or params.ppo:
             ran["reward-data"] = reward_data_flow(RewardDataParams(

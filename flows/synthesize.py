@@ -3,8 +3,9 @@
 seeds (an evolve run's dataset/evolved.parquet, or any jsonl / parquet / csv of instructions) -> one Prefect
 task per batch (propose, sandboxed tests, repair loop, solver check; resumable from parts and call journals)
 -> the tasks table (data/train-00000-of-00001.parquet), rejected.parquet, cost_per_task.parquet/.csv (calls,
-tokens, USD, wall and sandbox seconds of proposal, repairs and solver attempts per task) -> summary.json, the
-dataset card, plots, and Prefect table + markdown artifacts. Parameters and check: tasks/synthesis/stage.py;
+tokens, USD of the proposal and of the validation (repairs and the final solver check, ledger stage `validate`),
+repairs, wall and sandbox seconds per task) -> summary.json (with the models that proposed and validated, and a
+warning when they are one model), the dataset card, plots, and Prefect table + markdown artifacts. Parameters and check: tasks/synthesis/stage.py;
 files: storage/synthesis_sets.py; the figures: tasks/synthesis/report.py.
 """
 
@@ -24,7 +25,8 @@ from evolforge.tasks.core.reporting import cost_summary
 from evolforge.tasks.sandbox.run import check_sandbox_available
 from evolforge.tasks.synthesis import report
 from evolforge.tasks.synthesis.batch import run_synthesize_batch
-from evolforge.tasks.synthesis.stage import SynthesizeParams
+from evolforge.tasks.synthesis.stage import ROLES, SynthesizeParams
+from evolforge.tasks.synthesis.synthesize import roles, same_model_warning
 
 __all__ = ["SynthesizeParams", "synthesize_flow"]
 
@@ -39,10 +41,13 @@ def synthesize_flow(params: SynthesizeParams) -> dict:
     with stage_run("synthesize", params) as run:
         lay, settings = run.folder, run.settings
         check_sandbox_available(settings.sandbox)  # refuse before spending anything
+        warning = same_model_warning(settings)  # no independent validator: said once, and in the summary
+        if warning:
+            run.logger.warning(warning)
         run.snapshot(lay.seeds, lambda: import_seeds(
             params.seeds, lay.input, lay.rejects, batch_size=settings.synthesis.batch_size,
             **settings.input.model_dump(include={"instruction_field", "id_field", "domain_field", "max_chars"})))
-        with run.endpoint(("synthesize", "solver")):
+        with run.endpoint(ROLES):
             run.batches(synthesize_batch_task, lay.seeds, what="synthesis")
         table = pl.from_arrow(lay.all_parts())
         write_task_tables(lay, table.to_arrow())  # none kept: data/ holds the rejected split (storage/synthesis_sets.py)
@@ -50,7 +55,8 @@ def synthesize_flow(params: SynthesizeParams) -> dict:
         costs, cost = report.cost_per_task(ledger, table), cost_summary(ledger)
         write_table_atomic(costs.to_arrow(), lay.cost_per_task)
         write_csv_atomic(costs, lay.cost_per_task.with_suffix(".csv"))
-        summary = {**report.summarize(table, costs), "datasets": {
+        summary = {**({"warning": warning} if warning else {}),
+                   **report.summarize(table, costs, roles(settings)), "datasets": {
             "tasks": str(lay.tasks), "rejected": str(lay.rejected), "cost_per_task": str(lay.cost_per_task)}}
         run.logger.info("synthesis: %d kept of %d proposed -> %s", summary["kept"], summary["proposed"], lay.tasks)
         return finish_stage(

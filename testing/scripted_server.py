@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import random
 import re
@@ -64,6 +65,9 @@ SYNTH_UNCHECKABLE_TESTS = SYNTH_TESTS + ("\ndef test_lock():\n    import threadi
                                          "    with pytest.raises(TypeError):\n        add_numbers(threading.Lock(), 0)\n")
 
 
+_SPLIT_VOTES = itertools.count()  # a SPLITVOTE solver's answers: never the same twice
+
+
 def synthesis_reply(prompt: str) -> str | None:
     """Scripted answers to the task-synthesis prompts (tasks/synthesis/prompts.py).
 
@@ -71,7 +75,12 @@ def synthesis_reply(prompt: str) -> str | None:
     TRIVIAL gets tests that assert nothing, one containing EQONLY tests that only compare results with == (an
     object equal to everything would pass them in one process), one containing UNCHECKABLE tests that pass the
     solution a lock (not checkable through the sandbox's channel), one containing UNSOLVABLE gets solver answers
-    that fail. A repair always returns the good solution and SYNTH_TESTS.
+    that fail. A code repair always returns the good solution and SYNTH_TESTS.
+
+    Math: a seed containing WRONGANSWER gets a wrong reference answer (3*5; the solvers answer 12), one containing
+    SPLITVOTE solvers that never agree (their answers follow the prompt's hash), one containing STUBBORN a math repair
+    that changes nothing (the marker is carried into the problem, so the repair prompt sees it); any other math
+    repair returns the answer 3*4.
     """
     if synthesis_prompts.MARKER_PROPOSE_CODE in prompt:
         tests = ("def test_nothing():\n    assert True\n" if "TRIVIAL" in prompt
@@ -90,9 +99,20 @@ def synthesis_reply(prompt: str) -> str | None:
         return f"Here you go:\n```python\n{code}```"
     if synthesis_prompts.MARKER_PROPOSE_MATH in prompt:
         wrong = "WRONGANSWER" in prompt
-        return json.dumps({"problem": "Ann buys 3 boxes of 4 apples. How many apples? " + hashlib.sha1(prompt.encode()).hexdigest()[:6],
+        marks = "".join(f" {m}" for m in ("STUBBORN", "SPLITVOTE") if m in prompt)
+        return json.dumps({"problem": "Ann buys 3 boxes of 4 apples. How many apples? "
+                           + hashlib.sha1(prompt.encode()).hexdigest()[:6] + marks,
                            "steps": ["Step 1: 3 boxes of 4 apples is 3*4."], "answer": "3*5" if wrong else "3*4"})
+    if synthesis_prompts.MARKER_REPAIR_MATH in prompt:
+        problem = prompt.split("Problem:\n", 1)[-1].split("\n\nReference solution steps:", 1)[0]
+        answer = prompt.split("Reference answer: ", 1)[-1].split("\n", 1)[0]
+        if "STUBBORN" in prompt:
+            return json.dumps({"fixed": "answer", "problem": problem, "answer": answer, "explanation": "it is right"})
+        return json.dumps({"fixed": "answer", "problem": problem.replace(" SPLITVOTE", ""), "answer": "3*4",
+                           "explanation": "3 boxes of 4 apples are 12 apples"})
     if synthesis_prompts.MARKER_SOLVE_MATH in prompt:
+        if "SPLITVOTE" in prompt:  # each attempt its own answer: no majority
+            return f"Step 1: guess.\nThe answer is: {100 + next(_SPLIT_VOTES)}"
         return "Step 1: 3 * 4 = 12.\nThe answer is: 12"
     return None
 
@@ -340,9 +360,11 @@ class ScriptedServer:
                 if outer.poison and outer.poison.encode() in raw:
                     action = "500"
                 fmt = body.get("response_format") if isinstance(body.get("response_format"), dict) else None
+                msgs = body.get("messages") if isinstance(body.get("messages"), list) else []
+                last = msgs[-1] if msgs and isinstance(msgs[-1], dict) else {}
                 entry = {"key": key, "action": action, "completed": False, "t": time.time(),
                          "auth": self.headers.get("authorization", ""), "response_format": fmt,
-                         "model": body.get("model")}
+                         "model": body.get("model"), "prompt": last.get("content")}  # the last message's text
                 with outer.lock:
                     outer.requests.append(entry)
                 if fmt and fmt.get("type") in outer.reject_formats:

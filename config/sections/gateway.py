@@ -77,11 +77,22 @@ class ModelMap(Section):
     evolve: str = Field("", description="Rewrites instructions (Evol-Instruct operations).")
     judge: str = Field("", description="Equal / Not Equal elimination judge, rankings, step labels.")
     answer: str = Field("", description="Answers evolved instructions (used by elimination rules 2 and 3).")
-    synthesize: str = Field("", description="Proposes and repairs verifiable tasks.")
-    solver: str = Field("", description="Independent solver for task difficulty.")
+    synthesize: str = Field("", description="Proposes verifiable tasks (code tasks and math problems).")
+    validator: str = Field(
+        "", description="Validates synthesized tasks: repairs a task whose reference fails its tests or whose "
+        "answer the solvers do not agree with, and runs the final solver check (unless `solver` names another "
+        "model); its calls are charged to the cost ledger's `validate` stage. Empty: the `synthesize` model (the "
+        "proposer checks its own work, as before there was a validator), and a synthesis run warns on one line that "
+        "proposer and validator are the same model. Flag: `evolforge synthesize --validator` (and `pipeline`).")
+    solver: str = Field("", description="Independent solver of the final check (task difficulty, math agreement). "
+                        "Empty: the `validator` model when one is set, else `default`.")
 
     def for_stage(self, stage: str) -> str:
         name = getattr(self, stage, "") if stage in type(self).model_fields else ""
+        if not name and stage == "validator":  # no validator: the proposer repairs its own tasks (warned about)
+            return self.for_stage("synthesize")
+        if not name and stage == "solver":
+            return self.validator or self.default
         return name or self.default
 
 

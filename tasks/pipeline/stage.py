@@ -22,6 +22,8 @@ class PipelineParams(EndpointParams):
     out: str = Field("runs/pipeline", description="Root output folder; each stage writes OUT/<stage>/.")
     rounds: int | None = Field(None, ge=1, le=64, description="Evolution rounds (default: evol_instruct.rounds).")
     synthesize: bool = Field(True, description="Synthesize verified tasks from the evolved instructions.")
+    validator: str | None = Field(None, description="Model that repairs the synthesized tasks and runs their final "
+                                  "check (models.validator; empty: the proposer, with a warning).")
     reward: bool = Field(True, description="Make reward-model data and train the IRM and PRM.")
     sft: bool = Field(False, description="Fine-tune the policy (the SFT stage) on the evolved rows and the verified "
                       "tasks; the PPO stage then starts from it.")
@@ -32,7 +34,8 @@ class PipelineParams(EndpointParams):
                                        "fail the reward stage's health checks (as reward.health_policy = \"warn\").")
 
     def stage_overrides(self) -> dict[str, Any]:
-        return {"evol_instruct": {"rounds": self.rounds}} if self.rounds is not None else {}
+        own: dict[str, Any] = {"evol_instruct": {"rounds": self.rounds}} if self.rounds is not None else {}
+        return {**own, "models": {"validator": self.validator}} if self.validator else own
 
 
 def check(params: PipelineParams, settings: Settings) -> None:

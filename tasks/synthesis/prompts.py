@@ -1,4 +1,4 @@
-"""Prompts of verified task synthesis (propose, repair, solve), in one file.
+"""Prompts of verified task synthesis (propose, repair code and math, solve), in one file.
 
 The code solver's prompt is the policy's code prompt (SOLVE_CODE, tasks/problems/prompts.py), re-exported here.
 """
@@ -14,6 +14,7 @@ MARKER_PROPOSE_CODE = "You write verifiable Python programming tasks."
 MARKER_REPAIR_CODE = "A synthesized Python task failed its own tests."
 MARKER_PROPOSE_MATH = "You write math word problems with a single numeric answer."
 MARKER_SOLVE_MATH = "Solve the following problem step by step,"
+MARKER_REPAIR_MATH = "A synthesized math word problem failed its solver check."
 
 PROPOSE_CODE = (
     MARKER_PROPOSE_CODE + " Inspired by the instruction below, write ONE self-contained task "
@@ -42,6 +43,16 @@ PROPOSE_MATH = (
     'Reply with a JSON object only: {{"problem": "...", "steps": ["Step 1: ...", "Step 2: ..."], '
     '"answer": "the final answer as a number or an arithmetic expression, e.g. 42 or 3/4"}}\n\n'
     "Instruction: {instruction}"
+)
+
+REPAIR_MATH = (
+    MARKER_REPAIR_MATH + " Independent solvers did not reach the reference answer. Fix the "
+    "problem (if it is ambiguous or missing a fact) OR the reference answer (if it is wrong), so that the problem has "
+    "exactly one correct numeric answer and the reference states it.\n\n"
+    "Problem:\n{problem}\n\nReference solution steps:\n{steps}\n\nReference answer: {answer}\n\n"
+    "Solvers' final answers: {answers}\n\nWhat failed: {failure}\n\n"
+    'Reply with a JSON object only: {{"fixed": "problem" or "answer" or "both", "problem": "...", '
+    '"answer": "the final answer as a number or an arithmetic expression", "explanation": "one sentence"}}'
 )
 
 SOLVE_MATH = (

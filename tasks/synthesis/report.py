@@ -19,19 +19,22 @@ from evolforge.tasks.core.reporting import usd
 from evolforge.tasks.report.card import as_yaml, card_cost, card_models, common_sections
 from evolforge.tasks.report.plots import COLORS, cost_and_tokens_by_stage, empty_plot, png
 
-PHASES = {"synthesize": "proposal", "repair": "repairs", "solver": "solver"}  # ledger stage -> cost phase
+# ledger stage -> cost phase: the proposal, and the validator's repairs and final check (`validate`; folders written
+# before the validator charged them to `repair` and `solver`)
+PHASES = {"synthesize": "proposal", "validate": "validate", "repair": "validate", "solver": "validate"}
 DIFFICULTIES = ("easy", "medium", "hard")
 
 
 def cost_per_task(ledger: pl.DataFrame, tasks: pl.DataFrame) -> pl.DataFrame:
-    """One row per task: calls, tokens and USD per phase (proposal, repair, solver), wall and sandbox seconds."""
+    """One row per task: calls, tokens and USD per phase (proposal; validate: the repairs and the final solver
+    check), the repairs made, wall and sandbox seconds."""
     led = ledger.with_columns(pl.col("stage").replace(PHASES).alias("phase"))
     per = led.group_by("task_id", "phase").agg(
         pl.len().alias("calls"), (pl.col("prompt_tokens").fill_null(0) + pl.col("completion_tokens").fill_null(0)).sum().alias("tokens"),
         known_sum("cost_usd").alias("usd"))
     wide = tasks.select("task_id", "kind", "status", "reject_reason", "difficulty", "repairs", "wall_seconds",
                         "sandbox_seconds")
-    for ph in ("proposal", "repairs", "solver"):
+    for ph in ("proposal", "validate"):
         part = per.filter(pl.col("phase") == ph).select(
             "task_id", pl.col("calls").alias(f"{ph}_calls"), pl.col("tokens").alias(f"{ph}_tokens"),
             pl.col("usd").alias(f"{ph}_usd"))
@@ -50,13 +53,18 @@ def cost_per_task(ledger: pl.DataFrame, tasks: pl.DataFrame) -> pl.DataFrame:
     ).sort("task_id")
 
 
-def summarize(table: pl.DataFrame, costs: pl.DataFrame) -> dict:
-    """Yield, kinds, difficulties, rejections and what a kept task cost (USD, minutes, sandbox seconds)."""
+def summarize(table: pl.DataFrame, costs: pl.DataFrame, models: dict | None = None) -> dict:
+    """Yield, kinds, difficulties, rejections, repairs, what a kept task cost (USD, minutes, sandbox seconds, USD
+    by phase) and `models`: which model proposed and which validated (tasks/synthesis/synthesize.py roles)."""
     kept = costs.filter(pl.col("status") == "kept")
     reasons = table.filter(pl.col("status") != "kept").group_by("reject_reason").len().sort("len", descending=True)
     n = table.height
     return {
         "proposed": n, "kept": kept.height, "yield": round(kept.height / n, 4) if n else 0.0,
+        **({"models": models} if models else {}),
+        "repairs_per_task": {"mean": _f(costs["repairs"].mean()) if n else None,
+                             "kept_mean": _f(kept["repairs"].mean()) if kept.height else None,
+                             "total": int(costs["repairs"].sum()) if n else 0},
         "by_kind": table.group_by("kind", "status").len().to_dicts(),
         "by_difficulty": kept.group_by("difficulty").len().to_dicts() if kept.height else [],
         "rejections": {r["reject_reason"]: r["len"] for r in reasons.to_dicts()},
@@ -67,6 +75,9 @@ def summarize(table: pl.DataFrame, costs: pl.DataFrame) -> dict:
         "sandbox_seconds": float(costs["sandbox_seconds"].sum()),
         # all model calls and sandbox time, divided over the kept tasks (what a kept task really costs)
         "usd_per_kept_task_all_in": _known(costs["usd"], costs["usd"].sum() / kept.height) if kept.height else None,
+        # every task's calls by phase (ledger stage synthesize -> proposal, validate -> validate), per task
+        "usd_per_task_by_phase": {ph: _known(costs[f"{ph}_usd"], costs[f"{ph}_usd"].mean()) if n else None
+                                  for ph in ("proposal", "validate")},
     }
 
 
@@ -117,11 +128,14 @@ def card(summary: dict, settings: dict, cost: dict) -> dict:
                          "rejections": summary["rejections"]},
              "generation": {"synthesis": syn["synthesis"], "models": settings.get("models", {})},
              "models": card_models(cost), "cost": card_cost(cost)}
+    if summary.get("models"):
+        facts["validation"] = summary["models"]
     sections = {
         "Lineage": [f"{summary['kept']} tasks kept of {summary['proposed']} proposed from the seed instructions "
                     f"(yield {summary['yield']:.0%}); each proposal was checked by running its tests in the sandbox, "
                     "repaired when they failed, and rated by solver attempts (difficulty from the pass rate). "
                     "Rejections: " + (", ".join(f"{k}: {v}" for k, v in summary["rejections"].items()) or "none") + "."],
+        **({"Proposer and validator": [_who(summary["models"])]} if summary.get("models") else {}),
         **({"No task kept": [
             "No task was kept, so there is no `tasks` config and no `train` split (`datasets` cannot load a table "
             "of 0 rows). `load_dataset(\"parquet\", data_dir=...)` loads the rejected tasks as split `rejected` "
@@ -137,11 +151,19 @@ def card(summary: dict, settings: dict, cost: dict) -> dict:
             "sections": sections, "facts": facts, "default": "tasks"}
 
 
+def _who(models: dict) -> str:
+    line = (f"Proposed by `{models['proposer']}`; repaired and validated by `{models['validator']}`; the final "
+            f"solver check by `{models['solver']}`.")
+    return line + (" The proposer validated its own tasks (no independent validator was set)."
+                   if models.get("same_model") else "")
+
+
 def markdown(summary: dict, run_id: str) -> str:
     """The `synthesis-summary` artifact: yield, cost and minutes per kept task, rejections."""
     return "\n".join([
         f"# Task synthesis `{run_id}`", "",
         f"Yield: {summary['kept']} kept / {summary['proposed']} proposed ({summary['yield']:.0%})", "",
+        *([_who(summary["models"]), ""] if summary.get("models") else []),
         f"Per kept task: mean {usd(summary['usd_per_kept_task']['mean'])}, median "
         f"{usd(summary['usd_per_kept_task']['median'])}; mean {summary['minutes_per_kept_task']['mean'] or 0:.2f} min",
         f"Sandbox seconds: {summary['sandbox_seconds']:.1f}; unpriced calls: {summary['unpriced_calls']}", "",

@@ -1,5 +1,5 @@
 """The schemas the synthesis calls ask for (response_format json_schema, tasks/core/structured.py): a code
-proposal, a math proposal and a repair, the keys the prompts of tasks/synthesis/prompts.py name. The replies are
+proposal, a math proposal, a code repair and a math repair, the keys the prompts of tasks/synthesis/prompts.py name. The replies are
 still checked by synthesize.py (non-empty strings, an identifier entry point, a numeric answer).
 
 Each is built for the call's token budget (`char_budget`): its strings share the characters the budget holds,
@@ -63,6 +63,19 @@ def code_repair_model(max_tokens: int = DEFAULT_MAX_TOKENS) -> type[BaseModel]:
     )
 
 
+@lru_cache(maxsize=64)
+def math_repair_model(max_tokens: int = DEFAULT_MAX_TOKENS) -> type[BaseModel]:
+    chars = char_budget(max_tokens)
+    return create_model(
+        "MathRepair", __config__=STRICT,
+        fixed=(Literal["problem", "answer", "both"], ...),
+        problem=(_text(chars * 6 // 10), ...),
+        answer=(Annotated[str, Field(pattern=NUMBER_OR_EXPRESSION)], ...),
+        explanation=(_text(max(40, chars // 10)), ...),
+    )
+
+
 CodeProposal = code_proposal_model()
 MathProposal = math_proposal_model()
 CodeRepair = code_repair_model()
+MathRepair = math_repair_model()

@@ -3,6 +3,8 @@ descriptor (tasks/core/stages.py). The flow: flows/synthesize.py; the files: sto
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
 from evolforge.config.settings import Settings
@@ -17,9 +19,14 @@ class SynthesizeParams(EndpointParams):
     seeds: str = Field(..., description="Instructions to draw tasks from: an evolve run's dataset/evolved.parquet "
                        "or any jsonl / parquet / csv file.")
     out: str = Field("runs/synthesize", description="Output folder; running again over it resumes.")
+    validator: str | None = Field(None, description="Model that repairs the tasks and runs their final check "
+                                  "(models.validator; empty: the proposer, with a warning).")
+
+    def stage_overrides(self) -> dict[str, Any]:
+        return {"models": {"validator": self.validator}} if self.validator else {}
 
 
-ROLES = ("synthesize", "solver")  # the [models] roles the stage calls
+ROLES = ("synthesize", "validator", "solver")  # the [models] roles the stage calls
 
 
 def check_budget(settings: Settings) -> None:

@@ -11,10 +11,18 @@ repaired up to `max_repairs` times within the per-task budget; an
 independent solver model then attempts it `solver_attempts` times without the
 reference, and its pass rate gives the difficulty. Math tasks: the proposal's
 final answer (a number or an arithmetic expression, evaluated safely) must agree
-with the majority of `solver_attempts` independent solutions. Every model call
-is charged to the task id (stages synthesize, repair, solver) and every
-sandbox second is added to the task's record. Untrusted code runs only through
+with the majority of `solver_attempts` independent solutions; a task whose
+solvers have no majority, or whose majority disagrees with the reference, is sent
+back for repair (the problem or the answer) and solved again, within the same
+`max_repairs`. Every model call is charged to the task id and every sandbox
+second is added to the task's record. Untrusted code runs only through
 tasks/sandbox/run.py.
+
+Who does what ([models]): the proposal is the `synthesize` model's (ledger stage
+`synthesize`); the repairs are the validator's (`models.validator`, empty: the
+proposer) and the final check's solver attempts run on `models.solver` (empty: the
+validator when one is set); repairs and the final check are charged to the ledger
+stage `validate`. `roles(settings)` says which model took each part.
 
 The per-task budget: `budget_seconds_per_task` is checked before every model
 call and every sandbox run; `budget_usd_per_task` before every model call. A
@@ -39,7 +47,12 @@ from evolforge.tasks.core.gateway import Gateway
 from evolforge.tasks.sandbox.run import run_python_tests
 from evolforge.tasks.synthesis import checks as chk
 from evolforge.tasks.synthesis import prompts as P
-from evolforge.tasks.synthesis.schemas import code_proposal_model, code_repair_model, math_proposal_model
+from evolforge.tasks.synthesis.schemas import (
+    code_proposal_model,
+    code_repair_model,
+    math_proposal_model,
+    math_repair_model,
+)
 
 _SANDBOX_SLOTS: dict[int, threading.BoundedSemaphore] = {}
 _SLOTS_LOCK = threading.Lock()
@@ -76,6 +89,26 @@ class SynthTask:
 
 class Budget(Exception):
     pass
+
+
+VALIDATE = "validate"  # the ledger stage of repairs and the final check
+
+
+def roles(settings: Settings) -> dict:
+    """Which model proposed, which validated (repairs) and which solved in the final check, and whether the
+    proposer validated its own tasks (no `models.validator` different from it): the summary's and card's `models`."""
+    m = settings.models
+    proposer, validator = m.for_stage("synthesize"), m.for_stage("validator")
+    return {"proposer": proposer, "validator": validator, "solver": m.for_stage("solver"),
+            "same_model": proposer == validator}
+
+
+def same_model_warning(settings: Settings) -> str | None:
+    """The one line a run prints when the proposer is also the validator; None when they differ."""
+    r = roles(settings)
+    if not r["same_model"]:
+        return None
+    return f"proposer and validator are the same model ({r['proposer']}); set --validator"  # models.validator
 
 
 def _over_time(settings: Settings, t0: float) -> None:
@@ -117,13 +150,13 @@ def synthesize_task(seed: dict, kind: str, gateway: Gateway, settings: Settings,
     task = SynthTask(task_id=f"t-{seed['id']}-{kind}", seed_id=seed.get("seed_id") or seed["id"], kind=kind)
     spent = {"usd": 0.0}
 
-    def call(stage: str, text: str, purpose: str, schema, **kw):
-        """One model call; `schema` (a factory of pydantic models by token budget) makes it a JSON call of that
-        shape, None a text one."""
+    def call(stage: str, text: str, purpose: str, schema, role: str | None = None, **kw):
+        """One model call charged to ledger `stage`, on the model of [models] `role` (default: the stage's);
+        `schema` (a factory of pydantic models by token budget) makes it a JSON call of that shape, None a text one."""
         _over_time(settings, t0)
         if cfg.budget_usd_per_task and spent["usd"] > cfg.budget_usd_per_task:
             raise Budget(f"over the cost budget (${cfg.budget_usd_per_task})")
-        model = gateway.model_for("synthesize" if stage == "repair" else stage)
+        model = gateway.model_for(role or stage)
         kw.setdefault("max_tokens", cfg.max_new_tokens)
         if schema is not None:
             parsed, res = gateway.chat_json(stage, P.msg(text), task_id=task.task_id, purpose=purpose,
@@ -186,9 +219,9 @@ def _code(seed, task: SynthTask, call, settings: Settings, seen, seen_lock, t0: 
             task.reject_reason = (f"not checkable after {cfg.max_repairs} repairs: {res.not_checkable}" if res.not_checkable
                                   else f"reference fails its tests after {cfg.max_repairs} repairs: {res.killed_reason or 'failed'}")
             return
-        fix, _ = call("repair", P.REPAIR_CODE.format(statement=task.statement, solution=task.solution,
+        fix, _ = call(VALIDATE, P.REPAIR_CODE.format(statement=task.statement, solution=task.solution,
                                                      tests=task.tests, failure=task.attempts[-1]["failure"]),
-                      f"repair-{attempt + 1}", code_repair_model, temperature=0.2)
+                      f"repair-{attempt + 1}", code_repair_model, role="validator", temperature=0.2)
         task.repairs += 1
         if not isinstance(fix, dict):
             task.attempts[-1]["changed"] = "nothing (unparseable repair)"
@@ -206,8 +239,8 @@ def _code(seed, task: SynthTask, call, settings: Settings, seen, seen_lock, t0: 
         task.attempts[-1]["explanation"] = str(fix.get("explanation", ""))[:300]
     solves = []
     for k in range(cfg.solver_attempts):
-        _, res = call("solver", P.SOLVE_CODE.format(entry_point=task.entry_point, statement=task.statement),
-                      f"solve-{k}", None, temperature=cfg.solver_temperature)
+        _, res = call(VALIDATE, P.SOLVE_CODE.format(entry_point=task.entry_point, statement=task.statement),
+                      f"solve-{k}", None, role="solver", temperature=cfg.solver_temperature)
         solves.append(chk.extract_code(res.text))
     passes = sum(_sandbox(settings, code, task.tests, task, f"solver-{k}", t0).passed for k, code in enumerate(solves))
     _label(task, passes, cfg.solver_attempts)
@@ -225,19 +258,46 @@ def _math(seed, task: SynthTask, call, cfg) -> None:
         task.reject_reason = f"reference answer {prop.get('answer')!r} is not a number or arithmetic expression"
         return
     task.answer = str(prop.get("answer")).strip()
-    answers = []
-    for k in range(cfg.solver_attempts):
-        _, res = call("solver", P.SOLVE_MATH.format(problem=task.statement), f"solve-{k}", None,
-                      temperature=cfg.solver_temperature)
-        answers.append(chk.final_answer(res.text))
-    task.attempts.append({"phase": "solver", "answers": answers, "reference": ref})
-    counted = Counter(round(a, 6) for a in answers if a is not None)
-    majority, votes = counted.most_common(1)[0] if counted else (None, 0)
-    passes = sum(chk.same_number(a, ref) for a in answers)
-    if majority is None or votes * 2 <= cfg.solver_attempts or not chk.same_number(majority, ref):
-        task.solver_attempts, task.solver_passes = cfg.solver_attempts, passes
-        task.reject_reason = f"reference answer {ref:g} disagrees with the solvers' majority ({majority})"
-        return
+    steps = [str(x) for x in prop.get("steps") or []] if isinstance(prop.get("steps"), list) else []
+    for attempt in range(cfg.max_repairs + 1):
+        phase = "solver" if attempt == 0 else f"solver-after-repair-{attempt}"
+        answers = []
+        for k in range(cfg.solver_attempts):
+            # the first round keeps the purposes of the calls before the repair loop (a resumed run replays them)
+            _, res = call(VALIDATE, P.SOLVE_MATH.format(problem=task.statement),
+                          f"solve-{k}" if attempt == 0 else f"solve-{attempt}-{k}", None, role="solver",
+                          temperature=cfg.solver_temperature)
+            answers.append(chk.final_answer(res.text))
+        task.attempts.append({"phase": phase, "answers": answers, "reference": ref})
+        counted = Counter(round(a, 6) for a in answers if a is not None)
+        majority, votes = counted.most_common(1)[0] if counted else (None, 0)
+        passes = sum(chk.same_number(a, ref) for a in answers)
+        if majority is not None and votes * 2 > cfg.solver_attempts and chk.same_number(majority, ref):
+            break
+        failure = (f"the reference answer {ref:g} disagrees with the solvers' majority ({majority:g})"
+                   if majority is not None and votes * 2 > cfg.solver_attempts
+                   else "the solvers have no majority answer (the problem may be ambiguous)")
+        task.attempts[-1]["failure"] = failure
+        if attempt == cfg.max_repairs:
+            task.solver_attempts, task.solver_passes = cfg.solver_attempts, passes
+            task.reject_reason = failure + (f" after {cfg.max_repairs} repairs" if cfg.max_repairs else "")
+            return
+        fix, _ = call(VALIDATE, P.REPAIR_MATH.format(problem=task.statement, steps="\n".join(steps) or "(none)",
+                                                     answer=task.answer, answers=", ".join(
+                                                         "none" if a is None else f"{a:g}" for a in answers),
+                                                     failure=failure),
+                      f"repair-{attempt + 1}", math_repair_model, role="validator", temperature=0.2)
+        task.repairs += 1
+        changed = []
+        if isinstance(fix, dict):
+            if isinstance(fix.get("problem"), str) and fix["problem"].strip() and fix["problem"].strip() != task.statement:
+                task.statement, changed = fix["problem"].strip(), changed + ["problem"]
+            new_ref = chk.eval_number(str(fix.get("answer", "")))
+            if new_ref is not None and str(fix["answer"]).strip() != task.answer:
+                ref, task.answer, changed = new_ref, str(fix["answer"]).strip(), changed + ["answer"]
+            task.attempts[-1]["explanation"] = str(fix.get("explanation", ""))[:300]
+        task.attempts[-1]["changed"] = ",".join(changed) or ("nothing" if isinstance(fix, dict)
+                                                             else "nothing (unparseable repair)")
     _label(task, passes, cfg.solver_attempts)
 
 

@@ -48,13 +48,13 @@ def test_the_run_report_never_shows_an_unknown_cost_as_zero():
 
 
 def test_synthesis_cost_per_task_keeps_unknown_costs_unknown():
-    led = _ledger([("t1", "synthesize", 0.01), ("t1", "solver", None), ("t2", "synthesize", 0.02)])
+    led = _ledger([("t1", "synthesize", 0.01), ("t1", "validate", None), ("t2", "synthesize", 0.02)])
     tasks = pl.DataFrame({"task_id": ["t1", "t2", "t3"], "kind": ["code"] * 3, "status": ["kept", "kept", "rejected"],
                           "reject_reason": [None, None, "x"], "difficulty": ["easy", "hard", None],
                           "repairs": [0, 0, 0], "wall_seconds": [1.0, 2.0, 0.5], "sandbox_seconds": [0.1, 0.2, 0.0]})
     costs = {r["task_id"]: r for r in synthesis_costs(led, tasks).to_dicts()}
-    assert costs["t1"]["usd"] is None and costs["t1"]["solver_usd"] is None and costs["t1"]["proposal_usd"] == 0.01
-    assert costs["t2"]["usd"] == 0.02 and costs["t2"]["solver_usd"] == 0.0  # no solver call: nothing spent
+    assert costs["t1"]["usd"] is None and costs["t1"]["validate_usd"] is None and costs["t1"]["proposal_usd"] == 0.01
+    assert costs["t2"]["usd"] == 0.02 and costs["t2"]["validate_usd"] == 0.0  # no validator call: nothing spent
     assert costs["t3"]["usd"] == 0.0 and costs["t3"]["calls"] == 0  # a task without calls cost nothing
     s = summarize(tasks, synthesis_costs(led, tasks))
     assert s["total_usd"] is None and s["usd_per_kept_task"]["mean"] is None and s["unpriced_calls"] == 1

@@ -17,7 +17,8 @@ from evolforge.testing.settings import make_settings
 
 # the scripted server answers as the default model, which has no known price: with the default USD budget
 # per task an unpriced model rejects every task, so the tests price it
-PRICED = {"overrides": {"smollm2-135m-instruct": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}}}
+PRICED = {"overrides": {"smollm2-135m-instruct": {"input_per_mtok": 0.1, "output_per_mtok": 0.2},
+                        "scripted": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}}
 
 
 @pytest.mark.parametrize("expr,value", [("42", 42.0), ("3/4", 0.75), ("2*5+1", 11.0), ("1,200", 1200.0),
@@ -46,12 +47,14 @@ def test_synthesis_flow_repairs_labels_rejects_and_costs(tmp_path, server):
         {"id": "hard", "instruction": "UNSOLVABLE: an adder nobody gets right.", "domain": "code"},
         {"id": "m1", "instruction": "A shop sells 3 boxes of 4 apples each. How many apples in total?", "domain": "math"},
         {"id": "m2", "instruction": "WRONGANSWER: 3 boxes with 4 pears each, how many pears in total?", "domain": "math"},
+        {"id": "m3", "instruction": "WRONGANSWER STUBBORN: 3 crates of 4 figs, how many figs?", "domain": "math"},
     ]
     seeds.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     summary = synthesize_flow(SynthesizeParams(
         seeds=str(seeds), out=str(tmp_path / "out"), base_url=server.base_url,
         overrides={"synthesis": {"batch_size": 3, "prune_jaccard": 1.0}, "pricing": PRICED}))
     out = tmp_path / "out"
+    assert {p["model"] for p in server.posts()} == {"smollm2-135m-instruct"}
     tasks = pl.read_parquet(out / "data" / "train-00000-of-00001.parquet")  # the tasks table
     rejected = pl.read_parquet(out / "rejected.parquet")
     by_id = {r["task_id"]: r for r in pl.concat([tasks, rejected]).to_dicts()}
@@ -65,14 +68,25 @@ def test_synthesis_flow_repairs_labels_rejects_and_costs(tmp_path, server):
     hard = by_id["t-hard-code"]
     assert hard["status"] == "kept" and hard["pass_rate"] == 0.0 and hard["difficulty"] == "hard"
     assert by_id["t-m1-math"]["status"] == "kept" and by_id["t-m1-math"]["answer"] == "3*4"
-    assert by_id["t-m2-math"]["status"] == "rejected" and "disagrees" in by_id["t-m2-math"]["reject_reason"]
+    # the solvers disagree with m2's reference: repaired (the answer) and kept; m3's repair changes nothing: dropped
+    assert by_id["t-m2-math"]["status"] == "kept" and by_id["t-m2-math"]["repairs"] == 1
+    assert by_id["t-m2-math"]["answer"] == "3*4" and by_id["t-m2-math"]["difficulty"] == "easy"
+    m3 = by_id["t-m3-math"]
+    assert m3["status"] == "rejected" and m3["repairs"] == 3 and m3["answer"] == "3*5"
+    assert m3["reject_reason"] == "the reference answer 15 disagrees with the solvers' majority (12) after 3 repairs"
 
     costs = pl.read_parquet(out / "cost_per_task.parquet")
     row = costs.filter(pl.col("task_id") == "t-buggy-code").to_dicts()[0]
-    assert row["proposal_calls"] == 1 and row["repairs_calls"] == 1 and row["solver_calls"] == 3
+    assert row["proposal_calls"] == 1 and row["validate_calls"] == 1 + 3 and row["repairs"] == 1  # repair + 3 solves
     assert row["sandbox_seconds"] > 0 and row["wall_seconds"] > 0
-    assert summary["proposed"] == 6 and summary["kept"] == 4 and summary["yield"] == pytest.approx(4 / 6, abs=1e-3)
-    assert set(summary["rejections"]) == {by_id["t-trivial-code"]["reject_reason"], by_id["t-m2-math"]["reject_reason"]}
+    m3_cost = costs.filter(pl.col("task_id") == "t-m3-math").to_dicts()[0]
+    assert m3_cost["validate_calls"] == 4 * 3 + 3  # four rounds of 3 solver attempts, three repairs
+    assert summary["proposed"] == 7 and summary["kept"] == 5 and summary["yield"] == pytest.approx(5 / 7, abs=1e-3)
+    assert set(summary["rejections"]) == {by_id["t-trivial-code"]["reject_reason"], m3["reject_reason"]}
+    # no validator set: the proposer validated its own tasks, which the summary says on one line and records
+    assert summary["warning"] == "proposer and validator are the same model (smollm2-135m-instruct); set --validator"
+    assert summary["models"] == {"proposer": "smollm2-135m-instruct", "validator": "smollm2-135m-instruct",
+                                 "solver": "smollm2-135m-instruct", "same_model": True}
     assert (out / "cost_per_task.csv").exists()
 
     sent = len(server.posts())
@@ -168,8 +182,8 @@ def test_a_run_that_keeps_no_task_still_loads_with_load_dataset(tmp_path, server
     from evolforge.storage.synthesis_sets import read_kept_tasks
 
     seeds = tmp_path / "seeds.jsonl"
-    rows = [{"id": "m1", "instruction": "WRONGANSWER: 3 boxes with 4 pears each, how many pears?", "domain": "math"},
-            {"id": "m2", "instruction": "WRONGANSWER: 2 bags with 5 plums each, how many plums?", "domain": "math"},
+    rows = [{"id": "m1", "instruction": "WRONGANSWER STUBBORN: 3 boxes with 4 pears each, how many pears?", "domain": "math"},
+            {"id": "m2", "instruction": "WRONGANSWER STUBBORN: 2 bags with 5 plums each, how many plums?", "domain": "math"},
             {"id": "t1", "instruction": "TRIVIAL: write an adder with tests.", "domain": "code"}]
     seeds.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "out"
