@@ -13,7 +13,13 @@ of this venv's editable install (a PYTHONPATH entry holding a symbolic link name
 bench_orchestration_ab.py does), so both use the same interpreter and libraries. In every repeat each case runs once
 per tree, alternating which goes first, so load from other work falls on both alike. Two floors are measured the same
 way: `python -c pass` and `python -c "import pydantic"` (the stages' flags are built from pydantic models).
-Reported per case and tree: median and min seconds; the ratio is reference median / this tree's median. The load
+Each case runs in two modes:
+  source      the environment as it is: with PYTHONDONTWRITEBYTECODE set (as on the machine this was written on, whose
+              venv holds no __pycache__) every start compiles every module it imports from source
+  bytecode    PYTHONDONTWRITEBYTECODE unset and PYTHONPYCACHEPREFIX a temporary folder, filled by one unmeasured
+              run of every case per tree first: the .pyc files a pip install compiles (nothing is written into the
+              repository or the venv)
+Reported per mode, case and tree: median and min seconds; the ratio is reference median / this tree's median. The load
 average (/proc/loadavg) is recorded before and after: on a busy machine every figure is inflated.
 """
 
@@ -39,8 +45,11 @@ def cases(tmp: Path) -> dict[str, list[str]]:
             "user-error": ["run", "--seeds", "/nonexistent/seeds.jsonl", "--out", str(tmp / "x")]}
 
 
-def timed(argv: list[str], pythonpath: str | None, expect: int) -> float:
+def timed(argv: list[str], pythonpath: str | None, expect: int, pycache: str | None = None) -> float:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pycache:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = pycache
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     t0 = time.perf_counter()
@@ -79,16 +88,23 @@ def main() -> None:
             runs = {name: [[EVOLFORGE, *argv], 2 if name == "user-error" else 0] for name, argv in cases(work).items()}
             floors = {"python -c pass": [sys.executable, "-c", "pass"],
                       "python -c 'import pydantic'": [sys.executable, "-c", "import pydantic"]}
-            times = {name: {t: [] for t in trees} for name in runs}
-            floor_times = {name: [] for name in floors}
+            modes = {"source": None, "bytecode": str(work / "pycache")}
+            times = {m: {name: {t: [] for t in trees} for name in runs} for m in modes}
+            floor_times = {m: {name: [] for name in floors} for m in modes}
+            for name, (argv, expect) in runs.items():  # the bytecode mode's .pyc files, written once
+                for t in trees:
+                    timed([str(x) for x in argv], trees[t], expect, modes["bytecode"])
+            for argv in floors.values():
+                timed(argv, None, 0, modes["bytecode"])
             load_before = load()
             for i in range(a.repeat):
                 order = list(trees) if i % 2 == 0 else list(reversed(trees))
-                for name, (argv, expect) in runs.items():
-                    for t in order:
-                        times[name][t].append(timed([str(x) for x in argv], trees[t], expect))
-                for name, argv in floors.items():
-                    floor_times[name].append(timed(argv, None, 0))
+                for m, pycache in modes.items():
+                    for name, (argv, expect) in runs.items():
+                        for t in order:
+                            times[m][name][t].append(timed([str(x) for x in argv], trees[t], expect, pycache))
+                    for name, argv in floors.items():
+                        floor_times[m][name].append(timed(argv, None, 0, pycache))
             load_after = load()
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False,
@@ -101,21 +117,26 @@ def main() -> None:
     result = {
         "this": head + (" (with uncommitted changes)" if dirty else ""), "ref": ref, "repeat": a.repeat,
         "cpus": os.cpu_count(), "load_before": load_before, "load_after": load_after,
-        "cases": {name: {"argv": [str(x) for x in argv[1:]], "goal_s": GOALS[name],
-                         "this": stats(times[name]["this"]), "ref": stats(times[name]["ref"]),
-                         "ref_over_this": round(statistics.median(times[name]["ref"])
-                                                / statistics.median(times[name]["this"]), 2)}
-                  for name, (argv, _) in runs.items()},
-        "floors": {name: stats(xs) for name, xs in floor_times.items()},
+        "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE"),
+        "modes": {m: {
+            "cases": {name: {"argv": [str(x) for x in argv[1:]], "goal_s": GOALS[name],
+                             "this": stats(times[m][name]["this"]), "ref": stats(times[m][name]["ref"]),
+                             "ref_over_this": round(statistics.median(times[m][name]["ref"])
+                                                    / statistics.median(times[m][name]["this"]), 2)}
+                      for name, (argv, _) in runs.items()},
+            "floors": {name: stats(xs) for name, xs in floor_times[m].items()}} for m in modes},
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"load {load_before} -> {load_after}; {a.repeat} repeats; this {head[:8]} vs ref {ref[:8]}")
-    for name, c in result["cases"].items():
-        print(f"  {name:11s} this {c['this']['median_s']:.3f}s (min {c['this']['min_s']:.3f})  ref "
-              f"{c['ref']['median_s']:.3f}s (min {c['ref']['min_s']:.3f})  {c['ref_over_this']}x  goal {c['goal_s']}s")
-    for name, f in result["floors"].items():
-        print(f"  floor {name}: {f['median_s']:.3f}s (min {f['min_s']:.3f})")
+    for m, r in result["modes"].items():
+        print(f" {m}:")
+        for name, c in r["cases"].items():
+            print(f"  {name:11s} this {c['this']['median_s']:.3f}s (min {c['this']['min_s']:.3f})  ref "
+                  f"{c['ref']['median_s']:.3f}s (min {c['ref']['min_s']:.3f})  {c['ref_over_this']}x  "
+                  f"goal {c['goal_s']}s")
+        for name, f in r["floors"].items():
+            print(f"  floor {name}: {f['median_s']:.3f}s (min {f['min_s']:.3f})")
     print(f"-> {a.out}")
 
 
