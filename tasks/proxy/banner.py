@@ -76,4 +76,8 @@ def banner(settings: Settings, upstream_shown: str, out: str, token_set: bool, e
                      "CLI's first call needs 8192), output "
                      + (f"capped at {cap} tokens per call (proxy.embedded_max_tokens)" if cap else "not capped")
                      + "; free (cost 0 in the ledger).")
+        if e.stall_seconds:
+            lines.append(f"  its stall watchdog kills it after {e.stall_seconds:g} s without a token "
+                         "(embedded.stall_seconds): reading an agent CLI's first prompt on a CPU can take longer; "
+                         "EVOLFORGE__EMBEDDED__STALL_SECONDS=0 turns it off.")
     return "\n".join(lines)

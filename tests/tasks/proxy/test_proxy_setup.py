@@ -223,6 +223,9 @@ def test_banner_without_token_and_on_the_embedded_model():
     assert 'OpenAI(base_url="http://127.0.0.1:8787/s/SESSION/v1")' in text
     assert f'model = "{s.embedded.alias}"' in text
     assert "a context of 8192 tokens" in text and "capped at 512 tokens" in text and "free (cost 0" in text
+    assert "EVOLFORGE__EMBEDDED__STALL_SECONDS=0" in text  # the watchdog killed the server on Codex's first prompt
+    quiet = make_settings(embedded={"stall_seconds": 0})
+    assert "watchdog" not in banner(quiet, "u", "o", False, True)
     bound_to_all = s.model_copy(update={"proxy": s.proxy.model_copy(update={"host": "0.0.0.0"})})
     assert "ANTHROPIC_BASE_URL=http://127.0.0.1:8787\n" in banner(bound_to_all, "u", "o", False, False)
 
