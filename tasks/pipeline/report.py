@@ -22,7 +22,7 @@ from evolforge.tasks.report.plots import cost_and_tokens_by_stage
 # (a stage not named here, e.g. ppo) the whole summary
 KEEP: dict[str, str | tuple[str, ...]] = {
     "evolve": "counts",
-    "synthesize": ("proposed", "kept", "yield"),
+    "synthesize": ("proposed", "kept", "yield", "models", "warning"),  # which model proposed and validated
     "reward-data": ("irm_pairs", "prm_rows", "health"),
     "train-reward": ("irm", "prm", "metrics"),
     "sft": ("training",),

@@ -21,10 +21,13 @@ def test_pipeline_evolve_then_synthesize(tmp_path, server):
         {"id": "m1", "instruction": "A shop sells 3 boxes of 4 apples each. How many apples?", "domain": "math"},
     ]) + "\n")
     # the scripted model is priced here: synthesis counts a task with unpriced calls as over its USD budget
-    price = {"pricing": {"overrides": {"smollm2-135m-instruct": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}}}}
+    price = {"pricing": {"overrides": {"smollm2-135m-instruct": {"input_per_mtok": 0.1, "output_per_mtok": 0.2},
+                                       "scripted": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}}}}
     done = pipeline_flow(PipelineParams(seeds=str(seeds), out=str(tmp_path / "p"), rounds=1, reward=False,
-                                        base_url=server.base_url, overrides=price))
+                                        base_url=server.base_url, validator="scripted", overrides=price))
     assert set(done) == {"evolve", "synthesize"}
+    # --validator reaches the synthesis stage: its checks ran on the validator, and it says so
+    assert done["synthesize"]["models"]["validator"] == "scripted" and "warning" not in done["synthesize"]
     assert (tmp_path / "p" / "evolve" / "dataset" / "evolved.parquet").exists()
     tasks = pl.read_parquet(tmp_path / "p" / "synthesize" / "data" / "train-00000-of-00001.parquet")  # tasks table
     # the synthesis stage read the evolve stage's output: seeds plus their accepted evolutions
