@@ -14,6 +14,7 @@ from evolforge.storage.folder import read_marker
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
+@pytest.mark.long("two whole nights through the flow, measured at 10.3 s CPU")
 def test_two_nights_continue_the_same_dataset(tmp_path, server):
     seeds = tmp_path / "seeds.csv"
     seeds.write_text("prompt\n" + "\n".join(f"Name {i} famous bridges and their lengths." for i in range(4)) + "\n")

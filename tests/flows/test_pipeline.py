@@ -14,6 +14,7 @@ from evolforge.storage.folder import read_marker
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
+@pytest.mark.long("evolve and synthesis through the pipeline flow, measured at 10.2-10.6 s CPU")
 def test_pipeline_evolve_then_synthesize(tmp_path, server):
     seeds = tmp_path / "seeds.jsonl"
     seeds.write_text("\n".join(json.dumps(r) for r in [
