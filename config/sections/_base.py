@@ -12,7 +12,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # defer_build: a section's validator is built when first used, not at import (the CLI's --help builds none)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
 
 
 def _host_names(v: list[str]) -> list[str]:

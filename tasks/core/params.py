@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from evolforge.config.settings import Settings, deep_merge, load_settings
 
 
 class StageParams(BaseModel):
     """A config file and nested overrides: the parameters every stage takes."""
+
+    # the validator is built when first used: the CLI's flags and --help read only the fields
+    model_config = ConfigDict(defer_build=True)
 
     config: str | None = Field(None, description="TOML config file (default: config/default.toml).")
     overrides: dict[str, Any] = Field(default_factory=dict, description='Nested config overrides, e.g. '
