@@ -86,6 +86,7 @@ def test_plain_view_prints_at_most_fifty_lines_for_many_steps():
 
 
 # ------------------------------------------------------------------------------------------- trajectories
+@pytest.mark.long("the trajectories command with its real token sampling, measured at 17-18 s CPU")
 def test_trajectories_command_shows_sessions_and_token_samples(tmp_path, capsys):
     from evolforge.storage.proxy_sets import ProxyLayout, iter_records
     from evolforge.tasks.proxy.server import running_proxy
