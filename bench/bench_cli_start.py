@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from evolforge.testing.ref_tree import ref_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 EVOLFORGE = Path(sys.executable).parent / "evolforge"
 GOALS = {"help": 0.3, "run-help": 0.3, "synth-help": 0.3, "user-error": 0.5}  # issue 41, seconds
@@ -78,13 +80,8 @@ def main() -> None:
                                 capture_output=True, text=True).stdout.strip())
     with tempfile.TemporaryDirectory(prefix="evolforge-cli-start-") as tmp:
         work = Path(tmp)
-        tree = work / "ref-tree"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref], check=True,
-                       capture_output=True)
-        try:
-            (work / "shadow").mkdir()
-            (work / "shadow" / "evolforge").symlink_to(tree)
-            trees = {"this": None, "ref": str(work / "shadow")}
+        with ref_tree(ref, work) as (_, shadow):
+            trees = {"this": None, "ref": shadow}
             runs = {name: [[EVOLFORGE, *argv], 2 if name == "user-error" else 0] for name, argv in cases(work).items()}
             floors = {"python -c pass": [sys.executable, "-c", "pass"],
                       "python -c 'import pydantic'": [sys.executable, "-c", "import pydantic"]}
@@ -106,9 +103,6 @@ def main() -> None:
                     for name, argv in floors.items():
                         floor_times[m][name].append(timed(argv, None, 0, pycache))
             load_after = load()
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False,
-                           capture_output=True)
 
     def stats(xs: list[float]) -> dict:
         return {"median_s": round(statistics.median(xs), 3), "min_s": round(min(xs), 3),

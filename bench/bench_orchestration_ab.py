@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from evolforge.testing.ref_tree import ref_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -42,24 +44,15 @@ def main() -> None:
     ap.add_argument("--no-dedup", action="store_true")
     a = ap.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="evolforge-ab-"))
-    old_tree = work / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old_tree), a.ref], check=True,
-                   capture_output=True)
-    shadow = work / "shadow"
-    shadow.mkdir()
-    (shadow / "evolforge").symlink_to(old_tree)
     args = ["--n", str(a.n)] + (["--no-dedup"] if a.no_dedup else [])
     runs: dict[str, list[dict]] = {"ref": [], "head": []}
-    try:
+    with ref_tree(a.ref) as (old_tree, shadow):
         for i in range(a.repeat):
-            for name, tree, path in (("ref", old_tree, str(shadow)), ("head", ROOT, None)):
+            for name, tree, path in (("ref", old_tree, shadow), ("head", ROOT, None)):
                 r = run_bench(tree, path, args)
                 runs[name].append(r)
                 print(f"run {i + 1} {name}: {r['items_per_s_round']} items/s (round), "
                       f"{r['items_per_s_flow']} items/s (flow)", flush=True)
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old_tree)], check=False)
     head_rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True).stdout.strip()
     result = {"ref": a.ref, "head": head_rev, "n": a.n, "dedup": not a.no_dedup, "runs": runs,

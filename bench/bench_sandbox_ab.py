@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from evolforge.testing.ref_tree import ref_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "sandbox_ab.json"
 VARIANTS = ("harness", "pool_script", "pool_pytest", "per_check_script")
@@ -46,25 +48,17 @@ def main() -> int:
     a = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="evolforge-sandbox-ab-"))
-    old_tree = work / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old_tree), a.ref], check=True,
-                   capture_output=True)
-    shadow = work / "shadow"
-    shadow.mkdir()
-    (shadow / "evolforge").symlink_to(old_tree)
     load_before = os.getloadavg()
     runs: dict[str, list[dict]] = {"ref": [], "head": []}
-    try:
+    with ref_tree(a.ref, work) as (old_tree, shadow):
         for i in range(a.repeat):
-            for name, tree, path in (("ref", old_tree, str(shadow)), ("head", ROOT, None)):
+            for name, tree, path in (("ref", old_tree, shadow), ("head", ROOT, None)):
                 r = run_bench(tree, path, work / f"{name}-{i}.json")
                 assert r["canonical_passed"] == "all, every variant", f"{name}: {r['canonical_passed']}"
                 runs[name].append({"checks_per_second": r["checks_per_second"], "loadavg_before": r["loadavg_before"],
                                    "loadavg_after": r["loadavg_after"], "broken_failed": r["broken_failed"]})
                 print(f"run {i + 1} {name}: " + ", ".join(f"{k} {v}" for k, v in r["checks_per_second"].items()),
                       flush=True)
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old_tree)], check=False)
     head_rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True).stdout.strip()
     median = {tree: {v: statistics.median(r["checks_per_second"][v] for r in rs) for v in VARIANTS}

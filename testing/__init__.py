@@ -14,4 +14,5 @@
 - cached_env:       what verl_env and distilabel_env share (cache folder, key, offline detection).
 - net:              free_port() and wait_up(url) on loopback.
 - hub_server:       a scripted Hugging Face Hub on loopback (repo create, card check, commit of small files).
+- ref_tree:         another commit's code importable as evolforge (a git worktree), for side-by-side benchmarks.
 """
