@@ -14,5 +14,6 @@
 - cached_env:       what verl_env and distilabel_env share (cache folder, key, offline detection).
 - net:              free_port() and wait_up(url) on loopback.
 - hub_server:       a scripted Hugging Face Hub on loopback (repo create, card check, commit of small files).
+- proxy_records:    wait_for_records(layout, n): the recording proxy's records once written (after the reply).
 - ref_tree:         another commit's code importable as evolforge (a git worktree), for side-by-side benchmarks.
 """

@@ -15,11 +15,12 @@ import polars as pl
 import pytest
 
 from evolforge.storage.ledger import read_ledger
-from evolforge.storage.proxy_sets import ProxyLayout, iter_events, iter_records
+from evolforge.storage.proxy_sets import ProxyLayout, iter_events
 from evolforge.tasks.proxy.app import ProxyConfigError
 from evolforge.tasks.proxy.server import running_proxy
 from evolforge.testing.agent_upstream import AgentUpstream
 from evolforge.testing.net import free_port
+from evolforge.testing.proxy_records import wait_for_records
 from evolforge.testing.settings import make_settings
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
@@ -47,13 +48,7 @@ def _header(received: dict, name: str) -> str | None:
 
 
 def _records(layout: ProxyLayout, n: int, timeout: float = 5.0) -> list[dict]:
-    """Records are written after the response is sent: wait for them (bounded)."""
-    deadline = time.time() + timeout
-    while True:
-        recs = list(iter_records(layout))
-        if len(recs) >= n or time.time() > deadline:
-            return recs
-        time.sleep(0.02)
+    return wait_for_records(layout, n, timeout, poll=0.02, by_time=False)
 
 
 def test_chat_call_passes_through_unchanged_and_is_recorded(proxy, upstream):

@@ -6,16 +6,16 @@ usage."""
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import openai
 import pytest
 
 from evolforge.storage.ledger import read_ledger
-from evolforge.storage.proxy_sets import ProxyLayout, iter_records
+from evolforge.storage.proxy_sets import ProxyLayout
 from evolforge.tasks.proxy.server import running_proxy
 from evolforge.testing.agent_upstream import AgentUpstream
+from evolforge.testing.proxy_records import wait_for_records
 from evolforge.testing.settings import make_settings
 
 anthropic = pytest.importorskip("anthropic")
@@ -28,12 +28,7 @@ PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAE
 
 
 def _records(layout: ProxyLayout, n: int, timeout: float = 5.0) -> list[dict]:
-    deadline = time.time() + timeout
-    while True:
-        recs = sorted(iter_records(layout), key=lambda r: r["ts"])
-        if len(recs) >= n or time.time() > deadline:
-            return recs
-        time.sleep(0.02)
+    return wait_for_records(layout, n, timeout, poll=0.02)
 
 
 @pytest.fixture

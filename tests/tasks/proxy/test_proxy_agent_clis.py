@@ -9,13 +9,12 @@ CLI sent and received."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from evolforge.storage.proxy_sets import ProxyLayout, iter_records
+from evolforge.storage.proxy_sets import ProxyLayout
 from evolforge.storage.trajectory_sets import TrajectoryLayout
 from evolforge.tasks.proxy.banner import SESSION_HEADER, TOKEN_HEADER
 from evolforge.tasks.proxy.server import running_proxy
@@ -24,6 +23,7 @@ from evolforge.testing import agent_clis
 from evolforge.testing.agent_apis import CLI_COMMAND, CLI_MARKER, CLI_PROMPT
 from evolforge.testing.agent_upstream import AgentUpstream
 from evolforge.testing.chat_upstream import ChatUpstream
+from evolforge.testing.proxy_records import wait_for_records
 from evolforge.testing.settings import make_settings
 
 pytestmark = pytest.mark.slow
@@ -43,12 +43,7 @@ def _needs(name: str) -> None:
 
 
 def _records(layout: ProxyLayout, n: int, timeout: float = 10.0) -> list[dict]:
-    deadline = time.time() + timeout
-    while True:
-        recs = sorted(iter_records(layout), key=lambda r: r["ts"])
-        if len(recs) >= n or time.time() > deadline:
-            return recs
-        time.sleep(0.05)
+    return wait_for_records(layout, n, timeout, poll=0.05)
 
 
 def _session(tmp_path: Path, cli: str, translated: bool, token: str | None = None) -> dict:

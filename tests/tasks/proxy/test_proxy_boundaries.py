@@ -24,6 +24,7 @@ from evolforge.tasks.proxy.app import ProxyConfigError
 from evolforge.tasks.proxy.server import running_proxy
 from evolforge.testing.agent_upstream import AgentUpstream
 from evolforge.testing.hostile_upstream import REPLIES, STREAMS, HostileUpstream
+from evolforge.testing.proxy_records import wait_for_records
 from evolforge.testing.settings import make_settings
 
 URL_SECRET = "pw-in-the-URL-0123456789"
@@ -32,12 +33,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def _records(layout: ProxyLayout, n: int, timeout: float = 5.0) -> list[dict]:
-    deadline = time.time() + timeout
-    while True:
-        recs = list(iter_records(layout))
-        if len(recs) >= n or time.time() > deadline:
-            return recs
-        time.sleep(0.02)
+    return wait_for_records(layout, n, timeout, poll=0.02, by_time=False)
 
 
 def _no_keys(monkeypatch):

@@ -4,24 +4,19 @@ SDK against the embedded model (llama.cpp), streamed and not."""
 from __future__ import annotations
 
 import json
-import time
 
 import openai
 import pytest
 
-from evolforge.storage.proxy_sets import ProxyLayout, iter_records
+from evolforge.storage.proxy_sets import ProxyLayout
 from evolforge.tasks.proxy.server import running_proxy
 from evolforge.testing.agent_upstream import AgentUpstream
+from evolforge.testing.proxy_records import wait_for_records
 from evolforge.testing.settings import make_settings
 
 
 def _records(layout: ProxyLayout, n: int, timeout: float = 10.0) -> list[dict]:
-    deadline = time.time() + timeout
-    while True:
-        recs = sorted(iter_records(layout), key=lambda r: r["ts"])
-        if len(recs) >= n or time.time() > deadline:
-            return recs
-        time.sleep(0.05)
+    return wait_for_records(layout, n, timeout, poll=0.05)
 
 
 def test_openai_agents_sdk_agent_with_tools_through_the_proxy(tmp_path):

@@ -21,13 +21,14 @@ import pytest
 
 from evolforge.config.sections.proxy import ProxySettings
 from evolforge.storage.ledger import read_ledger
-from evolforge.storage.proxy_sets import ProxyLayout, iter_records
+from evolforge.storage.proxy_sets import ProxyLayout
 from evolforge.tasks.proxy.app import output_capped
 from evolforge.tasks.proxy.banner import banner
 from evolforge.tasks.proxy.server import running_proxy
 from evolforge.testing.agent_upstream import AgentUpstream
 from evolforge.testing.chat_upstream import ChatUpstream
 from evolforge.testing.net import free_port
+from evolforge.testing.proxy_records import wait_for_records
 from evolforge.testing.settings import make_settings
 
 EMBEDDED = {"smollm2-135m-instruct"}  # what the CLI passes when the upstream is the embedded model
@@ -40,12 +41,7 @@ def _no_keys(monkeypatch):
 
 
 def _records(layout: ProxyLayout, n: int, timeout: float = 5.0) -> list[dict]:
-    deadline = time.time() + timeout
-    while True:
-        recs = sorted(iter_records(layout), key=lambda r: r["ts"])
-        if len(recs) >= n or time.time() > deadline:
-            return recs
-        time.sleep(0.02)
+    return wait_for_records(layout, n, timeout, poll=0.02)
 
 
 def _calls(url: str) -> None:

@@ -7,19 +7,19 @@ one record and one ledger row per call, hostile chat replies and cut streams inc
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import openai
 import pytest
 
 from evolforge.storage.ledger import read_ledger
-from evolforge.storage.proxy_sets import ProxyLayout, iter_records
+from evolforge.storage.proxy_sets import ProxyLayout
 from evolforge.tasks.proxy import translate
 from evolforge.tasks.proxy.server import running_proxy
 from evolforge.testing import chat_upstream
 from evolforge.testing.agent_apis import ANSWER
 from evolforge.testing.chat_upstream import ChatUpstream
+from evolforge.testing.proxy_records import wait_for_records
 from evolforge.testing.settings import make_settings
 
 anthropic = pytest.importorskip("anthropic")
@@ -34,12 +34,7 @@ PRICES = {"overrides": {"claude-test": {"input_per_mtok": 3.0, "output_per_mtok"
 
 
 def _records(layout: ProxyLayout, n: int, timeout: float = 5.0) -> list[dict]:
-    deadline = time.time() + timeout
-    while True:
-        recs = sorted(iter_records(layout), key=lambda r: r["ts"])
-        if len(recs) >= n or time.time() > deadline:
-            return recs
-        time.sleep(0.02)
+    return wait_for_records(layout, n, timeout, poll=0.02)
 
 
 @pytest.fixture(autouse=True)
