@@ -6,7 +6,7 @@ Each command builds the stage's parameters from its flags (cli/stage_args.py), l
 runs the stage's input check (files, output folder, endpoint and key) before any Prefect server starts, then
 runs the stage's flow with live progress (cli/progress.py) and prints its result (the stage's own `present`,
 else the summary as JSON). Running again over the same --out resumes, and `evolforge status --out DIR` shows
-what is done.
+what is done. A command's --help ends with the stage's own config section (Stage.section), when it has one.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ def register(sub) -> None:
     import importlib
 
     for stage in stages():
-        p = sub.add_parser(stage.cli_name, help=stage.help, description=stage.help)
+        p = sub.add_parser(stage.cli_name, help=stage.help, description=stage.help,
+                           epilog=f"Its settings: the [{stage.section}] section of the config file (--config)."
+                           if stage.section else None)
         add_param_flags(p, stage)
         if stage.out_field:
             add_wait_arg(p)

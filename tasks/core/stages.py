@@ -14,7 +14,8 @@ loaded only when it runs, so the CLI's flags, its fail-fast checks and `status` 
 
 A stage's descriptor holds: its name (the CLI command, the Prefect flow and deployment name, the `kind` in its
 folder's stage.json), its parameter model (one declaration: the Prefect UI form and the CLI flags), its flow,
-its output folder class (storage/), its fail-fast input check, its input and output tables, and its deployment.
+its config section, its output folder class (storage/), its fail-fast input check, its input and output tables, and
+its deployment.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ class Stage:
     help: str
     params: type[BaseModel]
     flow: str  # "evolforge.flows.<module>:<flow function>"
+    # its own section of the settings (config/settings.py Settings, config/sections/): None for a stage with none
+    # (it reads only shared sections, or other stages'); the architecture test checks it exists on Settings
+    section: str | None = None
     # the storage class of its output folder (a StageFolder), or its import path "module:Class", loaded when used
     # (folder_class()), so the CLI's flags and --help do not load storage's pyarrow schemas
     folder: type | str | None = None

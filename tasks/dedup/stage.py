@@ -37,6 +37,7 @@ STAGE = register(Stage(
     help="dedup any jsonl / parquet / csv file: kept set + dropped set with reasons",
     params=DedupParams,
     flow="evolforge.flows.dedup:dedup_flow",
+    section="dedup",
     folder="evolforge.storage.dedup_sets:DedupOutLayout",
     check=check,
     inputs=(Table("input", "(--input)", ("<text_field>", "<id_field>"), "any jsonl / parquet / csv file"),

@@ -86,6 +86,7 @@ STAGE = register(Stage(
          "the sandbox) and a math set, with Wilson 95 percent intervals",
     params=EvalParams,
     flow="evolforge.flows.eval:eval_flow",
+    section="eval",
     folder="evolforge.storage.eval_sets:EvalFolder",
     check=check,
     models=lambda settings: (),

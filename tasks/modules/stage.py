@@ -58,6 +58,7 @@ STAGE = register(Stage(
          "and PRM rows (resumes over the same --out)",
     params=ModulesParams,
     flow="evolforge.flows.modules:modules_flow",
+    section="modules",
     folder="evolforge.storage.module_sets:ModulesLayout",
     check=check,
     models=models,

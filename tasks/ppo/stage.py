@@ -109,6 +109,7 @@ STAGE = register(Stage(
     help="PPO (RLEIF): verl prompt data, PPO config and Ray job, local GRPO smoke run",
     params=PPOParams,
     flow="evolforge.flows.ppo:ppo_flow",
+    section="ppo",
     folder="evolforge.storage.ppo:PPOLayout",
     check=check,
     inputs=(

@@ -111,6 +111,7 @@ REWARD_DATA = register(Stage(
          "over the same --out)",
     params=RewardDataParams,
     flow="evolforge.flows.reward_data:reward_data_flow",
+    section="reward",
     folder="evolforge.storage.reward_sets:RewardLayout",
     check=check_reward_data,
     models=lambda settings: tuple(settings.reward.variant_models),
@@ -130,6 +131,7 @@ TRAIN_REWARD = register(Stage(
     help="train the IRM and PRM reward models on reward-data output (health gate, held-out metrics)",
     params=TrainRewardParams,
     flow="evolforge.flows.train_reward:train_reward_flow",
+    section="reward",
     folder="evolforge.storage.reward_sets:RewardModelsFolder",
     check=check_train_reward,
     out_field="out_dir",  # --out, else --data

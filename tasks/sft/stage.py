@@ -115,6 +115,7 @@ STAGE = register(Stage(
          "solutions and successful trajectories; resumes from its last checkpoint over the same --out",
     params=SFTParams,
     flow="evolforge.flows.sft:sft_flow",
+    section="sft",
     folder="evolforge.storage.sft_sets:SFTFolder",
     check=check,
     inputs=(

@@ -48,6 +48,7 @@ STAGE = register(Stage(
     help="verified task synthesis from instructions (sandboxed tests, repair loop, solver check, cost per task)",
     params=SynthesizeParams,
     flow="evolforge.flows.synthesize:synthesize_flow",
+    section="synthesis",
     folder="evolforge.storage.synthesis_sets:SynthLayout",
     check=check,
     inputs=(Table("seeds", "(--seeds)", ("instruction", "id", "domain"), "instructions to draw tasks from"),),
