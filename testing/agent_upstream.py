@@ -21,6 +21,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from evolforge.testing import agent_apis
+from evolforge.testing.net import SERVE_POLL
 
 
 def reply_text(body: dict) -> str:
@@ -196,7 +197,7 @@ class AgentUpstream:
             self.received.append({"path": handler.path, "headers": dict(handler.headers), "body": body})
 
     def __enter__(self) -> "AgentUpstream":
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": SERVE_POLL}, daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:

@@ -27,6 +27,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from evolforge.testing import agent_apis
+from evolforge.testing.net import SERVE_POLL
 
 REASONING = "The user wants two cities."
 BAD_ARGUMENTS = '{"city": "Par'
@@ -187,7 +188,7 @@ class ChatUpstream:
             self.received.append({"path": handler.path, "headers": dict(handler.headers), "body": body})
 
     def __enter__(self) -> "ChatUpstream":
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": SERVE_POLL}, daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:

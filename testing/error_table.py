@@ -24,6 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
 
+from evolforge.testing.net import SERVE_POLL
+
 
 @dataclass(frozen=True)
 class Case:
@@ -224,7 +226,7 @@ def prepared(case: Case, tmp: Path) -> Iterator[dict[str, str]]:
             values["url"] = srv.base_url
         if "web" in need:
             web = ThreadingHTTPServer(("127.0.0.1", 0), _WebPage)
-            threading.Thread(target=web.serve_forever, daemon=True).start()
+            threading.Thread(target=web.serve_forever, kwargs={"poll_interval": SERVE_POLL}, daemon=True).start()
             stack.callback(web.server_close)
             stack.callback(web.shutdown)
             values["web"] = f"http://127.0.0.1:{web.server_address[1]}/v1"
@@ -281,7 +283,7 @@ def tls_endpoint(tmp: Path) -> Iterator[tuple[str, Path]]:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
     srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": SERVE_POLL}, daemon=True).start()
     try:
         yield f"https://127.0.0.1:{srv.server_address[1]}/v1", cert
     finally:

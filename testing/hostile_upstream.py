@@ -21,6 +21,8 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from evolforge.testing.net import SERVE_POLL
+
 HEADER = "x-hostile-reply"
 
 
@@ -415,7 +417,7 @@ class HostileUpstream:
         self.base_url = f"http://{host}:{self.httpd.server_address[1]}/v1"
 
     def __enter__(self) -> "HostileUpstream":
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": SERVE_POLL}, daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:

@@ -10,6 +10,8 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from evolforge.testing.net import SERVE_POLL
+
 
 class HubServer:
     def __init__(self):
@@ -59,7 +61,7 @@ class HubServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": SERVE_POLL}, daemon=True)
 
     def __enter__(self) -> "HubServer":
         self._thread.start()

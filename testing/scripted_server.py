@@ -43,6 +43,7 @@ from evolforge.tasks.evolve import prompts as evolve_prompts
 from evolforge.tasks.modules import prompts as module_prompts
 from evolforge.tasks.reward import prompts as reward_prompts
 from evolforge.tasks.synthesis import prompts as synthesis_prompts
+from evolforge.testing.net import SERVE_POLL
 
 VOCAB = """river mountain compute budget tensor violin harbor prime matrix glacier poem invoice garden
 orbit enzyme ledger canyon sonnet circuit falcon recipe theorem lantern vaccine border quartz marathon
@@ -480,7 +481,7 @@ class ScriptedServer:
             return list(self.requests)
 
     def start(self) -> "ScriptedServer":
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": SERVE_POLL}, daemon=True)
         self._thread.start()
         return self
 

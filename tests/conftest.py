@@ -273,10 +273,23 @@ def server():
 
 @pytest.fixture(scope="session")
 def prefect_harness():
+    """One Prefect server per test process (a worker's session), started by the first test that asks for it, for
+    its flows and for the `evolforge` commands that tests start in subprocesses from then on: PREFECT_API_URL
+    points them at it, so a command does not start Prefect's temporary server of its own (10 to 25 s of CPU each,
+    measured). A test that wants a command's own server removes PREFECT_API_URL from the command's environment."""
+    from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
+    before = os.environ.get("PREFECT_API_URL")
     with prefect_test_harness(server_startup_timeout=600):
-        yield
+        os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("PREFECT_API_URL", None)
+            else:
+                os.environ["PREFECT_API_URL"] = before
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from evolforge.testing.net import SERVE_POLL
+
 SCRIPT = Path(sys.executable).with_name("evolforge")
 
 
@@ -120,7 +122,7 @@ def test_unreachable_endpoint_and_refused_key(tmp_path, seeds):
             pass
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": SERVE_POLL}, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
         key = "sk-test-secret-key-123456"

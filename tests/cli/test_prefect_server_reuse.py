@@ -94,8 +94,8 @@ def test_commands_reuse_one_background_server_and_stop_it(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["ephemeral"])
-def test_ephemeral_mode_leaves_no_server_behind(tmp_path, mode):
+def test_ephemeral_mode_leaves_no_server_behind(tmp_path, mode, monkeypatch):
     from evolforge.cli.prefect_server import attach
 
-    os.environ.pop("PREFECT_API_URL", None)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
     assert attach(mode) is None and "PREFECT_API_URL" not in os.environ

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from evolforge.config.settings import load_settings
+from evolforge.testing.net import SERVE_POLL
 
 SCRIPT = Path(sys.executable).with_name("evolforge")
 KEY = "sk-operator-key-0123456789abcdef"
@@ -50,7 +51,7 @@ def collector():
             pass
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": SERVE_POLL}, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}/v1", seen
     srv.shutdown()
 

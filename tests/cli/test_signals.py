@@ -99,8 +99,8 @@ def fast_config(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.long("two `evolforge run` processes, each starting Prefect: what only a process shows (its exit status, "
-                  "a SIGINT inherited as ignored)")
+@pytest.mark.long("two `evolforge run` processes (~12 s CPU): what only a process shows (its exit status, a SIGINT "
+                  "inherited as ignored)")
 def test_sigint_inherited_as_ignored_stays_ignored_sigterm_stops_and_resume_repeats_nothing(tmp_path, seeds):
     out = tmp_path / "out"
     with ScriptedServer(default="hang", hang_seconds=HANG) as srv:
@@ -132,7 +132,6 @@ def test_sigint_inherited_as_ignored_stays_ignored_sigterm_stops_and_resume_repe
         assert repeated == []  # a finished call is replayed from the journal, never sent again
 
 
-@pytest.mark.long("an `evolforge run` process: only a process can be ended by its second signal")
 def test_a_second_signal_exits_at_once(tmp_path, seeds):
     out = tmp_path / "out"
     with ScriptedServer(default="hang", hang_seconds=HANG) as srv:

@@ -38,7 +38,7 @@ def _env(tmp_path):
 
 
 @pytest.mark.long("the product's resume promise end to end: a real `evolforge run` SIGKILLed mid-round and resumed, "
-                  "each with its own Prefect server (~47 s CPU)")
+                  "two command processes (~17 s CPU)")
 def test_sigkill_mid_round_then_resume(tmp_path):
     seeds = tmp_path / "seeds.jsonl"
     seeds.write_text("\n".join(json.dumps({"id": f"s{i:02d}", "instruction": f"Explain fact number {i} about rivers."})

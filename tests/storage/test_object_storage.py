@@ -24,6 +24,7 @@ from evolforge.storage.journal import CallJournal
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import LedgerWriter, read_ledger
 from evolforge.storage.parts import read_part, write_table_atomic
+from evolforge.testing.net import SERVE_POLL
 from evolforge.testing.s3_server import moto_s3
 
 s3fs = pytest.importorskip("s3fs")
@@ -178,7 +179,7 @@ class RefusingProxy:
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": SERVE_POLL}, daemon=True)
         self._thread.start()
 
     def _verdict(self, method: str, path: str) -> str:

@@ -49,18 +49,77 @@ def _settings(**kw) -> SandboxSettings:
     return SandboxSettings(**(base | kw))
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _another_runs_it(pid: int, sandbox_uids: range) -> bool:
+    """Whether the process belongs to another live process tree than this test's: above it, before init, is a
+    Python process outside the sandbox uids that is not this test process (another test process on the machine,
+    with warm sandbox workers of its own). A process that escaped this test's sandbox is orphaned to init (or a
+    subreaper) and is nobody's."""
+    me, p, hops = os.getpid(), _parent(pid), 0
+    while p not in (None, 0, 1) and hops < 64:
+        if p == me:
+            return False
+        if _uid(p) not in sandbox_uids and os.path.basename(_exe(p)).startswith("python"):
+            return True
+        p, hops = _parent(p), hops + 1
+    return False
+
+
+def _uid(pid: int) -> int:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return -1
+
+
+def _exe(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
 def _survivors(settings: SandboxSettings, marker: str | None = None) -> list[str]:
-    """Host processes running as a sandbox uid, or whose command line holds `marker`."""
+    """Host processes running as a sandbox uid, or whose command line holds `marker`, except those of another
+    test run's sandboxes (other pytest processes on the machine keep warm workers of their own)."""
     ps = subprocess.run(["ps", "-eo", "uid=,pid=,args="], capture_output=True, text=True, check=True).stdout
-    lo, hi = settings.uid_base, settings.uid_base + 65_536
+    uids = range(settings.uid_base, settings.uid_base + 65_536)
     found = []
     for line in ps.splitlines():
         uid, pid, args = line.split(None, 2) if len(line.split(None, 2)) == 3 else (*line.split(None, 1), "")
         if int(pid) == os.getpid() or "ps -eo" in args:
             continue
-        if lo <= int(uid) < hi or (marker and marker in args):
+        if (int(uid) in uids or (marker and marker in args)) and not _another_runs_it(int(pid), uids):
             found.append(line)
     return found
+
+
+def test_the_census_counts_an_orphan_and_not_another_test_runs_process():
+    """The survivor census this module relies on: a process orphaned to init (what an escape from a sandbox leaves)
+    is counted; a process under another live Python process (another test run's sandbox worker) is not."""
+    settings = SandboxSettings()
+    orphan, owned = "4242.1717", "4242.2727"
+    subprocess.run(["sh", "-c", f"sleep {orphan} >/dev/null 2>&1 &"], check=True)  # sh exits: sleep goes to init
+    other = subprocess.Popen([sys.executable, "-c", f"import subprocess; subprocess.run(['sleep', '{owned}'])"])
+    try:
+        deadline = time.monotonic() + 10
+        while not any(owned in line for line in subprocess.run(["ps", "-eo", "args="], capture_output=True,
+                                                                text=True).stdout.splitlines()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert [x for x in _survivors(settings, orphan) if orphan in x]
+        assert _survivors(settings, owned) == []
+    finally:
+        subprocess.run(["pkill", "-f", f"sleep {orphan}"])
+        other.kill()
+        subprocess.run(["pkill", "-f", f"sleep {owned}"])
 
 
 # ---------------------------------------------------------------- functional
