@@ -68,18 +68,48 @@ def chain_switch(stage: str) -> str:
     return "EVOLFORGE_CHAIN_" + stage.upper().replace("-", "_")
 
 
+def chain_parameters(stage: str) -> dict:
+    """A chained stage's flow parameters: its feeds (Stage.feeds, the same declaration the pipeline flow reads) from
+    the stages the chain ran before it, and its output folder, as Jinja over the upstream run: what the upstream run
+    was itself fed from the same folder (its parameter), else the folder in the chain's layout (storage/chain.py).
+    A feed whose stages the chain does not run (synthesis) is left out."""
+    from evolforge.storage import chain
+    from evolforge.tasks.core.stages import fed, get
+
+    st = get(stage)
+    links, up = [], st.deployment.trigger.after
+    while up and up not in links:
+        links.append(up)
+        trigger = get(up).deployment.trigger if get(up).deployment else None
+        up = trigger.after if trigger else None
+    ran, after = chain.ran_before(links), links[0]
+    given = {feed.sources[0]: param for param, feed in get(after).feeds.items()
+             if len(feed.sources) == 1 and not feed.every}  # (stage, path) -> the upstream's parameter holding it
+
+    def folder_of(name: str, path: str) -> str | None:
+        if name not in ran:
+            return None
+        param = given.get((name, path))
+        return chain.template(f"{chain.UP}.{param}" if param else chain.folder_from(after, name, path))
+
+    values = fed(st, folder_of)
+    if st.out_field in st.params.model_fields:
+        values[st.out_field] = chain.template(chain.folder_from(after, stage))
+    return {"params": values}
+
+
 def chain_trigger(stage: str, trigger) -> dict:
     """A deployment trigger (prefect.yaml `triggers:`): run this deployment when a flow run of the upstream stage's
     deployment completes. `match_related` names both the upstream deployment and its flow (a stage's flow and
     deployment share its name), so another project's deployment of the same name does not fire it. The
-    parameters are Jinja over the upstream run, rendered by the Prefect server when the event arrives
-    (`prefect deploy` keeps them as they are: it fills only $VARIABLES)."""
+    parameters (chain_parameters) are Jinja over the upstream run, rendered by the Prefect server when the event
+    arrives (`prefect deploy` keeps them as they are: it fills only $VARIABLES)."""
     return {"type": "event", "name": f"{trigger.after} -> {stage}", "enabled": "{{ $%s }}" % chain_switch(stage),
             "match": {"prefect.resource.id": "prefect.flow-run.*"},
             "match_related": [{"prefect.resource.role": "deployment", "prefect.resource.name": trigger.after},
                               {"prefect.resource.role": "flow", "prefect.resource.name": trigger.after}],
             "expect": ["prefect.flow-run.Completed"], "posture": "Reactive", "threshold": 1, "within": 0,
-            "parameters": trigger.parameters}
+            "parameters": chain_parameters(stage)}
 
 
 def chained_stages() -> list[str]:

@@ -7,7 +7,8 @@
 - reward_data:   IRM preference pairs and PRM step labels, with health checks.
 - train_reward:  the IRM and the PRM.
 - ppo:           verl data + config (Ray job) and a local GRPO smoke run with r = rI * rA.
-- pipeline:      all of the above in order (PPO off by default).
+- pipeline:      the stages in order, each given what the registry's feeds say (SFT, PPO and eval off by
+                 default).
 - trajectories:  the recording proxy's finished sessions -> SFT conversations, transitions, token samples.
 - modules:       questions -> the module graph (DeCoRL) -> answers, per-module contribution rewards, PRM rows.
 

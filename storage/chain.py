@@ -13,7 +13,9 @@ completes (a deployment trigger, deployments/prefect.yaml), so the layout is als
 server renders these expressions over the upstream flow run (`flow_run.parameters.params`, `flow_run.name`).
 Prefect's templates cannot call this module, so the expressions only cut and join path strings ('/' separated:
 the worker's paths are POSIX), and each folder is found from the upstream run's own folder: the chain root is
-the parent of a chained stage's folder; the dataset is two levels above the chain root.
+the parent of a chained stage's folder; the dataset is two levels above the chain root. `folder_from(upstream,
+stage, path)` is any stage's folder of the night from a completed run of another: what each stage's feeds
+(tasks/core/stages.py Feed) become in its trigger (deployments/deploy.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from pathlib import Path
 CHAIN_DIR = "chain"
 NIGHTS_DIR = "nights"  # storage/nights.py NightlyFolder.nights_dir
 NIGHT_RUN_PREFIX = "night-"  # the nightly flow run's name: night-YYYY-MM-DD (flows/nightly.py)
+# the nightly run evolves one night: the chain's evolve run is the night's folder (storage/nights.py)
+NIGHTLY, EVOLVE = "nightly", "evolve"
+# stages that write into another stage's folder in the chain: train-reward trains into its data folder (its --out,
+# else --data: the folder of a run of it is `out or data`)
+SHARED_FOLDERS = {"train-reward": "reward-data"}
 # PPOLayout's policy folder relative to its root (storage/ppo.py; tests/deployments/test_chain_triggers.py checks
 # they agree), written out: storage/ppo.py loads pyarrow, and the stages' descriptors (the CLI's --help) use this
 PPO_POLICY = "local/policy"
@@ -78,13 +85,27 @@ def night_folder_from(folder_expr: str) -> str:
     return f"{_parent(_parent(root))} ~ '/{NIGHTS_DIR}/' ~ {_last(root)}"
 
 
-def reward_model(folder_expr: str, kind: str) -> str:
-    """A trained reward model's folder (irm or prm) inside the night's reward folder (train-reward's models/KIND)."""
-    return f"({folder_expr}).rstrip('/') ~ '/models/{kind}'"
+def ran_before(links: list[str]) -> set[str]:
+    """The stages whose folders the chain has made by the time a link fires, from the stages of the links before it
+    (the nightly run's: the night's evolve run)."""
+    return set(links) | ({EVOLVE} if NIGHTLY in links else set())
 
 
-def ppo_policy(folder_expr: str) -> str:
-    return f"({folder_expr}).rstrip('/') ~ '/{PPO_POLICY}'"
+def run_folder(stage: str) -> str:
+    """A completed run's own folder, from its parameters."""
+    return f"{UP}.out or {UP}.data" if stage in SHARED_FOLDERS else f"{UP}.out"
+
+
+def folder_from(upstream: str, stage: str, path: str = "") -> str:
+    """The night's folder of `stage` (or `path` inside it), from a completed run of `upstream`."""
+    name = SHARED_FOLDERS.get(stage, stage)
+    if upstream == NIGHTLY:
+        folder = night_folder_from_nightly() if stage == EVOLVE else stage_dir_from_nightly(name)
+    else:
+        own = run_folder(upstream)
+        folder = (night_folder_from(own) if stage == EVOLVE else own if name == SHARED_FOLDERS.get(upstream, upstream)
+                  else sibling(own, name))
+    return f"({folder}).rstrip('/') ~ '/{path}'" if path else folder
 
 
 def template(expr: str) -> str:

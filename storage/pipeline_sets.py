@@ -4,7 +4,9 @@
     OUT/synthesize/    the synthesize stage's folder (storage/synthesis_sets.py)
     OUT/reward/        the reward-data and train-reward stages' one folder: the data, and the models beside it
                        (storage/reward_sets.py)
+    OUT/sft/           the SFT stage's folder (storage/sft_sets.py; a local folder)
     OUT/ppo/           the PPO stage's folder (storage/ppo.py; a local folder)
+    OUT/eval/          the eval stage's folder (storage/eval_sets.py)
     OUT/plots/*.png    tokens and cost of every stage (all stage folders' ledgers), then each stage's own plots
     OUT/summary.json   what each stage did, the stage folders, the cost of all of them
     OUT/stage.json     the marker (kind "pipeline"; storage/folder.py); each stage folder has its own
@@ -31,11 +33,6 @@ class PipelineLayout(StageFolder):
     def stage(self, name: str) -> AnyPath:
         """The output folder of the stage `name` (its registered name) in this run."""
         return self.root / SHARED_FOLDERS.get(name, name)
-
-    def reward_models(self) -> dict[str, str]:
-        """The trained reward models' folders, as the SFT stage's irm_dir / prm_dir parameters."""
-        models = self.stage("train-reward") / "models"
-        return {"irm_dir": str(models / "irm"), "prm_dir": str(models / "prm")}
 
     def ensure(self) -> "PipelineLayout":
         """Only OUT itself: each stage creates its own folder (and the pipeline keeps no ledger or logs)."""

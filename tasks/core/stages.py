@@ -11,11 +11,16 @@ loaded only when it runs, so the CLI's flags, its fail-fast checks and `status` 
     stages() / get(name)                           every registered stage in STAGE_PACKAGES order / one by name
     Table                                          an input or output table: name, file, columns (distilabel's
                                                    "Input columns / Output columns"), what it is
+    Feed / fed(stage, folder_of)                   a parameter filled from the output of stages that ran before it,
+                                                   when stages run composed: the one declaration of how the stages
+                                                   connect, read by both compositions, the pipeline flow
+                                                   (tasks/pipeline/stage.py) and the nightly chain's triggers
+                                                   (deployments/deploy.py over storage/chain.py's folders)
 
 A stage's descriptor holds: its name (the CLI command, the Prefect flow and deployment name, the `kind` in its
 folder's stage.json), its parameter model (one declaration: the Prefect UI form and the CLI flags), its flow,
-its config section, its output folder class (storage/), its fail-fast input check, its input and output tables, and
-its deployment.
+its config section, its output folder class (storage/), its fail-fast input check, its input and output tables, the
+parameters earlier stages feed, and its deployment.
 """
 
 from __future__ import annotations
@@ -37,15 +42,42 @@ class Table:
     description: str = ""
 
 
+@dataclass(frozen=True, init=False)
+class Feed:
+    """A parameter filled, when stages run composed, from the output of stages that ran before: "stage" is that
+    stage's output folder, "stage/path" a path inside it. Given several, the first of them that ran (and left that
+    path); with `every`, a list of every one that ran. `instead_of`: parameters left out when this one is filled
+    (a policy folder replaces the endpoint's model)."""
+
+    sources: tuple[tuple[str, str], ...]  # (stage, path inside its folder, "" for the folder)
+    every: bool
+    instead_of: tuple[str, ...]
+
+    def __init__(self, *sources: str, every: bool = False, instead_of: tuple[str, ...] = ()):
+        object.__setattr__(self, "sources", tuple((src.partition("/")[0], src.partition("/")[2]) for src in sources))
+        object.__setattr__(self, "every", every)
+        object.__setattr__(self, "instead_of", tuple(instead_of))
+
+
+def fed(stage: "Stage", folder_of: Callable[[str, str], Any]) -> dict[str, Any]:
+    """The parameters `stage`'s feeds fill: `folder_of(name, path)` is the value for that path in stage `name`'s
+    folder, or None when that stage did not run (or left no such path). Parameters no source fills are left out."""
+    out: dict[str, Any] = {}
+    for param, feed in stage.feeds.items():
+        found = [v for name, path in feed.sources if (v := folder_of(name, path)) is not None]
+        if found:
+            out[param] = found if feed.every else found[0]
+    return out
+
+
 @dataclass(frozen=True)
 class Trigger:
     """A chain link: the deployment runs when a flow run of the `after` stage's deployment completes (a Prefect
-    deployment trigger on `prefect.flow-run.Completed`, rendered into deployments/prefect.yaml). `parameters` are
-    the flow parameters, Jinja the Prefect server renders over the upstream run (`flow_run.parameters.params`,
-    `flow_run.name`; see storage/chain.py). The link is on when its stage is in the config's `[schedule] chain`."""
+    deployment trigger on `prefect.flow-run.Completed`, rendered into deployments/prefect.yaml). Its flow parameters
+    are the stage's feeds (Stage.feeds) and output folder, as Jinja the Prefect server renders over the upstream run
+    (deployments/deploy.py, storage/chain.py). The link is on when its stage is in the config's `[schedule] chain`."""
 
     after: str  # the upstream stage (its flow and deployment have this name)
-    parameters: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -75,9 +107,13 @@ class Stage:
     # (folder_class()), so the CLI's flags and --help do not load storage's pyarrow schemas
     folder: type | str | None = None
     check: Callable[[Any, Any], None] | None = None  # check(params, settings): fail fast, creates nothing
+    # settings_check(settings): the part of `check` that reads only the settings (a budget, prices): a composition
+    # runs it for each stage it will run before the first one starts, when their inputs do not exist yet
+    settings_check: Callable[[Any], None] | None = None
     models: Callable[[Any], tuple[str, ...]] | None = None  # models(settings): models it calls beyond [models]
     inputs: tuple[Table, ...] = ()
     outputs: tuple[Table, ...] = ()
+    feeds: dict[str, Feed] = field(default_factory=dict)  # parameter -> what earlier stages' outputs fill it with
     out_field: str | None = "out"  # the parameter naming the output folder (None: the stage has none)
     command: str | None = None  # the CLI command when it is not the stage's name
     cli_flags: dict[str, str] = field(default_factory=dict)  # parameter -> its CLI flag, when not --the-name

@@ -14,7 +14,7 @@ from evolforge.storage import chain
 from evolforge.storage.inputs import input_exists
 from evolforge.tasks.core.checks import InputError, check_endpoint, check_out_dir
 from evolforge.tasks.core.params import EndpointParams, overrides_from
-from evolforge.tasks.core.stages import Deployment, Stage, Table, Trigger, register
+from evolforge.tasks.core.stages import Deployment, Feed, Stage, Table, Trigger, register
 
 
 class EvalParams(EndpointParams):
@@ -108,10 +108,10 @@ STAGE = register(Stage(
               "pass@k per benchmark and domain with Wilson 95% intervals"),
     ),
     commands=("evolforge.tasks.eval.compare_command:register",),  # evolforge compare: the A/B of eval runs
+    # the last policy trained: the one PPO's GRPO run left, else the SFT policy (else the endpoint's model)
+    feeds={"policy": Feed(f"ppo/{chain.PPO_POLICY}", "sft/model", instead_of=("base_url", "model")),
+           "tasks": Feed("synthesize"), "evolve_out": Feed("evolve"),
+           "training": Feed("evolve", "sft", every=True)},  # the n-gram overlap of their tables with the problems
     deployment=Deployment("Evaluate a policy: pass@k on held-out verified tasks, HumanEval and a math set.",
-                          ("evolforge", "eval"),
-                          trigger=Trigger("ppo", {"params": {  # the policy the PPO run left
-                              "policy": chain.template(chain.ppo_policy(f"{chain.UP}.out")),
-                              "evolve_out": chain.template(f"{chain.UP}.evolved"),
-                              "out": chain.template(chain.sibling(f"{chain.UP}.out", "eval"))}})),
+                          ("evolforge", "eval"), trigger=Trigger("ppo")),
 ))

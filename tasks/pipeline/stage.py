@@ -1,6 +1,6 @@
 """The pipeline: its parameters (the Prefect UI form, the stage switches its checkboxes, and the CLI flags), its
-input check and its descriptor (tasks/core/stages.py). The flow: flows/pipeline.py; the files:
-storage/pipeline_sets.py; what it reports: tasks/pipeline/report.py."""
+input check and its descriptor (tasks/core/stages.py). The flow: flows/pipeline.py; its stages and what each is
+given: tasks/pipeline/plan.py; the files: storage/pipeline_sets.py; what it reports: tasks/pipeline/report.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from evolforge.storage.fs import is_url
 from evolforge.tasks.core.checks import InputError, check_endpoint, check_out_dir, check_rows
 from evolforge.tasks.core.params import EndpointParams
 from evolforge.tasks.core.stages import Deployment, Stage, Table, register
+from evolforge.tasks.pipeline.plan import stages_of
 
 
 class PipelineParams(EndpointParams):
@@ -24,12 +25,14 @@ class PipelineParams(EndpointParams):
     synthesize: bool = Field(True, description="Synthesize verified tasks from the evolved instructions.")
     validator: str | None = Field(None, description="Model that repairs the synthesized tasks and runs their final "
                                   "check (models.validator; empty: the proposer, with a warning).")
-    reward: bool = Field(True, description="Make reward-model data and train the IRM and PRM.")
+    reward: bool = Field(True, description="Make reward-model data and train the IRM and PRM (the PPO stage needs "
+                         "them: they run with it).")
     sft: bool = Field(False, description="Fine-tune the policy (the SFT stage) on the evolved rows and the verified "
                       "tasks; the PPO stage then starts from it.")
     ppo: bool = Field(False, description="Run the PPO stage (verl config / Ray job and the local GRPO smoke run).")
-    eval: bool = Field(False, description="Evaluate (the eval stage) the SFT policy when SFT ran, else the endpoint's "
-                       "model, on the held-out seed lineages' tasks and the configured benchmarks.")
+    eval: bool = Field(False, description="Evaluate (the eval stage) the last policy trained (the PPO stage's GRPO "
+                       "policy, else the SFT policy), else the endpoint's model, on the held-out seed lineages' tasks "
+                       "and the configured benchmarks.")
     ignore_reward_health: bool = Field(False, description="The PPO stage runs even though the trained reward models "
                                        "fail the reward stage's health checks (as reward.health_policy = \"warn\").")
 
@@ -40,14 +43,14 @@ class PipelineParams(EndpointParams):
 
 def check(params: PipelineParams, settings: Settings) -> None:
     """The first stage's check (the seed file holds a usable instruction, the output folder can be written, the
-    endpoint answers); with the PPO stage on, the output folder is a local one (verl and the trainers write
+    endpoint answers) and the settings checks of every stage it will run (Stage.settings_check: the synthesis
+    budget's prices); with the SFT or PPO stage on, the output folder is a local one (verl and the trainers write
     there). The later stages check their inputs when they start, once the earlier stages made them."""
     check_rows(params.seeds, settings.input.instruction_field, "seed file", settings.input.max_chars)
     check_out_dir(params.out)
-    if params.synthesize:
-        from evolforge.tasks.synthesis.stage import check_budget
-
-        check_budget(settings)
+    for stage in stages_of(params):
+        if stage.settings_check is not None:
+            stage.settings_check(settings)
     local = [name for name, on in (("SFT", params.sft), ("PPO", params.ppo)) if on]
     if local and is_url(params.out):
         raise InputError(f"the {' and '.join(local)} stage needs a local (or shared, mounted) output folder, not "

@@ -11,13 +11,12 @@ from typing import Any, Literal
 from pydantic import Field
 
 from evolforge.config.settings import PPOSettings, Settings
-from evolforge.storage import chain
 from evolforge.storage.fs import AnyPath, is_url, location
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.layout import RunLayout
 from evolforge.tasks.core.checks import InputError, check_folder, check_out_dir
 from evolforge.tasks.core.params import StageParams
-from evolforge.tasks.core.stages import Deployment, Stage, Table, Trigger, register
+from evolforge.tasks.core.stages import Deployment, Feed, Stage, Table, Trigger, register
 
 
 class PPOParams(StageParams):
@@ -131,11 +130,8 @@ STAGE = register(Stage(
               "the GRPO smoke run's steps (with local/comparison.json and local/health.json)"),
     ),
     cli_flags={"ray_wait_seconds": "--ray-wait"},
+    feeds={"evolved": Feed("evolve"), "tasks": Feed("synthesize"), "reward_dir": Feed("train-reward"),
+           "sft": Feed("sft")},  # PPO starts from the SFT policy when SFT ran
     deployment=Deployment("PPO stage - verl data and config, Ray job submission, local GRPO smoke run with "
-                          "r = rI * rA.", ("evolforge", "ppo"),
-                          trigger=Trigger("sft", {"params": {  # the SFT run's evolve run and policy
-                              "evolved": chain.template(f"{chain.UP}.evolve_out"),
-                              "reward_dir": chain.template(chain.sibling(f"{chain.UP}.out", "reward-data")),
-                              "sft": chain.template(f"{chain.UP}.out"),
-                              "out": chain.template(chain.sibling(f"{chain.UP}.out", "ppo"))}})),
+                          "r = rI * rA.", ("evolforge", "ppo"), trigger=Trigger("sft")),
 ))

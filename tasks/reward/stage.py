@@ -17,12 +17,11 @@ from typing import Any, Literal
 from pydantic import Field
 
 from evolforge.config.settings import Settings
-from evolforge.storage import chain
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.layout import RunLayout
 from evolforge.tasks.core.checks import InputError, check_endpoint, check_out_dir
 from evolforge.tasks.core.params import EndpointParams, StageParams
-from evolforge.tasks.core.stages import Deployment, Stage, Table, Trigger, register
+from evolforge.tasks.core.stages import Deployment, Feed, Stage, Table, Trigger, register
 
 
 class RewardDataParams(EndpointParams):
@@ -119,11 +118,9 @@ REWARD_DATA = register(Stage(
                   ("id", "instruction", "answer", "domain", "reference_answer"),
                   "an evolve run's seeds and accepted evolutions, with their answers"),),
     outputs=DATA_OUTPUTS,
+    feeds={"evolve_out": Feed("evolve")},
     deployment=Deployment("IRM preference pairs and PRM step labels from an evolve run, with health checks.",
-                          ("evolforge", "reward"),
-                          trigger=Trigger("nightly", {"params": {  # the night's evolve run, from the nightly run
-                              "evolve_out": chain.template(chain.night_folder_from_nightly()),
-                              "out": chain.template(chain.stage_dir_from_nightly("reward-data"))}})),
+                          ("evolforge", "reward"), trigger=Trigger("nightly")),  # the night's evolve run
 ))
 
 TRAIN_REWARD = register(Stage(
@@ -149,8 +146,7 @@ TRAIN_REWARD = register(Stage(
               "held-out pairwise / step accuracy and training time per model, health verdicts"),
         Table("health", "health.json", ("data", "model"), "the trained models' scores against the RLEIF thresholds"),
     ),
+    feeds={"data": Feed("reward-data")},  # its models go into the data folder (--out, else --data)
     deployment=Deployment("Train the IRM (RewardTrainer) and the PRM (token classification at step separators).",
-                          ("evolforge", "reward"),
-                          trigger=Trigger("reward-data", {"params": {  # the models go into the data folder
-                              "data": chain.template(f"{chain.UP}.out")}})),
+                          ("evolforge", "reward"), trigger=Trigger("reward-data")),
 ))

@@ -10,13 +10,12 @@ from typing import Any
 from pydantic import Field
 
 from evolforge.config.settings import Settings
-from evolforge.storage import chain
 from evolforge.storage.fs import is_url
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.layout import RunLayout
 from evolforge.tasks.core.checks import InputError, check_out_dir
 from evolforge.tasks.core.params import StageParams, overrides_from
-from evolforge.tasks.core.stages import Deployment, Stage, Table, Trigger, register
+from evolforge.tasks.core.stages import Deployment, Feed, Stage, Table, Trigger, register
 
 
 class SFTParams(StageParams):
@@ -107,8 +106,6 @@ def check(params: SFTParams, settings: Settings) -> None:
     check_out_dir(params.out)
 
 
-_REWARD = f"{chain.UP}.out or {chain.UP}.data"  # the reward folder: train-reward writes into its data
-
 STAGE = register(Stage(
     name="sft",
     help="supervised fine-tuning (TRL SFTTrainer) of the policy on step-form evolved answers, verified synthesis "
@@ -140,13 +137,11 @@ STAGE = register(Stage(
         Table("decontamination", "decontamination.json", ("table", "checked", "overlapping", "dropped"),
               "n-gram overlap of each input table with the evaluation sets"),
     ),
+    feeds={"evolve_out": Feed("evolve"), "tasks": Feed("synthesize"),
+           # the trained IRM: with reward.select_by_irm on, it selects the evolved rows
+           "irm_dir": Feed("train-reward/models/irm"),
+           # and the PRM: with reward.prm_min_step > 0, it filters the evolved answers' steps
+           "prm_dir": Feed("train-reward/models/prm")},
     deployment=Deployment("Supervised fine-tuning of the policy (TRL SFTTrainer) on the forged step-form data.",
-                          ("evolforge", "sft"),
-                          trigger=Trigger("train-reward", {"params": {
-                              "evolve_out": chain.template(chain.night_folder_from(_REWARD)),
-                              # the night's trained IRM: with reward.select_by_irm on, it selects the evolved rows
-                              "irm_dir": chain.template(chain.reward_model(_REWARD, "irm")),
-                              # and its PRM: with reward.prm_min_step > 0, it filters the evolved answers' steps
-                              "prm_dir": chain.template(chain.reward_model(_REWARD, "prm")),
-                              "out": chain.template(chain.sibling(_REWARD, "sft"))}})),
+                          ("evolforge", "sft"), trigger=Trigger("train-reward")),
 ))

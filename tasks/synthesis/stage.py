@@ -10,7 +10,7 @@ from pydantic import Field
 from evolforge.config.settings import Settings
 from evolforge.tasks.core.checks import check_endpoint, check_out_dir, check_priced, check_rows
 from evolforge.tasks.core.params import EndpointParams
-from evolforge.tasks.core.stages import Deployment, Stage, Table, register
+from evolforge.tasks.core.stages import Deployment, Feed, Stage, Table, register
 
 
 class SynthesizeParams(EndpointParams):
@@ -51,6 +51,7 @@ STAGE = register(Stage(
     section="synthesis",
     folder="evolforge.storage.synthesis_sets:SynthLayout",
     check=check,
+    settings_check=check_budget,
     inputs=(Table("seeds", "(--seeds)", ("instruction", "id", "domain"), "instructions to draw tasks from"),),
     outputs=(
         Table("tasks", "data/train-00000-of-00001.parquet",
@@ -61,6 +62,7 @@ STAGE = register(Stage(
                                                           "sandbox_seconds"), "what each task cost, by phase"),
     ),
     kept="kept",
+    feeds={"seeds": Feed("evolve/dataset/evolved.parquet")},  # the evolved instructions
     deployment=Deployment("Verified task synthesis (sandboxed test-and-repair loop, solver check, cost per task).",
                           ("evolforge", "synthesize")),
 ))

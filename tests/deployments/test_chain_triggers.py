@@ -1,7 +1,7 @@
 """The nightly chain (nightly -> reward-data -> train-reward -> sft -> ppo -> eval) as Prefect deployment triggers.
 
-Unit: every link's parameters, rendered the way the Prefect server renders them over the run before it,
-name the folders of storage/chain.py. Server (slow): `evolforge deploy` with three links on and two off; a
+Unit: every link's parameters (the stage's feeds: deployments/deploy.py chain_parameters), rendered the way the
+Prefect server renders them over the run before it, name the folders of storage/chain.py. Server (slow): `evolforge deploy` with three links on and two off; a
 completed nightly run starts reward-data with the night's folders, its completion starts train-reward with the
 reward folder as its data, that starts sft with the night's folders, and the completed sft run (its link to ppo
 switched off) starts no ppo run.
@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from evolforge.deployments.deploy import chain_trigger, template_env
+from evolforge.deployments.deploy import chain_parameters, chain_trigger, template_env
 from evolforge.storage import chain
 from evolforge.tasks.core.stages import get
 
@@ -47,7 +47,8 @@ def test_each_link_renders_the_folders_of_the_night_from_the_run_before_it():
         entry = chain_trigger(stage, trig)
         assert entry["expect"] == ["prefect.flow-run.Completed"]
         assert {r["prefect.resource.name"] for r in entry["match_related"]} == {up}
-        params = _render(trig.parameters, run)["params"]
+        assert entry["parameters"] == chain_parameters(stage)
+        params = _render(entry["parameters"], run)["params"]
         seen[stage] = params
         run = {"name": "some-random-name", "parameters": {"params": params}}
     night_dir = f"{dataset}/nights/{night}"
@@ -59,7 +60,7 @@ def test_each_link_renders_the_folders_of_the_night_from_the_run_before_it():
     assert seen["ppo"] == {"evolved": night_dir, "reward_dir": folder["reward-data"], "sft": folder["sft"],
                            "out": folder["ppo"]}
     assert seen["eval"] == {"policy": folder["ppo"] + "/local/policy", "evolve_out": night_dir,
-                            "out": folder["eval"]}
+                            "training": [night_dir, folder["sft"]], "out": folder["eval"]}
     for stage, params in seen.items():  # each is a valid parameter set of its stage
         get(stage).params.model_validate(params)
 
