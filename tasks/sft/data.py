@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 from evolforge.config.sections.sft import SFTSettings
 from evolforge.storage.sft_sets import message
 from evolforge.tasks.problems.prompts import answer_messages, task_messages
+from evolforge.tasks.text.chat import text_and_images, tool_call
 from evolforge.tasks.text.ngrams import NgramIndex, check_table
 from evolforge.tasks.text.steps import steps_or_reason
-from evolforge.tasks.trajectories.samples import tool_call
-from evolforge.tasks.trajectories.wire_messages import text_and_images
 
 SOURCES = ("evolved", "synthesis_code", "rejection_sampled", "trajectory")
 

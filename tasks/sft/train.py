@@ -58,14 +58,14 @@ def sft_dataset(rows: list[dict], tok, max_length: int | None = None, fitted: di
     tool calls with parsed arguments and the tool schemas as `tools` when the template renders them; when it does
     not (SmolLM2's template, the tiny test policy's), each call as `<tool_call>{"name", "arguments"}</tool_call>`
     text in the assistant turn and the schemas as a `# Tools` block in the system message, the rendering the
-    trajectories stage's token samples use (tasks/trajectories/tokens.py), so a turn that only called tools still
+    trajectories stage's token samples use (tasks/text/chat.py), so a turn that only called tools still
     has its calls to learn. Each message is one `datasets.Json` value: arrow would merge the different shapes of
     tool arguments into one struct, filling every call with the other tools' keys as nulls. With `max_length`,
     trajectory turns longer than it get their prompt shortened from the left, the completion whole
-    (tasks/trajectories/fit.py; the counts go to `fitted`)."""
+    (tasks/sft/fit.py; the counts go to `fitted`)."""
     import datasets
 
-    from evolforge.tasks.trajectories.tokens import ChatRenderer
+    from evolforge.tasks.text.chat import ChatRenderer
 
     renderer = ChatRenderer(tok, str(getattr(tok, "name_or_path", "") or "the policy's tokenizer"))
     out = []
@@ -76,7 +76,7 @@ def sft_dataset(rows: list[dict], tok, max_length: int | None = None, fitted: di
         out.append({"prompt": prompt, "completion": completion,
                     "tools": json.dumps(tools_arg, ensure_ascii=False) if tools_arg else None})
     if max_length:
-        from evolforge.tasks.trajectories.fit import fit_rows
+        from evolforge.tasks.sft.fit import fit_rows
 
         out = fit_rows(out, rows, lambda p, c, t: len(renderer.ids(renderer.render(p + c, t))), max_length, fitted)
     message = datasets.List(datasets.Json())

@@ -10,4 +10,6 @@ tasks/ppo/reward.py, which verl loads by file path, loads these three files by l
 installed, so none of them imports evolforge (and this __init__ imports nothing).
 - checks: answer checks shared by synthesis, SFT, PPO and eval: code extraction and numeric answers (stdlib only).
 - ngrams: decontamination by word n-gram overlap (open-r1's scripts/decontaminate.py: 8-grams).
+- chat:   the conversation form SFT trains on and the trajectories stage writes (tool calls, TRL image parts), and
+          its rendering through the policy's chat template (ChatRenderer), the same for both.
 """

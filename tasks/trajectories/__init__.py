@@ -6,10 +6,8 @@
 - samples:  messages in the OpenAI form, SFT rows (TRL SFTTrainer), per-call transitions (GRPO / RLOO).
 - wire_messages: chat, Responses API and Messages API requests as those messages (tool calls and results in
             order, reasoning / thinking apart, images as TRL multimodal parts).
-- tokens:   token-level samples: chat-template rendering per prefix, the assistant loss mask, turn
-            boundaries, the upstream's own token ids spliced in, drift flagged.
-- fit:      per-turn SFT samples of long sessions fitted to sft.max_length: the prompt shortened from the left
-            (old turns dropped, then old texts cut), the completion whole; counts of what was shortened or left out.
+- tokens:   token-level samples: chat-template rendering per prefix (tasks/text/chat.py, as SFT renders), the
+            assistant loss mask, turn boundaries, the upstream's own token ids spliced in, drift flagged.
 - export:   the four steps the flow runs (collect, dedup, tokens, publish), through storage/trajectory_sets.
 - report: what a trajectories export reports: the summary table, the markdown report, the plots and the dataset card.
 """

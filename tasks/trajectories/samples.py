@@ -22,8 +22,9 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
+from evolforge.tasks.text.chat import text_and_images, tool_call
 from evolforge.tasks.trajectories.sessions import Reward, assign_conversations, message_key
-from evolforge.tasks.trajectories.wire_messages import chat_prompt, messages_prompt, responses_prompt, text_and_images
+from evolforge.tasks.trajectories.wire_messages import chat_prompt, messages_prompt, responses_prompt
 
 MODEL_ROUTES = ("chat.completions", "completions", "responses", "messages")
 MESSAGE_ROUTES = ("chat.completions", "responses", "messages")  # calls with turns (the others have a prompt text)
@@ -46,17 +47,6 @@ def text_of(content) -> tuple[str, int]:
                 dropped += 1
         return "".join(texts), dropped
     return str(content), 0
-
-
-def tool_call(tc: dict, i: int) -> dict:
-    fn = tc.get("function") or {}
-    args = fn.get("arguments")
-    if args is None:
-        args = "{}"
-    elif not isinstance(args, str):
-        args = json.dumps(args, ensure_ascii=False)
-    return {"id": tc.get("id") or f"call_{i}", "type": tc.get("type") or "function",
-            "function": {"name": fn.get("name") or "", "arguments": args}}
 
 
 def openai_message(m: dict) -> tuple[dict, int]:

@@ -90,16 +90,6 @@ def content_of(content, counts: Parts) -> str | list[dict]:
     return merged
 
 
-def text_and_images(content) -> tuple[str, list[str]]:
-    """A message content (text or TRL parts) as its text and its image URLs; parts of another shape (a hand-made
-    sft.jsonl's) are left out, a content that is neither text nor parts is its str."""
-    if isinstance(content, list):
-        parts = [p for p in content if isinstance(p, dict)]
-        return ("".join(str(p.get("text") or "") for p in parts if p.get("type") == "text"),
-                [str(p["image"]) for p in parts if p.get("type") == "image" and p.get("image")])
-    return (content if isinstance(content, str) else "" if content is None else str(content)), []
-
-
 def _s(value) -> str:
     return value if isinstance(value, str) else ""
 

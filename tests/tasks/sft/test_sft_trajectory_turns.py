@@ -17,7 +17,8 @@ from evolforge.config.settings import Settings
 from evolforge.storage.sft_sets import read_rows, write_rows
 from evolforge.tasks.sft import train
 from evolforge.tasks.sft.data import build
-from evolforge.tasks.trajectories.tokens import load_tokenizer, tool_call_text
+from evolforge.tasks.text.chat import tool_call_text
+from evolforge.tasks.trajectories.tokens import load_tokenizer
 from evolforge.testing.ppo_models import one_torch_thread  # noqa: F401 (autouse fixture)
 from evolforge.testing.tiny_policy import build_tiny_policy
 

@@ -18,9 +18,9 @@ from evolforge.storage.proxy_sets import ProxyLayout, iter_records
 from evolforge.storage.sft_sets import SFTFolder, chat_messages, read_rows
 from evolforge.tasks.proxy.server import running_proxy
 from evolforge.tasks.sft import job, train
+from evolforge.tasks.sft.fit import fit_turn
 from evolforge.tasks.sft.stage import SFTParams
 from evolforge.tasks.trajectories.export import collect, dedup_prompts, publish
-from evolforge.tasks.trajectories.fit import fit_turn
 from evolforge.testing import agent_apis
 from evolforge.testing.agent_upstream import AgentUpstream
 from evolforge.testing.ppo_models import one_torch_thread  # noqa: F401 (autouse fixture)

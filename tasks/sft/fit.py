@@ -25,7 +25,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-log = logging.getLogger("evolforge.trajectories")
+log = logging.getLogger("evolforge.sft")
 
 Count = Callable[[list[dict], list[dict], list | None], int]
 CUT_MARK = "\n[... {n} characters cut ...]\n"
