@@ -88,8 +88,10 @@ run: setup
 # subprocesses), so more workers than the 2 cores of the reference machine pay off. tests/conftest.py gives each
 # worker its own PREFECT_HOME, temporary folder and ports, and keeps the tests that share one resource on one
 # worker (--dist loadgroup). TEST_WORKERS=0: one process, no workers.
+# PYTHONDONTWRITEBYTECODE is cleared for the tests: pytest keeps its assertion-rewritten test modules only where
+# Python may write bytecode, and rewriting all of them again costs each worker about 5 s of CPU per run.
 TEST_WORKERS ?= 4
-PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The tiers (tests/conftest.py, FULL_TIER and the `slow` marks): `make test` skips the full tier, `make test-all`
 # runs it too. Each quick-tier test is held to a CPU budget (pyproject.toml, evolforge.testing.durations).

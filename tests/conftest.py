@@ -202,6 +202,7 @@ def pytest_collection_modifyitems(config, items):
             json.dump(groups, fh)
         os.replace(tmp, path)
     _skip_embedded_without_a_server(items)
+    _harness_where_prefect_may_start(items)
     for item in items:
         if full_tier_reason(item.nodeid) and "slow" not in item.keywords:
             item.add_marker(pytest.mark.slow)
@@ -209,8 +210,34 @@ def pytest_collection_modifyitems(config, items):
         return
     for item in items:
         if "slow" in item.keywords:
-            why = full_tier_reason(item.nodeid) or "slow end-to-end test"
+            mark = item.get_closest_marker("slow")
+            given = mark.args[0] if mark is not None and mark.args and isinstance(mark.args[0], str) else None
+            why = full_tier_reason(item.nodeid) or given or "slow end-to-end test"
             item.add_marker(pytest.mark.skip(reason=f"full tier (make test-all, or EVOLFORGE_SLOW=1): {why}"))
+
+
+# What in a test module's source means its tests may start Prefect: a flow, the CLI in-process or in a
+# subprocess, Prefect itself.
+_MAY_START_PREFECT = ("evolforge.flows", "evolforge.cli", "import prefect", "from prefect", "bin/evolforge")
+
+
+def _harness_where_prefect_may_start(items) -> None:
+    """Tests of a module that may start Prefect use the process's Prefect test server (`prefect_harness`), whether
+    or not they ask for it: a flow or an `evolforge` command run before the server started would start Prefect's
+    temporary server of its own (10 to 25 s of CPU, measured), so a test's cost would depend on the tests before
+    it on its worker."""
+    seen: dict[str, bool] = {}
+    for item in items:
+        path = str(getattr(item, "path", "") or "")
+        if path not in seen:
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    text = fh.read()
+            except OSError:
+                text = ""
+            seen[path] = any(marker in text for marker in _MAY_START_PREFECT)
+        if seen[path] and "prefect_harness" not in item.fixturenames:
+            item.fixturenames.append("prefect_harness")
 
 
 def full_tier_reason(nodeid: str) -> str | None:

@@ -33,9 +33,12 @@ TESTS = "from solution import add\n\ndef test_small():\n    assert add(1, 2) == 
 
 
 _REUSE_WORKERS = [True]  # set per test by the fixture below
+PER_CHECK = "one bwrap sandbox per check (reuse_workers = false); the warm-worker case, the default, stays"
 
 
-@pytest.fixture(autouse=True, params=[True, False], ids=["workers", "per-check"])
+# warm workers (the default) in the quick tier; one bwrap sandbox per check in the full tier (make test-all, CI)
+@pytest.fixture(autouse=True, params=[True, pytest.param(False, marks=pytest.mark.slow(PER_CHECK))],
+                ids=["workers", "per-check"])
 def _both_sandbox_paths(request):
     """Every case runs on warm workers (the default) and with one bwrap sandbox per check."""
     _REUSE_WORKERS[0] = request.param

@@ -19,7 +19,11 @@ from evolforge.testing import sandbox_forgeries as F
 
 pytestmark = pytest.mark.skipif(not os.access("/usr/bin/bwrap", os.X_OK), reason="bubblewrap not installed")
 
-WORKER_MODES = pytest.mark.parametrize("reuse", [True, False], ids=["workers", "per-check"])
+PER_CHECK = "one bwrap sandbox per check (reuse_workers = false); the warm-worker case, the default, stays"
+# Both sandbox modes: warm workers (the default) in the quick tier, one bwrap sandbox per check (reuse_workers =
+# false; a fresh sandbox and interpreter per check, 0.4 s of CPU each) in the full tier (make test-all, CI)
+WORKER_MODES = pytest.mark.parametrize("reuse", [True, pytest.param(False, marks=pytest.mark.slow(PER_CHECK))],
+                                       ids=["workers", "per-check"])
 
 
 def _settings(**kw) -> SandboxSettings:
