@@ -3,7 +3,8 @@
 - the file names inside the sandbox's working dir (SOLUTION_FILE, TEST_FILE, HARNESS_FILE, PROGRAM_FILE);
 - SandboxResult, what either way returns;
 - inner_env: the cleared environment the code under test sees (with the run's fixed hash seed, hash_seed);
-- take_uid / release_uid: the dedicated unprivileged uids handed to runs when started as root (one per run at a time);
+- take_uid / release_uid: the dedicated unprivileged uids handed to runs when started as root (one per run at a time,
+  machine-wide: a uid held by another process on the machine, another run or test process, is never handed out);
 - ResultChannel: the harness's nonce pipe and result pipe (judged by tasks/sandbox/verdict.py);
 - result_of: the SandboxResult of a finished run;
 - watch_sandbox_init, kill_group, NS_EXIT_WAIT_S: killing a sandbox and waiting for its PID namespace to be gone;
@@ -15,6 +16,7 @@ Both run.py and pool.py import this module; it imports neither.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import secrets
@@ -77,13 +79,45 @@ def inner_env(run: int = 0) -> dict[str, str]:
             "PYTHONHASHSEED": str(hash_seed(run))}
 
 
-def take_uid(base: int) -> int:
-    """A uid in base..base+65535 that no other run of this process holds; give it back with release_uid."""
+# Where the processes of a machine hold their sandbox uids: one lock file per uid_base, a byte-range lock on byte
+# (uid - base) while the uid is in use. The kernel drops a process's locks when it ends, however it ends, so a
+# killed run leaves no uid taken. Root-only (uids are handed out only when running as root): /run is root's.
+UID_LOCK_DIR = "/run/evolforge"
+_lock_fds: dict[int, int] = {}  # base -> the lock file, open for the life of the process (closing drops its locks)
+
+
+def _lock_fd(base: int) -> int | None:
+    fd = _lock_fds.get(base)
+    if fd is None:
+        try:
+            os.makedirs(UID_LOCK_DIR, mode=0o755, exist_ok=True)
+            fd = os.open(os.path.join(UID_LOCK_DIR, f"sandbox-uids-{base}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            return None  # not root: no uids are handed out then
+        _lock_fds[base] = fd
+    return fd
+
+
+def _claim(fd: int | None, base: int, uid: int) -> bool:
+    if fd is None:
+        return True
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, uid - base)
+    except OSError:
+        return False  # another process on the machine holds it
+    return True
+
+
+def take_uid(base: int, span: int = _UID_SPAN) -> int:
+    """A uid in base..base+span-1 that no other run holds, in this process or any other on the machine (two runs
+    or test processes at once once drew the same uid: the census of one killed the other's solution); give it
+    back with release_uid."""
     with _uids_lock:
-        start = secrets.randbelow(_UID_SPAN)  # random start: unlikely to collide with other processes
-        for i in range(_UID_SPAN):
-            uid = base + (start + i) % _UID_SPAN
-            if uid not in _uids_in_use:
+        fd = _lock_fd(base)
+        start = secrets.randbelow(span)
+        for i in range(span):
+            uid = base + (start + i) % span
+            if uid not in _uids_in_use and _claim(fd, base, uid):
                 _uids_in_use.add(uid)
                 return uid
     raise RuntimeError("no free sandbox uid")
@@ -93,6 +127,12 @@ def release_uid(uid: int) -> None:
     """Hand back a uid from take_uid once its run (and every process of it) is gone."""
     with _uids_lock:
         _uids_in_use.discard(uid)
+        for base, fd in _lock_fds.items():
+            if base <= uid < base + _UID_SPAN:
+                try:
+                    fcntl.lockf(fd, fcntl.LOCK_UN, 1, uid - base)
+                except OSError:
+                    pass
 
 
 class ResultChannel:
