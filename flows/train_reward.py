@@ -24,8 +24,9 @@ from evolforge.flows._stage import finish_stage, stage_run
 from evolforge.storage.fs import read_json, write_json_atomic
 from evolforge.storage.reward_sets import RewardLayout
 from evolforge.tasks.core.batch import settings_from_json
+from evolforge.tasks.core.health import enforce
 from evolforge.tasks.reward import report
-from evolforge.tasks.reward.health import enforce, health_markdown
+from evolforge.tasks.reward.health import health_markdown
 from evolforge.tasks.reward.stage import TrainRewardParams
 from evolforge.tasks.reward.training import model_health, train_reward_model
 

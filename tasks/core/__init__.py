@@ -7,6 +7,8 @@
 - batch:           the one batch runtime (resume, journal replay, record loop, error classification,
                    gateway registry) that evolve, synthesis and reward batches run on.
 - reporting:       cost summaries and the markdown / table content of run reports.
+- health:          health reports, one shape for every health check (the reward stage's data and models, the PPO
+                   stage's training rewards): samples, stats, check rows, text histograms, the warn / stop policy.
 - checks:          fail fast: every stage's inputs, output folder and endpoint checked before any work.
 - keys:            the API key: where it comes from, where it may go, how it is shown (the gateway re-exports it).
 - progress:        live progress numbers of a batched stage (records, accepted, calls/s, tokens/s, cost, ETA).

@@ -22,11 +22,11 @@ from typing import Any
 
 from evolforge.config.settings import PPOSettings, RewardSettings
 from evolforge.storage import ppo as store
+from evolforge.tasks.core.health import RewardHealthError, enforce
 from evolforge.tasks.core.progress import StepProgress, counting
 from evolforge.tasks.ppo import local
 from evolforge.tasks.ppo.reward import load_reward
 from evolforge.tasks.ppo.training_health import TrainingHealth
-from evolforge.tasks.reward.health import RewardHealthError, enforce
 
 MODULE = "evolforge.tasks.ppo.grpo_smoke"
 COMPARISON_KEYS = ("n_prompts", "delta", "identical_completions", "eval_split", "initial_policy")

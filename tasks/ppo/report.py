@@ -22,6 +22,7 @@ from matplotlib.ticker import MaxNLocator
 from evolforge import __version__
 from evolforge.config.settings import RewardSettings
 from evolforge.storage import ppo as store
+from evolforge.tasks.core.health import enforce
 from evolforge.tasks.core.reporting import markdown_table
 from evolforge.tasks.ppo import ray_jobs
 from evolforge.tasks.ppo.job import JobPlan
@@ -29,7 +30,6 @@ from evolforge.tasks.ppo.stage import PPOParams
 from evolforge.tasks.ppo.training_health import health_markdown
 from evolforge.tasks.report.card import as_yaml, no_calls_cost
 from evolforge.tasks.report.plots import COLORS, empty_plot, finite, png
-from evolforge.tasks.reward.health import enforce
 
 
 def summarize(params: PPOParams, evolved, health: dict, counts: dict, job_plan: JobPlan, job: dict | None,

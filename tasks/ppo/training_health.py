@@ -9,8 +9,8 @@ Fed every scored completion of the first `ppo.health_steps` steps (rA and r = rI
   separates completions, so GRPO's group advantages vanish);
 - KL explosion (RLEIF): the trainer's logged KL to the reference policy (`observe_log`, every step of the first
   ppo.health_kl_steps, 300) above ppo.health_max_kl (10) fails: lower the learning rate or raise the KL coefficient.
-Reports have the reward stage's shape (tasks/reward/health.py: stats, checks, problems, policy), so its
-`enforce` applies reward.health_policy: warn, or stop. Under stop, `should_stop` turns true once enough
+Reports have the one health report shape (tasks/core/health.py: stats, checks, problems, policy; the reward stage's
+too), so `enforce` applies reward.health_policy: warn, or stop. Under stop, `should_stop` turns true once enough
 completions were scored and a check fails, or at once when the KL exploded; the trainer callback
 (tasks/ppo/local.py) then ends training.
 """
@@ -18,9 +18,9 @@ completions were scored and a check fails, or at once when the KL exploded; the 
 from __future__ import annotations
 
 from evolforge.config.settings import PPOSettings, RewardSettings
+from evolforge.tasks.core.health import check_row, stats, text_histogram
 from evolforge.tasks.core.reporting import markdown_table
 from evolforge.tasks.ppo.reward import combine
-from evolforge.tasks.reward.health import check_row, stats, text_histogram
 
 
 class TrainingHealth:

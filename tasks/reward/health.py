@@ -6,45 +6,16 @@ On `reward.health_sample` (100) scores per distribution, all in 0..1:
 - IRM: mean over 0.9 with std under 0.01 means an overfit IRM (usually duplicate evolution templates: dedup harder).
 `check_health` is applied twice: by the reward-data flow to the label scores (IRM: the judge's 0-10 version
 scores / 10, else rank-derived; PRM: the step scores beside the labels), and by the training flow to the
-trained models' scores on held-out data. `enforce` applies `reward.health_policy`: warn, or stop (raise).
+trained models' scores on held-out data; `health_markdown` is the report as markdown. The report's shape, its
+sample and stats, and `enforce` (`reward.health_policy`: warn, or stop) are tasks/core/health.py's, shared with the
+PPO stage's training health.
 """
 
 from __future__ import annotations
 
-import math
-import random
-
 from evolforge.config.settings import RewardSettings
+from evolforge.tasks.core.health import check_row, sample, stats, text_histogram
 from evolforge.tasks.core.reporting import markdown_table
-
-
-class RewardHealthError(RuntimeError):
-    """Health checks failed under policy 'stop'."""
-
-
-def sample(scores: list[float], n: int, seed: int = 0) -> list[float]:
-    scores = [float(s) for s in scores if s is not None and not math.isnan(float(s))]
-    if len(scores) <= n:
-        return scores
-    return random.Random(seed).sample(scores, n)
-
-
-def stats(scores: list[float]) -> dict:
-    n = len(scores)
-    if not n:
-        return {"n": 0, "mean": None, "std": None, "share_below_half": None, "min": None, "max": None}
-    mean = sum(scores) / n
-    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / n)
-    return {"n": n, "mean": round(mean, 4), "std": round(std, 4),
-            "share_below_half": round(sum(1 for s in scores if s < 0.5) / n, 4),
-            "min": round(min(scores), 4), "max": round(max(scores), 4)}
-
-
-def check_row(name: str, value, passed: bool, healthy: str, message: str) -> dict:
-    """One row of a health report's "checks": the check's name, the measured value, the healthy range as text,
-    whether it passed, and the problem's message (empty when it passed). Shared with the PPO stage's training
-    health (tasks/ppo/training_health.py), so both reports have one shape."""
-    return {"check": name, "value": value, "healthy": healthy, "passed": bool(passed), "message": "" if passed else message}
 
 
 def check_health(irm_scores: list[float], prm_scores: list[float], cfg: RewardSettings, *, stage: str = "data",
@@ -87,20 +58,6 @@ def check_health(irm_scores: list[float], prm_scores: list[float], cfg: RewardSe
             "samples": {"irm": [round(s, 4) for s in irm], "prm": [round(s, 4) for s in prm]}}
 
 
-def text_histogram(scores: list[float], bins: int = 10, width: int = 40) -> str:
-    if not scores:
-        return "(no scores)"
-    counts = [0] * bins
-    for s in scores:
-        counts[min(bins - 1, max(0, int(float(s) * bins)))] += 1
-    top = max(counts) or 1
-    lines = []
-    for i, c in enumerate(counts):
-        bar = "#" * round(width * c / top)
-        lines.append(f"{i / bins:.1f}-{(i + 1) / bins:.1f} | {bar:<{width}} {c}")
-    return "\n".join(lines)
-
-
 def health_markdown(report: dict, title: str | None = None) -> str:
     verdict = "PASSED" if report["passed"] else f"FAILED (policy: {report['policy']})"
     md = [f"# {title or 'Reward health (' + report['stage'] + ')'}: {verdict}", ""]
@@ -115,13 +72,3 @@ def health_markdown(report: dict, title: str | None = None) -> str:
     if report["problems"]:
         md += ["## Problems", ""] + [f"- {p}" for p in report["problems"]]
     return "\n".join(md)
-
-
-def enforce(report: dict | None, policy: str, override: bool = False) -> str | None:
-    """Apply the policy: raise under 'stop' when the checks failed (unless overridden); else return a warning."""
-    if report is None or report.get("passed"):
-        return None
-    message = f"reward health checks failed ({report.get('stage')}): " + "; ".join(report.get("problems", []))
-    if policy == "stop" and not override:
-        raise RewardHealthError(message + ". Policy 'stop': fix the data (or override the health check) first.")
-    return message

@@ -13,7 +13,7 @@ from evolforge.flows.train_reward import TrainRewardParams, train_reward_flow
 from evolforge.storage.folder import FolderOfAnotherStage
 from evolforge.storage.ledger import read_ledger
 from evolforge.storage.reward_sets import RewardLayout
-from evolforge.tasks.reward.health import RewardHealthError
+from evolforge.tasks.core.health import RewardHealthError
 from evolforge.tasks.reward.scoring import score_instructions, score_steps
 from evolforge.testing.evolved_runs import TINY_TRAINING, evolve_folder
 

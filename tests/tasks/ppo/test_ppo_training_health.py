@@ -8,8 +8,8 @@ import json
 import pytest
 
 from evolforge.config.settings import Settings
+from evolforge.tasks.core.health import RewardHealthError, enforce
 from evolforge.tasks.ppo.training_health import TrainingHealth
-from evolforge.tasks.reward.health import RewardHealthError, enforce
 
 # 30% of these are under 0.5: inside the healthy 20%-40% band, with a healthy spread
 HEALTHY = [0.2, 0.7, 0.8, 0.9, 0.3, 0.75, 0.85, 0.6, 0.95, 0.4]

@@ -6,14 +6,8 @@ import random
 
 import pytest
 
-from evolforge.tasks.reward.health import (
-    RewardHealthError,
-    check_health,
-    enforce,
-    health_markdown,
-    stats,
-    text_histogram,
-)
+from evolforge.tasks.core.health import RewardHealthError, enforce, stats, text_histogram
+from evolforge.tasks.reward.health import check_health, health_markdown
 from evolforge.testing.settings import make_settings
 
 CFG = make_settings().reward
