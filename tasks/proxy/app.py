@@ -28,6 +28,8 @@ written with the next refused record or at shutdown; a refused record keeps 256 
 - A non-streamed answer on a recorded route must be of its API's form (tasks/proxy/wires.py): otherwise the
   client gets a 502 `upstream_invalid_response` and the record is failed (ledger outcome `malformed_response`).
   The upstream's own errors (any status but 200) pass through as sent.
+- A pooled keep-alive connection the upstream had closed, found so before any response byte, gets the call sent
+  once more on a new connection (`call_upstream`; the record's `upstream_retry`, its ledger row attempt 2).
 - Streams pass through chunk by chunk as the upstream sends them (no buffering; byte for byte). Events that are
   not of the chunk form mark the record failed; a stream the upstream breaks ends with an SSE error event
   (`{"error": {...}}`, which the openai SDK raises), never a silent cut.
@@ -67,12 +69,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import contextvars
 import itertools
 import logging
 import os
 import re
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
@@ -254,6 +258,7 @@ class ProxyState:
         self.keys = operator_keys(self.settings)
         self.refusals = RefusalBudget(cfg.refused_records_per_second, cfg.refused_records_burst)
         self.client: aiohttp.ClientSession | None = None  # made on the server's event loop (lifespan)
+        self._fresh: aiohttp.ClientSession | None = None  # fresh_client, made at the first retry (call_upstream)
         self.calls = 0
         self.history = translate.History(cfg.translate_history)  # translated Responses, for previous_response_id
         self._door_memo: dict[tuple, tuple[int, str, str] | None] = {}
@@ -302,16 +307,27 @@ class ProxyState:
         self._door_memo[key] = answer
         return answer
 
-    async def open(self) -> None:
-        cfg = self.settings.proxy
-        self.client = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=cfg.max_connections),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=cfg.timeout_seconds),
+    def _session(self, connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=self.settings.proxy.timeout_seconds),
             auto_decompress=False, skip_auto_headers=("User-Agent",))
 
+    async def open(self) -> None:
+        limit = self.settings.proxy.max_connections
+        self.client = self._session(_PoolConnector(limit=limit, limit_per_host=limit))
+
+    def fresh_client(self) -> aiohttp.ClientSession:
+        """A client whose every call opens a new connection (and closes it after): the one retry's (`call_upstream`)."""
+        if self._fresh is None:
+            limit = self.settings.proxy.max_connections
+            self._fresh = self._session(aiohttp.TCPConnector(limit=limit, limit_per_host=limit, force_close=True))
+        return self._fresh
+
     async def aclose(self) -> None:
-        if self.client is not None:
-            await self.client.close()
+        for client in (self.client, self._fresh):
+            if client is not None:
+                await client.close()
         unrecorded = self.refusals.drain()
         if unrecorded:  # the refused calls counted since the last refused record
             self.log.record({"record_id": self.record_id(), "session": REFUSED_SESSION, "parent_session": None,
@@ -323,6 +339,51 @@ class ProxyState:
         self.ledger.close()
         if self.shared is not None:
             self.shared.close()
+
+
+_REUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("evolforge_proxy_reused", default=False)
+
+
+class _PoolConnector(aiohttp.TCPConnector):
+    """The pooled connector of the proxy's upstream calls; it notes, for the call being made (a context variable:
+    each call is its own task), whether the connection it hands out had carried a call before (a pooled keep-alive
+    connection the upstream may have closed meanwhile)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._used: weakref.WeakSet = weakref.WeakSet()
+
+    async def connect(self, req, traces, timeout):
+        conn = await super().connect(req, traces, timeout)
+        proto = conn.protocol
+        _REUSED.set(proto in self._used)
+        self._used.add(proto)
+        return conn
+
+
+def _closed_before_reply(e: BaseException) -> bool:
+    """Whether an upstream call failed because its reused keep-alive connection was found closed before any byte
+    of a response came: the server had closed it (llama-server closes idle ones), the call is sent again."""
+    if not _REUSED.get():
+        return False
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return isinstance(e.message, str)  # not a partial response head
+    return isinstance(e, aiohttp.ClientOSError) and not isinstance(e, aiohttp.ClientConnectorError)
+
+
+async def call_upstream(state: ProxyState, call: "Call", method: str, url, data: bytes | None,
+               headers: dict[str, str]) -> aiohttp.ClientResponse:
+    """The upstream's response (its head read) to one call. A pooled connection found closed before any response
+    byte (`_closed_before_reply`) is retried once, on a new connection (`fresh_client`), and the call's record
+    names the retry (`upstream_retry`, its ledger row attempt 2); never once response bytes have come."""
+    _REUSED.set(False)
+    try:
+        return await state.client.request(method, url, data=data, headers=headers)
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+        if not _closed_before_reply(e):
+            raise
+        call.retry = {"error": type(e).__name__, "at_s": round(time.perf_counter() - call.t0, 6)}
+    return await state.fresh_client().request(method, url, data=data, headers=headers)
 
 
 def check_bind(host: str, token: str | None) -> None:
@@ -373,6 +434,7 @@ class Call:
         self.usage: dict | None = None
         self.translation: dict | None = None  # the chat call made upstream for a translated call (proxy.translate)
         self.output_cap: dict | None = None  # the output limit the embedded model got instead of the client's
+        self.retry: dict | None = None  # the upstream call was sent twice (`call_upstream`): why, and when
         self.ttft_s: float | None = None
         self.latency_s: float | None = None
         self.finished = False
@@ -435,7 +497,10 @@ class Call:
             rec["translation"] = self.translation
         if self.output_cap is not None:
             rec["output_cap"] = self.output_cap
-        row = dict(stage="proxy", task_id=self.session, model=_text(model), attempt=1, outcome=outcome,
+        if self.retry is not None:
+            rec["upstream_retry"] = self.retry
+        row = dict(stage="proxy", task_id=self.session, model=_text(model), attempt=2 if self.retry else 1,
+                   outcome=outcome,
                    http_status=self.status or None, prompt_tokens=pt, completion_tokens=ct, cost_usd=cost,
                    price_source=source, latency_s=latency, error=_text(self.error))
         return rec, row
@@ -662,8 +727,8 @@ async def _serve(state: ProxyState, request: Incoming, call: Call, path: str, re
         return await refuse(400, "the path cannot be forwarded as a URL", "invalid_path")
     call.forwarded = True
     try:
-        resp = await state.client.request(request.method, target, data=raw or None,
-                                          headers=_forward_headers(state, request, api_of(path)))
+        resp = await call_upstream(state, call, request.method, target, raw or None,
+                          _forward_headers(state, request, api_of(path)))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
         return await refuse(502, f"upstream {up.shown} unreachable: {type(e).__name__}", "upstream_unreachable")
     call.status = resp.status
@@ -816,8 +881,8 @@ async def _serve_translated(state: ProxyState, request: Incoming, call: Call, ap
     call.translation = tr.record()
     call.forwarded = True
     try:
-        resp = await state.client.post(f"{up.url}/{translate.CHAT_PATH}", data=translate.to_json(tr.body),
-                                       headers=_translated_headers(state, request))
+        resp = await call_upstream(state, call, "POST", f"{up.url}/{translate.CHAT_PATH}", translate.to_json(tr.body),
+                          _translated_headers(state, request))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
         return await fail(502, f"upstream {up.shown} unreachable: {type(e).__name__}", "upstream_unreachable")
     call.status = call.translation["status"] = resp.status
