@@ -75,7 +75,8 @@ _REQUEST_VERBS = frozenset(
     rewrite convert outline discuss evaluate analyze analyse develop propose plan build predict tell imagine suppose
     consider assume given use count sort return print define state recommend choose select decide rank simplify
     express find convert fill complete answer help construct derive approximate check verify format extract
-    explore brainstorm argue justify illustrate demonstrate predict reverse merge split parse read calculate""".split()
+    explore brainstorm argue justify illustrate demonstrate predict reverse merge split parse read calculate fix
+    combine synthesize synthesise debug refactor modify introduce""".split()
 )
 _QUESTION_WORDS = ("how ", "what ", "which ", "why ", "who ", "can you", "could you",
                    "would you", "please ", "your task", "you are given", "imagine ", "suppose ", "the task is to ",
@@ -96,13 +97,26 @@ _META_TALK = re.compile(r"\b(could|can|should|would|will) be rewritten\b|\brewri
                         r"\b(the|a|my|your|this) new (task|prompt|instruction|question) (is|would be|could be|will be)\b|"
                         r"(^|[.!\n]\s*)this (task|problem|question|prompt) (is|seems) (\w+ ){0,2}"
                         r"(challenging|difficult|simple|easy|hard|complex|tricky)\b", re.I)
-# a question answered right after it: "What is the area ...? The area is 40 m²."
-_ANSWERED_QUESTION = re.compile(r"\?\s+[^?]*\b(is|are|equals|was|will be)\s+(about\s+)?\$?\d[^?]*$", re.I)
+# a question answered right after it: "What is the area ...? The area is 40 m²." or "(The answer is ...)"
+_ANSWERED_QUESTION = re.compile(r"\?\s+[^?]*\b(is|are|equals|was|will be)\s+(about\s+)?\$?\d[^?]*$|"
+                                r"\?[^?]*\b(the answer is|the solution is|answer:)", re.I)
+# a sum worked out to a quantity or a price, even with a question after it: "he will have 10 - 2 = 7 marbles left",
+# "420/35 = 10 students", "the tip, which is 36 - 6 = $24", "180 / 3 ≈ 45 kilometres per hour" (a task states
+# its numbers; it does not compute them: "If 3 * 4 = 12, what is 3 * 8?" is a task)
+_WORKED_SUM = re.compile(r"\d\s*[-+*/x\u00d7\u00f7]\s*\d+(?:\.\d+)?\s*[=\u2248]\s*(\$\d|\d+(?:\.\d+)?\s*%?\s*[a-z])",
+                         re.I)
+# an answer under a question as its heading: "Why the sky looks blue during the day: The sky's a canvas ..."
+_HEADED_ANSWER = re.compile(r"^\W*(why|how|what|which|who|when)\b[^?:\n]{3,150}:\s*(?P<rest>[^?]*)$", re.I | re.S)
+# text caught in a loop: the same one to four words four times or more in a row ("max() max() max() max() ...",
+# "A leaf, a leaf, a leaf, a leaf")
+_LOOP = re.compile(r"\b(\w+(?:\W+\w+){0,3})(?:\W+\1\b){3,}", re.I)
 # a solution written out: a function or class defined in code (a rewrite of a coding task that solves it)
 _SOLUTION_CODE = re.compile(r"^\s*(def|class|function|public|int|void)\s+\w+\s*[(:{<]|^\s*(SELECT|CREATE TABLE)\b",
                             re.M | re.I)
 # operations whose rewrite may carry code as part of the task (an input, an erroneous reference)
 CODE_IN_TASK = frozenset({"complicate_input", "code_erroneous_reference"})
+# advice, not a request: "When writing an email, make sure to ..."
+_ADVICE = re.compile(r"make sure\b|make certain\b", re.I)
 _SENTENCE = re.compile(r"(?:^|[.!:;,\n]\s*|\bso\s+)([A-Za-z][A-Za-z']*)")
 
 
@@ -111,17 +125,29 @@ def poses_task(instruction: str) -> bool:
     low = " ".join(instruction.lower().split())
     if "?" in low or any(low.startswith(w) or f". {w}" in low or f"\n{w}" in low for w in _QUESTION_WORDS):
         return True
-    return any(m.group(1).lower() in _REQUEST_VERBS for m in _SENTENCE.finditer(instruction))
+    return any(m.group(1).lower() in _REQUEST_VERBS and not _ADVICE.match(instruction, m.start(1))
+               for m in _SENTENCE.finditer(instruction))
+
+
+def repeats_itself(text: str) -> bool:
+    """The same one to four words come four times or more in a row: a small model's loop, not a task."""
+    return bool(_LOOP.search(text))
 
 
 def not_an_instruction(instruction: str, operation: str | None = None) -> bool:
     """Rule `not_an_instruction`: the rewrite answers (opens like a reply or a reaction, states 'the answer is',
-    works a sum out as 'a * b = c' with no question left, answers its own question, or writes the solution's code
-    when the operation asks for none), talks about the rewriting or the task instead of posing it ('here's how it
-    could be rewritten', 'the new task is', 'this task is challenging'), or asks nothing at all (a poem, a story, a
-    statement)."""
+    works a sum out as 'a * b = c' with no question left or to a quantity ('10 - 2 = 7 marbles'), answers its own
+    question or writes the answer under the question as a heading ('Why the sky is blue: The sky ...'), or writes
+    the solution's code when the operation asks for none), talks about the rewriting or the task instead of posing
+    it ('here's how it could be rewritten', 'the new task is', 'this task is challenging'), repeats itself in a
+    loop, or asks nothing at all (a poem, a story, a statement, advice: 'make sure to ...' is no request)."""
     text = instruction.strip().lstrip("#* ").strip()
     if _ANSWER_OPENINGS.match(text) or _ANSWERED_QUESTION.search(text) or _META_TALK.search(text):
+        return True
+    if _WORKED_SUM.search(text) or repeats_itself(text):
+        return True
+    headed = _HEADED_ANSWER.match(text)
+    if headed and not poses_task(headed.group("rest")):
         return True
     if operation not in CODE_IN_TASK and _SOLUTION_CODE.search(text):
         return True

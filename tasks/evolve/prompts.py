@@ -10,6 +10,8 @@ tasks/problems/prompts.py and is re-exported here for the evolution.
 
 from __future__ import annotations
 
+import json
+
 from evolforge.tasks.problems.prompts import answer_messages as answer_messages
 
 # Markers: substrings each kind of prompt contains (the templates below are built from them, so they cannot
@@ -23,11 +25,14 @@ MARKER_EQUAL_JUDGE = "Your Judgement (Just answer: Equal or Not Equal. No need t
 # How a rewrite is asked. The published templates (WizardLM, WizardMath, WizardCoder) put the whole job in one
 # long user turn that ends in '#Rewritten Prompt#:'; a small model (the embedded 135M one) then echoes the template,
 # answers the task or writes a poem (measured: 19 of 60 rewrites of the sample seeds passed the rules). Here the
-# same operations and rules are asked in three parts, which a small model follows far more often (24 of 60, and
-# most of those are instructions; BENCHMARKS.md, "The sample run"):
+# same operations and rules are asked in three parts, which a small model follows far more often (BENCHMARKS.md,
+# "The sample run"):
 #   1. a system turn: the role and the rules (reply with the new task only; never answer it; no template words);
-#   2. one worked example of the same kind of operation, as a user turn and the assistant's reply;
+#   2. one worked example of the same kind of operation on a task of the same domain (math, code, general), as a
+#      user turn and the assistant's reply, {"instruction": "..."};
 #   3. the real request: the operation's published method sentence and the instruction to evolve.
+# The reply is asked for as JSON with one field, the new instruction (response_format json_schema): the grammar
+# keeps a small model from trailing talk after the task ("Create the new task.", "Here's how you can implement it:").
 # A capable model gets the same information as from the published templates.
 SYSTEM = (
     "You rewrite tasks for an AI assistant. Your whole reply is the new task, written as a question or a request "
@@ -65,28 +70,57 @@ CODE_METHODS = {
     "code_complexity": "Propose higher time or space complexity requirements, but please refrain from doing so frequently.",
 }
 
-# One worked example per kind of operation: (lead, limit, marker, example task, example reply).
+# How each kind of operation is asked: (lead, limit, marker).
 _UP_LIMIT = "Add only 10 to 20 words to the task.\n"
 KINDS = {
     "up": ("Rewrite the task into a more complex version that is still reasonable and answerable.", _UP_LIMIT,
-           MARKER_EVOLVE_REWRITE,
-           "Tom has 15 marbles. He gives 6 to his sister. How many marbles does he have now?",
-           "Tom has 15 marbles. He gives 6 to his sister and then buys twice as many as he gave away. How many "
-           "marbles does he have now?"),
-    "breadth": ("Create a brand new task.", "", MARKER_EVOLVE_CREATE,
-                "Write a haiku about the sea.",
-                "Write a haiku about a lighthouse keeper's last night before the light is automated."),
-    "easier": ("Rewrite the task into an easier version.", "", MARKER_EVOLVE_REWRITE,
-               "A shop sells pens at $1.20 each with 15% off for orders over 50 pens. What do 60 pens cost?",
-               "A shop sells pens at $1 each. What do 6 pens cost?"),
-    "new_easier_topic": ("Create a brand new, easier task.", "", MARKER_EVOLVE_CREATE,
-                         "A shop sells pens at $1.20 each with 15% off for orders over 50 pens. What do 60 pens cost?",
-                         "Anna has 3 apples and picks 2 more. How many apples does she have?"),
-    "code": ("Increase the difficulty of the programming question a bit.", "", MARKER_EVOLVE_CODE,
-             "Write a Python function that returns the largest number in a list.",
-             "Write a Python function that returns the second largest distinct number in a list, or None if there "
-             "is none, without sorting the list."),
+           MARKER_EVOLVE_REWRITE),
+    "breadth": ("Create a brand new task.", "", MARKER_EVOLVE_CREATE),
+    "easier": ("Rewrite the task into an easier version.", "", MARKER_EVOLVE_REWRITE),
+    "new_easier_topic": ("Create a brand new, easier task.", "", MARKER_EVOLVE_CREATE),
+    "code": ("Increase the difficulty of the programming question a bit.", "", MARKER_EVOLVE_CODE),
 }
+# One worked example per kind of operation and domain of the task (math, code, general; any other domain gets the
+# general one): (example task, example reply). An example of the task's own domain is what a small model imitates:
+# with one math example for every task, the 135M model answered explanation and code tasks instead of rewriting
+# them (BENCHMARKS.md, "The sample run"). None of them is one of the sample seeds, so a run on the sample seeds
+# shows what the model writes, not a copy of an example.
+EXAMPLES = {
+    ("up", "math"): ("A library has 120 books and lends out 45. How many books are left?",
+                     "A library has 120 books, lends out 45 and gets 18 of them back the next day. How many books "
+                     "does it have now?"),
+    ("up", "code"): ("Write a Python function that returns the average of a list of numbers.",
+                     "Write a Python function that returns the average of a list of numbers, skipping None values, "
+                     "and returns 0.0 for an empty list."),
+    ("up", "general"): ("Explain how bees make honey.",
+                        "Explain how bees make honey, and describe what the worker bees do at each step, in under 150 "
+                        "words."),
+    ("breadth", "math"): ("A farmer has 12 cows and buys 5 more. How many cows does he have?",
+                          "A beekeeper has 8 hives with 3 frames of honey each and sells 5 frames. How many frames are "
+                          "left?"),
+    ("breadth", "code"): ("Write a Python function that reverses a string.",
+                          "Write a Python function that returns the longest word in a sentence."),
+    ("breadth", "general"): ("Write a haiku about the sea.",
+                             "Write a haiku about a lighthouse keeper's last night before the light is automated."),
+    ("easier", "math"): ("A cinema ticket costs $12.50 and children pay 40% less. What do 2 adults and 3 children "
+                         "pay?", "A cinema ticket costs $10. What do 2 tickets cost?"),
+    ("easier", "code"): ("Write a Python function that parses a date in any of three formats and returns it in ISO "
+                         "8601 form.", "Write a Python function that turns a date 'DD/MM/YYYY' into 'YYYY-MM-DD'."),
+    ("easier", "general"): ("Compare the healthcare systems of three European countries and their costs.",
+                            "Describe how people see a doctor in France."),
+    ("new_easier_topic", "math"): ("A cinema ticket costs $12.50 and children pay 40% less. What do 2 adults and 3 "
+                                   "children pay?", "Anna has 3 apples and picks 2 more. How many apples does she have?"),
+    ("new_easier_topic", "code"): ("Implement a thread-safe cache class in Python that evicts the least recently "
+                                   "used item.", "Write a Python function that returns the sum of a list of numbers."),
+    ("new_easier_topic", "general"): ("Analyse the causes of the First World War.", "Name the three primary colours."),
+    ("code", "code"): ("Write a Python function that checks whether a number is prime.",
+                       "Write a Python function that checks whether a number is prime in O(sqrt(n)) time, and returns "
+                       "False for numbers below 2."),
+}
+# The reply's form: one field, the new instruction (response_format json_schema; tasks/evolve/evolution.py sizes it
+# to the call's token budget and reads the reply, JSON or not). The worked example's reply is in that form too, so
+# a model asked without a schema (an endpoint that takes none) still answers in it.
+REPLY_FIELD = "instruction"
 
 EQUAL_JUDGE = (
     "Here are two Instructions to ChatGPT AI, do you think they are equal to each other, "
@@ -113,20 +147,30 @@ DOWN_OPERATIONS = list(DOWN)
 CODE_OPERATIONS = list(CODE_METHODS)
 
 # Strings that may never appear in an evolved instruction (elimination rule 4): the template words of the published
-# prompts and of these.
+# prompts and of these, and the phrases of the method sentences no task would use ("To maximize the depth of the
+# inquiry, ..." copies the deepening method).
 FORBIDDEN_COPIES = ("#the given prompt#", "#rewritten prompt#", "given prompt", "rewritten prompt",
                     "#created prompt#", "created prompt", "#given question#", "#rewritten question#",
                     "rewritten task:", "created task:", "rewritten question:", "the new task only",
-                    "rewrite the task")
+                    "rewrite the task", "reply with the new task", "add only 10 to 20 words",
+                    "depth of the inquiry", "breadth of the inquiry", "depth and breadth of the",
+                    "one more constraints", "constraints/requirements", "structured input data",
+                    "to increase misdirection", "erroneous code as a reference")
 
 
-# The first words of every method sentence, lower-case: a rewrite that repeats one copies the template (rule 4).
-METHOD_OPENINGS = tuple(" ".join(m.lower().split()[:8]) for m in (*DEPTH_METHODS.values(), BREADTH_METHOD,
-                                                                     *DOWN.values(), *CODE_METHODS.values()))
+def _openings(sentence: str) -> set[str]:
+    """A method sentence's first 8 words, as published and as the request shows it ('the task' for '#The Given
+    Prompt#'), lower-case."""
+    return {" ".join(s.lower().split()[:8]) for s in (sentence, sentence.replace("#The Given Prompt#", "the task"))}
+
+
+# The first words of every method sentence: a rewrite that repeats one copies the template (rule 4).
+METHOD_OPENINGS = tuple(sorted(set().union(*(_openings(m) for m in (*DEPTH_METHODS.values(), BREADTH_METHOD,
+                                                                      *DOWN.values(), *CODE_METHODS.values())))))
 
 
 def _kind(operation: str) -> tuple[str, str]:
-    """(kind of worked example, the operation's method sentence)."""
+    """(kind of worked example, the operation's method sentence as the request shows it)."""
     if operation in DEPTH_METHODS:
         return "up", DEPTH_METHODS[operation].replace("#The Given Prompt#", "the task")
     if operation == "in_breadth":
@@ -138,16 +182,26 @@ def _kind(operation: str) -> tuple[str, str]:
     raise ValueError(f"unknown evolution operation {operation!r}")
 
 
-def evolve_messages(operation: str, instruction: str) -> list[dict]:
-    """The rewrite request of one operation: the rules, one worked example of its kind, then the instruction."""
+def example(kind: str, domain: str | None) -> tuple[str, str]:
+    """The worked example of a kind of operation for a task of `domain` (the general one for any other domain;
+    the code operations have only a code example)."""
+    return (EXAMPLES.get((kind, domain or "general")) or EXAMPLES.get((kind, "general"))
+            or EXAMPLES[(kind, "code")])
+
+
+def evolve_messages(operation: str, instruction: str, domain: str | None = "general") -> list[dict]:
+    """The rewrite request of one operation: the rules, one worked example of its kind in the task's domain (its
+    reply in the reply's JSON form), then the instruction."""
     kind, method = _kind(operation)
-    lead, limit, marker, example, reply = KINDS[kind]
+    lead, limit, marker = KINDS[kind]
+    task, reply = example(kind, domain)
 
     def ask(text: str) -> str:
         return ASK.format(lead=lead, method=method, limit=limit, instruction=text, marker=marker)
 
     return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": ask(example)}, {"role": "assistant", "content": reply},
+            {"role": "user", "content": ask(task)},
+            {"role": "assistant", "content": json.dumps({REPLY_FIELD: reply})},
             {"role": "user", "content": ask(instruction)}]
 
 

@@ -32,8 +32,8 @@ def test_the_judge_call_carries_the_schema_and_its_json_decides(server, verdict,
     gw = Gateway(settings, base_url=server.base_url, run_id="r")
     evo = evolve_record({"id": "r1", "instruction": "Add two numbers.", "seed_id": "r1"}, 1, gw,
                         settings.evol_instruct)
-    judge = [p for p in server.posts() if p["response_format"]]
-    assert len(judge) == 1 and judge[0]["response_format"]["json_schema"]["name"] == "EqualVerdict"
+    names = [p["response_format"]["json_schema"]["name"] for p in server.posts() if p["response_format"]]
+    assert names == ["Rewrite", "EqualVerdict"]  # the rewrite's schema, then the judge's
     assert evo.status == status and evo.judge_verdict == ("equal" if verdict == "Equal" else "not_equal")
 
 

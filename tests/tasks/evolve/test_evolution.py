@@ -12,7 +12,7 @@ from evolforge.storage.datasets import SeedFileError, import_seeds
 from evolforge.tasks.core.gateway import Gateway
 from evolforge.tasks.evolve import elimination as rules
 from evolforge.tasks.evolve import prompts
-from evolforge.tasks.evolve.evolution import choose_operation, clean_evolved, evolve_record
+from evolforge.tasks.evolve.evolution import choose_operation, clean_evolved, evolve_record, rewrite_chars
 from evolforge.testing.settings import make_settings
 
 
@@ -40,9 +40,49 @@ def test_all_up_or_all_down():
     ('"Compute the sum of 3 numbers."', "Compute the sum of 3 numbers."),
     ("Created Prompt:\nWrite a haiku.", "Write a haiku."),
     ("Explain the given prompt rules.", "Explain the given prompt rules."),  # rule 4 must still see it
+    # the reply's JSON (issue 37): whole, fenced, cut inside the string, or with another key
+    ('{"instruction": "Write a haiku about rain."}', "Write a haiku about rain."),
+    ('```json\n{"instruction": "Write a haiku."}\n```', "Write a haiku."),
+    ('{"instruction": "Write a haiku about \\"rain\\" and', 'Write a haiku about "rain" and'),
+    ('{"new_task": "Write a haiku."}', "Write a haiku."),
+    # an announcing first line, trailing talk about the task, a brace left after the JSON string
+    ("Here's a possible rewording of the task:\n\n\"Suggest a meal plan for a week.\"", "Suggest a meal plan for a week."),
+    ("Write a function that sorts a list.\n\nReply with the new task only.\n\nHere's how you can implement it:",
+     "Write a function that sorts a list."),
+    ("What is 7 x 8?\nCreate the new task.", "What is 7 x 8?"),
+    ("What is 7 x 8?\n\nYou can ask a question in the following format", "What is 7 x 8?"),
+    ("Convert 'IV' to an integer.\n\nQuestion:", "Convert 'IV' to an integer."),
+    ("Ask how many days Lena needs?}", "Ask how many days Lena needs?"),
+    # kept: a task that introduces its input, input/output lines, a first line that is the task itself
+    ("Sort this list:\n[3, 1, 2]", "Sort this list:\n[3, 1, 2]"),
+    ("Write add(a, b).\nInput: 2, 3\nOutput: 5", "Write add(a, b).\nInput: 2, 3\nOutput: 5"),
+    ("Write a new version of this function that handles the following task:\nx = 1",
+     "Write a new version of this function that handles the following task:\nx = 1"),
+    ("Reply with the new task only.", "Reply with the new task only."),  # only talk: left for rule 4
 ])
 def test_clean_evolved(raw, clean):
     assert clean_evolved(raw) == clean
+
+
+@pytest.mark.parametrize(("raw", "clean"), [
+    ("Write a poem about rain. Use the sound of the drops to convey it. Choose a setting that is not too", 
+     "Write a poem about rain. Use the sound of the drops to convey it."),
+    ("Consider a meal plan that includes lentils, and a no", "Consider a meal plan that includes lentils, and a no"),
+    ("What is 2 + 3?", "What is 2 + 3?"),
+])
+def test_a_cut_reply_ends_at_its_last_whole_sentence(raw, clean):
+    assert clean_evolved(raw, cut=True) == clean
+
+
+def test_the_rewrite_call_asks_for_one_field_sized_to_its_budget(server):
+    gw, cfg = _gw(server, answer=False, equal_check=False)
+    row = {"id": "s-1", "seed_id": "s-1", "instruction": "Name a colour.", "domain": "general", "generation": 0}
+    server.script('text:{"instruction": "Name a colour of the rainbow and a fruit of that colour."}')
+    evo = evolve_record(row, 1, gw, cfg)
+    fmt = server.posts()[0]["response_format"]["json_schema"]
+    assert fmt["name"] == "Rewrite" and list(fmt["schema"]["properties"]) == [prompts.REPLY_FIELD]
+    assert evo.instruction == "Name a colour of the rainbow and a fruit of that colour." and evo.status == "accepted"
+    assert rewrite_chars(128) == 336 and rewrite_chars(1024) > 3000
 
 
 def test_elimination_rules():
