@@ -97,9 +97,12 @@ _META_TALK = re.compile(r"\b(could|can|should|would|will) be rewritten\b|\brewri
                         r"\b(the|a|my|your|this) new (task|prompt|instruction|question) (is|would be|could be|will be)\b|"
                         r"(^|[.!\n]\s*)this (task|problem|question|prompt) (is|seems) (\w+ ){0,2}"
                         r"(challenging|difficult|simple|easy|hard|complex|tricky)\b", re.I)
-# a question answered right after it: "What is the area ...? The area is 40 m²." or "(The answer is ...)"
+# a question answered right after it: "What is the area ...? The area is 40 m².", "(The answer is ...)", "The
+# answer to this question revolves around ..."
 _ANSWERED_QUESTION = re.compile(r"\?\s+[^?]*\b(is|are|equals|was|will be)\s+(about\s+)?\$?\d[^?]*$|"
-                                r"\?[^?]*\b(the answer is|the solution is|answer:)", re.I)
+                                r"\?[^?]*\b(the answer is|the solution is|answer:)|"
+                                r"\?\W*(the )?(answer|solution)( to (this|the) (question|problem|task))?\s+"
+                                r"(is|are|was|lies|revolves|depends|comes)\b", re.I)
 # a sum worked out to a quantity or a price, even with a question after it: "he will have 10 - 2 = 7 marbles left",
 # "420/35 = 10 students", "the tip, which is 36 - 6 = $24", "180 / 3 ≈ 45 kilometres per hour" (a task states
 # its numbers; it does not compute them: "If 3 * 4 = 12, what is 3 * 8?" is a task)

@@ -155,7 +155,8 @@ FORBIDDEN_COPIES = ("#the given prompt#", "#rewritten prompt#", "given prompt", 
                     "rewrite the task", "reply with the new task", "add only 10 to 20 words",
                     "depth of the inquiry", "breadth of the inquiry", "depth and breadth of the",
                     "one more constraints", "constraints/requirements", "structured input data",
-                    "to increase misdirection", "erroneous code as a reference")
+                    "to increase misdirection", "erroneous code as a reference", "step or one condition",
+                    "who finds the original")
 
 
 def _openings(sentence: str) -> set[str]:
