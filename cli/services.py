@@ -101,9 +101,9 @@ def cmd_proxy(args) -> int:
 
     from evolforge.tasks.core.embedded_model import embedded_server
     from evolforge.tasks.core.keys import InsecureKeyTransport
-    from evolforge.tasks.proxy.app import ProxyConfigError, redact_url
     from evolforge.tasks.proxy.banner import banner
     from evolforge.tasks.proxy.server import check, check_settings, serve
+    from evolforge.tasks.proxy.upstream import ProxyConfigError, redact_url
 
     proxy_overrides = {k: v for k, v in (("upstream", args.upstream), ("host", args.host), ("port", args.port),
                                          ("translate", args.translate)) if v is not None}

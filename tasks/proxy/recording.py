@@ -1,7 +1,7 @@
 """What the proxy keeps of a call: the request's content and the response reassembled, never a header.
 
-Pure functions over parsed bodies and raw SSE bytes; the app (tasks/proxy/app.py) calls them after the
-response has gone to the client. Bodies come from the agent and the upstream, so nothing here trusts a shape:
+Pure functions over parsed bodies and raw SSE bytes; the proxy (forward.py, translating.py) calls them after
+the response has gone to the client. Bodies come from the agent and the upstream, so nothing here trusts a shape:
 
 - `request_part(body)`: messages (chat) or prompt (completions), tools, and every other parameter.
 - `response_part(body)`: content, tool calls, finish reason, usage, logprobs and, when the upstream returns
@@ -10,34 +10,23 @@ response has gone to the client. Bodies come from the agent and the upstream, so
   objects, a `message` object or a `text` string, string content, a list of tool-call objects, `usage` an object
   of non-negative integer counts) must hold: a reply that breaks it is a failed call. An odd optional field
   (model, id, finish reason, reasoning, logprobs, token ids) is dropped from the record, not fatal.
-- `StreamAssembler`: fed the raw bytes of a streamed (SSE) response chunk by chunk, it rebuilds the same
-  response part: content and tool-call deltas concatenated per index, the finish reason, the final usage
-  chunk, logprobs and token ids; it notes when the first chunk came (time to first token), and counts the
-  events that are not JSON or not of the chunk form (`problem`: the first of them).
+- `StreamAssembler`: fed the raw bytes of a streamed (SSE) response chunk by chunk (sse.EventParser cuts and
+  decodes the events), it rebuilds the same response part: content and tool-call deltas concatenated per index,
+  the finish reason, the final usage chunk, logprobs and token ids; it notes when the first chunk came (time to
+  first token), and counts the events that are not JSON or not of the chunk form (`problem`: the first of them).
 - `model_name(value)`: a model name as the record and the ledger keep it (a string of at most 256 characters).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from evolforge.storage.logs import json_bytes as dumps  # noqa: F401  (the proxy's JSON, as the logs write it)
-from evolforge.storage.logs import json_loads as _json_loads
+from evolforge.tasks.proxy.sse import EventParser, dumps, loads  # noqa: F401  (dumps, loads: the proxy's JSON)
 
 CONTENT_KEYS = ("messages", "prompt", "tools", "tool_choice", "functions")
 MAX_MODEL_CHARS = 256
 MAX_TOOL_INDEX = 1024  # a tool-call index past this is not a real one (and would key an unbounded dict)
-MAX_EVENT_BYTES = 8_000_000  # an SSE event that never ends is dropped once it passes this
 _NOTHING = object()
-
-
-def loads(raw: bytes | str) -> Any:
-    """JSON as the logs read it; ValueError for anything that is not JSON, nesting past the parser's depth too."""
-    try:
-        return _json_loads(raw)
-    except RecursionError as e:
-        raise ValueError("JSON nested too deep") from e
 
 
 def model_name(value: Any) -> str | None:
@@ -160,13 +149,12 @@ def _tool_index(tc: dict, known: int) -> int | str:
     return i
 
 
-class StreamAssembler:
-    """Rebuilds one response from the SSE bytes of a streamed completion, as they pass through."""
+class StreamAssembler(EventParser):
+    """Rebuilds one response from the SSE bytes of a streamed completion, as they pass through (sse.EventParser
+    cuts and decodes the events)."""
 
     def __init__(self, started: float):
-        self.started = started
-        self.first_chunk_at: float | None = None
-        self._buf = b""
+        super().__init__(started)
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.tool_calls: dict[int, dict] = {}
@@ -178,46 +166,12 @@ class StreamAssembler:
         self.model: str | None = None
         self.id: str | None = None
         self.events = 0
-        self.malformed = 0  # events that are not JSON, or not of the chunk form
-        self.problem: str | None = None  # the first of them
         self.done = False
 
-    @property
-    def pending(self) -> bool:
-        """Bytes of an event not ended yet (a cut stream ends in the middle of one)."""
-        return bool(self._buf.strip())
+    def _done_marker(self) -> None:
+        self.done = True
 
-    def feed(self, chunk: bytes) -> None:
-        if self.first_chunk_at is None and chunk:
-            self.first_chunk_at = time.perf_counter()
-        self._buf += chunk
-        while True:
-            cut = _event_end(self._buf)
-            if cut is None:
-                break
-            event, self._buf = self._buf[:cut[0]], self._buf[cut[1]:]
-            self._event(event)
-        if len(self._buf) > MAX_EVENT_BYTES:
-            self._buf = b""
-            self._bad(f"an event of over {MAX_EVENT_BYTES} bytes")
-
-    def _bad(self, why: str) -> None:
-        self.malformed += 1
-        self.problem = self.problem or why
-
-    def _event(self, raw: bytes) -> None:
-        data = b"\n".join(line[5:].lstrip() for line in raw.splitlines() if line.startswith(b"data:"))
-        if not data:
-            return
-        if data.strip() == b"[DONE]":
-            self.done = True
-            return
-        try:
-            obj = loads(data)
-        except ValueError:
-            return self._bad("an event is not JSON")
-        if not isinstance(obj, dict):
-            return self._bad(f"an event is a JSON {type(obj).__name__}, not an object")
+    def _object(self, obj: dict, data: bytes) -> None:
         self.events += 1
         self.model = self.model or model_name(obj.get("model"))
         self.id = self.id or _str(obj.get("id"))
@@ -311,17 +265,3 @@ class StreamAssembler:
             "stream_done": self.done,
             "stream_malformed_events": self.malformed,
         }
-
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_chunk_at is None else round(self.first_chunk_at - self.started, 6)
-
-
-def _event_end(buf: bytes) -> tuple[int, int] | None:
-    """(end of the first complete SSE event, start of the next) or None: events end with a blank line."""
-    best = None
-    for sep in (b"\n\n", b"\r\n\r\n", b"\r\r"):
-        i = buf.find(sep)
-        if i >= 0 and (best is None or i < best[0]):
-            best = (i, i + len(sep))
-    return best

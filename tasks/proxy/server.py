@@ -20,13 +20,13 @@ from typing import Iterator
 from evolforge.config.settings import Settings
 from evolforge.storage.fs import ensure_dir, is_remote, write_json_atomic
 from evolforge.storage.proxy_sets import ProxyLayout, SessionParents
-from evolforge.tasks.proxy.app import (
+from evolforge.tasks.proxy.app import build_app
+from evolforge.tasks.proxy.calls import log
+from evolforge.tasks.proxy.state import ProxyState
+from evolforge.tasks.proxy.upstream import (
     ProxyConfigError,
-    ProxyState,
     Upstream,
-    build_app,
     check_bind,
-    log,
     operator_keys,
     redact_url,
     upstream_of,

@@ -34,15 +34,12 @@ client when not streamed), an odd optional field is dropped.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from evolforge.tasks.proxy.recording import (
-    MAX_EVENT_BYTES,
     MAX_TOOL_INDEX,
     StreamAssembler,
-    _event_end,
     dumps,
     loads,
     model_name,
@@ -51,6 +48,7 @@ from evolforge.tasks.proxy.recording import (
     response_problem,
     usage_of,
 )
+from evolforge.tasks.proxy.sse import EventParser, frame
 
 _NOTHING = object()
 
@@ -282,64 +280,24 @@ def messages_part(body: dict) -> dict:
 
 
 # ------------------------------------------------------------------ streams of the typed-event APIs
-class EventAssembler:
+class EventAssembler(EventParser):
     """Rebuilds one response from the SSE bytes of a Responses or Messages stream (typed events: the data's
-    `type`), as they pass through. Same interface as recording.StreamAssembler: feed, pending, ttft_s,
-    response_part(), usage (for the ledger), events, malformed, problem, done, error."""
+    `type`), as they pass through (sse.EventParser cuts and decodes the events). Same interface as
+    recording.StreamAssembler: feed, pending, ttft_s, response_part(), usage (for the ledger), events, malformed,
+    problem, done, error."""
 
     end_marker = ""
     lenient_index = None  # what a missing index means (llama-server's Responses deltas carry item_id only)
 
     def __init__(self, started: float):
-        self.started = started
-        self.first_chunk_at: float | None = None
-        self._buf = b""
+        super().__init__(started)
         self.events = 0
-        self.malformed = 0
-        self.problem: str | None = None
         self.done = False
         self.error: str | None = None  # the upstream's own error event (response.failed, error)
         self.model: str | None = None
         self.id: str | None = None
 
-    @property
-    def pending(self) -> bool:
-        return bool(self._buf.strip())
-
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_chunk_at is None else round(self.first_chunk_at - self.started, 6)
-
-    def feed(self, chunk: bytes) -> None:
-        if self.first_chunk_at is None and chunk:
-            self.first_chunk_at = time.perf_counter()
-        self._buf += chunk
-        while True:
-            cut = _event_end(self._buf)
-            if cut is None:
-                break
-            event, self._buf = self._buf[:cut[0]], self._buf[cut[1]:]
-            self._raw_event(event)
-        if len(self._buf) > MAX_EVENT_BYTES:
-            self._buf = b""
-            self._bad(f"an event of over {MAX_EVENT_BYTES} bytes")
-
-    def _bad(self, why: str) -> None:
-        self.malformed += 1
-        self.problem = self.problem or why
-
-    def _raw_event(self, raw: bytes) -> None:
-        data = b"\n".join(line[5:].lstrip() for line in raw.splitlines() if line.startswith(b"data:"))
-        if not data:
-            return
-        if data.strip() == b"[DONE]":
-            return
-        try:
-            obj = loads(data)
-        except ValueError:
-            return self._bad("an event is not JSON")
-        if not isinstance(obj, dict):
-            return self._bad(f"an event is a JSON {type(obj).__name__}, not an object")
+    def _object(self, obj: dict, data: bytes) -> None:
         kind = obj.get("type")
         if not isinstance(kind, str):
             return self._bad("an event has no type")
@@ -598,14 +556,14 @@ class MessagesAssembler(EventAssembler):
 
 # ------------------------------------------------------------------ the wires
 def _openai_error_event(message: str) -> bytes:
-    return b"data: " + dumps({"error": {"message": message, "type": "upstream_error", "code": 502}}) + b"\n\n"
+    return frame(dumps({"error": {"message": message, "type": "upstream_error", "code": 502}}))
 
 
 def _typed_error_event(message: str) -> bytes:
     """An SSE error event both SDKs raise: the anthropic SDK on `event: error`, the openai SDK on a data object
     with an `error` key."""
-    return (b"event: error\ndata: " + dumps({"type": "error", "error": {"type": "upstream_error", "message": message,
-                                                                        "code": 502}}) + b"\n\n")
+    return frame(dumps({"type": "error", "error": {"type": "upstream_error", "message": message, "code": 502}}),
+                 "error")
 
 
 @dataclass(frozen=True)

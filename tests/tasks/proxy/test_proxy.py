@@ -16,8 +16,8 @@ import pytest
 
 from evolforge.storage.ledger import read_ledger
 from evolforge.storage.proxy_sets import ProxyLayout, iter_events
-from evolforge.tasks.proxy.app import ProxyConfigError
 from evolforge.tasks.proxy.server import running_proxy
+from evolforge.tasks.proxy.upstream import ProxyConfigError
 from evolforge.testing.agent_upstream import AgentUpstream
 from evolforge.testing.net import free_port
 from evolforge.testing.proxy_records import wait_for_records
@@ -212,7 +212,7 @@ def test_a_public_bind_needs_a_token_and_clients_must_send_it(upstream, tmp_path
                         "--upstream", upstream.base_url, "--out", str(tmp_path / "x")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "EVOLFORGE_PROXY_TOKEN" in r.stderr
-    from evolforge.tasks.proxy.app import check_bind
+    from evolforge.tasks.proxy.upstream import check_bind
 
     with pytest.raises(ProxyConfigError):
         check_bind("0.0.0.0", None)

@@ -20,8 +20,8 @@ import pytest
 from evolforge.storage.ledger import read_ledger
 from evolforge.storage.proxy_sets import ProxyLayout, iter_events, iter_records
 from evolforge.tasks.core.keys import InsecureKeyTransport
-from evolforge.tasks.proxy.app import ProxyConfigError
 from evolforge.tasks.proxy.server import running_proxy
+from evolforge.tasks.proxy.upstream import ProxyConfigError
 from evolforge.testing.agent_upstream import AgentUpstream
 from evolforge.testing.hostile_upstream import REPLIES, STREAMS, HostileUpstream
 from evolforge.testing.proxy_records import wait_for_records

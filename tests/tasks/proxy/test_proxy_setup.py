@@ -22,9 +22,9 @@ import pytest
 from evolforge.config.sections.proxy import ProxySettings
 from evolforge.storage.ledger import read_ledger
 from evolforge.storage.proxy_sets import ProxyLayout
-from evolforge.tasks.proxy.app import output_capped
 from evolforge.tasks.proxy.banner import banner
 from evolforge.tasks.proxy.server import running_proxy
+from evolforge.tasks.proxy.state import output_capped
 from evolforge.testing.agent_upstream import AgentUpstream
 from evolforge.testing.chat_upstream import ChatUpstream
 from evolforge.testing.net import free_port

@@ -14,7 +14,7 @@ import pytest
 
 from evolforge.storage.ledger import read_ledger
 from evolforge.storage.proxy_sets import ProxyLayout
-from evolforge.tasks.proxy import translate
+from evolforge.tasks.proxy import translate, translate_messages, translate_responses
 from evolforge.tasks.proxy.server import running_proxy
 from evolforge.testing import chat_upstream
 from evolforge.testing.agent_apis import ANSWER
@@ -489,7 +489,7 @@ def test_messages_request_maps_blocks_tools_and_choices():
                     {"type": "text", "text": "r"},
                     {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]},
                 {"type": "text", "text": "more"}]}]}
-    tr = translate.messages_request(body, model="served")
+    tr = translate_messages.messages_request(body, model="served")
     assert tr.body["model"] == "served" and tr.body["top_k"] == 3 and tr.body["parallel_tool_calls"] is False
     assert tr.body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     assert [t["function"]["name"] for t in tr.body["tools"]] == ["get_weather"]
@@ -501,12 +501,12 @@ def test_messages_request_maps_blocks_tools_and_choices():
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}},
                                      {"type": "text", "text": "more"}]}]
     assert tr.dropped == ["thinking blocks", "tool_result is_error flags", "tool web_search_20250305"]
-    assert translate.messages_request({**body, "tool_choice": {"type": "any"}}).body["tool_choice"] == "required"
+    assert translate_messages.messages_request({**body, "tool_choice": {"type": "any"}}).body["tool_choice"] == "required"
     for bad in ({"messages": "x"}, {"messages": [{"role": "tool", "content": "x"}]},
                 {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": 3}]}]},
                 {"messages": [], "system": [{"type": "image", "source": {"type": "url", "url": "u"}}]}):
         with pytest.raises(translate.Untranslatable):
-            translate.messages_request(bad)
+            translate_messages.messages_request(bad)
 
 
 def test_responses_request_maps_items_custom_and_shell_tools_and_back():
@@ -523,7 +523,7 @@ def test_responses_request_maps_items_custom_and_shell_tools_and_back():
                   {"type": "custom_tool_call_output", "call_id": "c1", "output": "done"},
                   {"type": "local_shell_call_output", "call_id": "c2", "output": [
                       {"type": "input_text", "text": "a"}, {"type": "input_image", "image_url": "https://x/i.png"}]}]}
-    tr = translate.responses_request(body)
+    tr = translate_responses.responses_request(body)
     assert tr.custom_tools == {"apply_patch"} and tr.shell_tools == {"local_shell"}
     tools = {t["function"]["name"]: t["function"] for t in tr.body["tools"]}
     assert set(tools) == {"get_weather", "apply_patch", "local_shell"} and "start: /.+/" in tools["apply_patch"]["description"]
@@ -540,12 +540,12 @@ def test_responses_request_maps_items_custom_and_shell_tools_and_back():
             "tool_calls": [{"id": "k1", "function": {"name": "apply_patch", "arguments": '{"input": "P"}'}},
                            {"id": "k2", "function": {"name": "local_shell", "arguments": '{"command": ["pwd"]}'}},
                            {"id": "k3", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}
-    out = translate.chat_to_responses(part, tr, "resp_1")["output"]
+    out = translate_responses.chat_to_responses(part, tr, "resp_1")["output"]
     assert [(o["type"], o["call_id"]) for o in out] == [("custom_tool_call", "k1"), ("local_shell_call", "k2"),
                                                         ("function_call", "k3")]
     assert out[0]["input"] == "P" and out[1]["action"] == {"type": "exec", "command": ["pwd"]}
-    assert translate.chat_to_responses({**part, "tool_calls": None, "content": "x", "finish_reason": "length"},
-                                       tr, "r")["status"] == "incomplete"
+    assert translate_responses.chat_to_responses({**part, "tool_calls": None, "content": "x",
+                                                  "finish_reason": "length"}, tr, "r")["status"] == "incomplete"
 
 
 # ------------------------------------------------------------------ the embedded model's llama-server, chat only
