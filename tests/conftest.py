@@ -216,9 +216,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"full tier (make test-all, or EVOLFORGE_SLOW=1): {why}"))
 
 
-# What in a test module's source means its tests may start Prefect: a flow, the CLI in-process or in a
-# subprocess, Prefect itself.
-_MAY_START_PREFECT = ("evolforge.flows", "evolforge.cli", "import prefect", "from prefect", "bin/evolforge")
+# What in a test module's source means its tests may start Prefect in this process: a flow, the CLI's main() run
+# in-process, Prefect itself. (A module that starts a stage command in a subprocess asks for the harness itself;
+# the proxy's and other commands that never start Prefect do not need one, which takes 10 s or more to start.)
+_MAY_START_PREFECT = ("evolforge.flows", "from evolforge.cli import main", "import prefect", "from prefect")
 
 
 def _harness_where_prefect_may_start(items) -> None:
