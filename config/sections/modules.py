@@ -202,6 +202,12 @@ class ModulesSettings(Section):
                             "validation error at most this many times; then the module's output is invalid (kept "
                             "with the reason).")
     max_tokens: int = Field(512, ge=16, le=32768, description="Completion budget of a module's first call.")
+    local_reward_weight: float = Field(0.5, ge=0, le=1, description="Weight w of a module's own check in its "
+                                       "local reward (tasks/modules/local_reward.py): reward = 0 when its output "
+                                       "failed the schema; = schema (1) when its own check does not apply (null, "
+                                       "with a reason); else (1 - w) * schema + w * own, own = 1 or 0 (compute: "
+                                       "its stated arithmetic re-done safely; verify: its verdict vs the final "
+                                       "answer's correctness when the ground truth is known).")
     max_tokens_cap: int = Field(4096, ge=16, le=65536, description="A truncated reply (finish_reason 'length') is "
                                 "asked again with the budget doubled, up to this cap; past it the module is truncated.")
     margin: float = Field(0.0, ge=-10, le=10, description="PRM label of a module step: contribution > margin "

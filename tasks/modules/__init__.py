@@ -10,6 +10,8 @@
             models a run calls (the pre-flight's list).
 - report:   per-module statistics, the Mermaid graph annotated with mean latency and mean contribution, the summary
             figures, the plots, the dataset card and the artifacts' tables.
+- local_reward: a module's local reward (schema validity and its own check: compute's arithmetic re-done,
+            verify's verdict against the ground truth), its parts and the recompute from them.
 - compare:  `modules.compare`: each question also single-shot, both answers scored by the same judge; the graph's
             win rate overall and by difficulty (its own batch part and journal, in the same batch task).
 - stage:    the stage's parameters (Prefect UI form, CLI flags), its input check and its registry descriptor.
