@@ -17,6 +17,8 @@
 - params:        flow parameters shared by every stage, and the one way they become settings.
 - policy:        the local policy model: the base policy's transformers folder, and batched generation from a folder.
 - request_guard: what a local HTTP service of this project answers: the door checks that keep web pages out.
+- serving:       serving an ASGI app on a port (uvicorn): the shared settings, the foreground run, a background
+                 thread with its readiness wait, a free port (the recording proxy's and the sandbox service's).
 - rng:           reproducible randomness: one RNG per (seed, record, purpose), the same on every resume and worker.
 - stages:        the stage registry: one descriptor per stage, declared beside its stage, and iterated over by the
                  code that used to name every stage (the CLI, `evolforge status`, the deployments, the pipeline).

@@ -4,7 +4,9 @@
     evolforge proxy --check --upstream ...      # one call through the proxy to the upstream
 
 `serve` blocks until interrupted; `running_proxy` starts it on a free loopback port in a background thread
-(tests, `--check`, embedding it in a script) and yields its base URL.
+(tests, `--check`, embedding it in a script) and yields its base URL. Starting, stopping and the thread are the
+project's one server plumbing (tasks/core/serving.py); the proxy adds its own uvicorn protocol (a response head
+sent with the first body write) and no X-Forwarded-* trust.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ import contextlib
 import json
 import os
 import socket
-import threading
 import time
 from typing import Iterator
 
 from evolforge.config.settings import Settings
 from evolforge.storage.fs import ensure_dir, is_remote, write_json_atomic
 from evolforge.storage.proxy_sets import ProxyLayout, SessionParents
+from evolforge.tasks.core import serving
 from evolforge.tasks.proxy.app import build_app
 from evolforge.tasks.proxy.calls import log
 from evolforge.tasks.proxy.state import ProxyState
@@ -120,13 +122,10 @@ def _protocol():
     return Protocol
 
 
-def _config(app, host: str, port: int):
-    import uvicorn
-
+def _server(state: ProxyState, host: str, port: int):
     # proxy_headers off: X-Forwarded-* from a client is not trusted (and costs a header scan per call);
     # no Server header (the software is nobody's business, and each header costs two regex scans per answer)
-    return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
-                          timeout_keep_alive=30, http=_protocol() or "auto", proxy_headers=False,
+    return serving.server(build_app(state), host, port, http=_protocol() or "auto", proxy_headers=False,
                           server_header=False)
 
 
@@ -143,16 +142,11 @@ def _quiet_gc() -> None:
 def serve(settings: Settings, upstream: str, out: str, embedded_models: set[str] | None = None) -> None:
     """Serve until interrupted (SIGINT / SIGTERM): records are flushed on the way out. With proxy.workers > 1,
     this process binds the port and starts that many worker processes on it (`_worker`), then waits for them."""
-    import uvicorn
-
     if settings.proxy.workers > 1:
         return _serve_workers(settings, upstream, out, embedded_models or set())
     state = _state(settings, upstream, out, embedded_models)
     _quiet_gc()
-    try:
-        uvicorn.Server(_config(build_app(state), settings.proxy.host, settings.proxy.port)).run()
-    except KeyboardInterrupt:  # uvicorn has stopped gracefully (records flushed), then re-raised Ctrl-C: no traceback
-        pass
+    serving.serve(_server(state, settings.proxy.host, settings.proxy.port))  # records flushed on the way out
 
 
 def _serve_workers(settings: Settings, upstream: str, out: str, embedded_models: set[str]) -> None:
@@ -202,46 +196,24 @@ def _worker(settings: Settings, upstream: str, out: str, embedded_models: set[st
     """One worker process of `_serve_workers`: its own state on the shared socket."""
     import signal
 
-    import uvicorn
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us by SIGTERM
     up, layout, token = upstream_of(settings, upstream, operator_keys(settings)["openai"]), ProxyLayout(out), \
         os.environ.get(settings.proxy.token_env) or None
     state = ProxyState(settings=settings, upstream=up, layout=layout, token=token, embedded_models=embedded_models,
                        shared=SessionParents(layout.sessions_db))
     _quiet_gc()
-    server = uvicorn.Server(_config(build_app(state), settings.proxy.host, settings.proxy.port))
-    server.run(sockets=[sock])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    serving.serve(_server(state, settings.proxy.host, settings.proxy.port), [sock])
 
 
 @contextlib.contextmanager
 def running_proxy(settings: Settings, upstream: str, out: str, embedded_models: set[str] | None = None,
                   port: int | None = None) -> Iterator[str]:
     """The proxy on loopback in a background thread; yields its base URL (http://127.0.0.1:PORT)."""
-    import uvicorn
-
     settings = settings.model_copy(update={"proxy": settings.proxy.model_copy(update={"host": "127.0.0.1"})})
     state = _state(settings, upstream, out, embedded_models)
-    port = port or free_port()
-    server = uvicorn.Server(_config(build_app(state), "127.0.0.1", port))
-    thread = threading.Thread(target=server.run, name="evolforge-proxy", daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        if not thread.is_alive() or time.time() > deadline:
-            raise RuntimeError("the recording proxy did not start")
-        time.sleep(0.02)
-    try:
+    port = port or serving.free_port()
+    with serving.in_thread(_server(state, "127.0.0.1", port), "evolforge-proxy", "the recording proxy"):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 def check(settings: Settings, upstream: str, out: str, model: str, embedded_models: set[str] | None = None) -> dict:

@@ -40,9 +40,6 @@ import contextlib
 import json
 import math
 import os
-import socket
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator, Literal, Optional
 
@@ -54,6 +51,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from evolforge.config.sections.sandbox import SandboxSettings
+from evolforge.tasks.core import serving
 from evolforge.tasks.core.gateway import is_loopback
 from evolforge.tasks.core.keys import token_accepted
 from evolforge.tasks.core.request_guard import cors_settings, door_refusal, json_body_refusal
@@ -280,39 +278,17 @@ def make_state(sandbox: SandboxSettings, host: str) -> ServiceState:
     return ServiceState(sandbox, token)
 
 
-def _server(state: ServiceState, host: str, port: int):
-    import uvicorn
-
-    return uvicorn.Server(uvicorn.Config(build_app(state), host=host, port=port, log_level="warning",
-                                         access_log=False, lifespan="on", timeout_keep_alive=30))
-
-
 def serve(sandbox: SandboxSettings, state: ServiceState | None = None) -> None:
-    """Serve on sandbox.service.host:port until interrupted (`state`: from make_state, else made here)."""
+    """Serve on sandbox.service.host:port until interrupted (`state`: from make_state, else made here); the server
+    plumbing is the project's one (tasks/core/serving.py)."""
     cfg = sandbox.service
-    _server(state or make_state(sandbox, cfg.host), cfg.host, cfg.port).run()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    serving.serve(serving.server(build_app(state or make_state(sandbox, cfg.host)), cfg.host, cfg.port))
 
 
 @contextlib.contextmanager
 def running_service(sandbox: SandboxSettings, port: int | None = None) -> Iterator[str]:
     """The service on loopback in a background thread; yields its run_code URL (http://127.0.0.1:PORT/run_code)."""
-    port = port or free_port()
-    server = _server(make_state(sandbox, "127.0.0.1"), "127.0.0.1", port)
-    thread = threading.Thread(target=server.run, name="evolforge-sandbox-service", daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        if not thread.is_alive() or time.time() > deadline:
-            raise RuntimeError("the sandbox service did not start")
-        time.sleep(0.02)
-    try:
+    port = port or serving.free_port()
+    srv = serving.server(build_app(make_state(sandbox, "127.0.0.1")), "127.0.0.1", port)
+    with serving.in_thread(srv, "evolforge-sandbox-service", "the sandbox service"):
         yield f"http://127.0.0.1:{port}/run_code"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)

@@ -19,7 +19,8 @@ import pytest
 import requests
 
 from evolforge.config.sections.sandbox import SandboxServiceSettings, SandboxSettings
-from evolforge.tasks.sandbox.service import ServiceConfigError, check_bind, free_port, running_service
+from evolforge.tasks.core.serving import free_port
+from evolforge.tasks.sandbox.service import ServiceConfigError, check_bind, running_service
 from evolforge.testing.sandbox_fusion_client import load_client
 from evolforge.testing.verl_env import VerlEnvUnavailable, ensure_verl_env
 
