@@ -92,11 +92,12 @@ _ANSWER_MARKS = re.compile(r"the answer is|the solution is|final answer|\bstep 1
                            r"\d\s*[-+*/x\u00d7]\s*\d+(?:\.\d+)?\s*=\s*\$?\d|"
                            r"\d+\s*[a-z]{1,3}\s*[x\u00d7*]\s*\d+(?:\.\d+)?\s*[a-z]{0,3}\s*=\s*\$?\d", re.I)  # 8m x 5m = 40m
 # talk about the rewriting or about the task instead of the task: "Here's how it could be rewritten ...",
-# "The new task is: ...", "This task is extremely challenging and requires ..."
+# "The new task is: ...", "This task is extremely challenging and requires ...", "... to the original task."
 _META_TALK = re.compile(r"\b(could|can|should|would|will) be rewritten\b|\brewritten to be\b|"
                         r"\b(the|a|my|your|this) new (task|prompt|instruction|question) (is|would be|could be|will be)\b|"
                         r"(^|[.!\n]\s*)this (task|problem|question|prompt) (is|seems) (\w+ ){0,2}"
-                        r"(challenging|difficult|simple|easy|hard|complex|tricky)\b", re.I)
+                        r"(challenging|difficult|simple|easy|hard|complex|tricky)\b|"
+                        r"\bthe original (task|prompt|instruction)\b", re.I)
 # a question answered right after it: "What is the area ...? The area is 40 m².", "(The answer is ...)", "The
 # answer to this question revolves around ..."
 _ANSWERED_QUESTION = re.compile(r"\?\s+[^?]*\b(is|are|equals|was|will be)\s+(about\s+)?\$?\d[^?]*$|"
@@ -120,6 +121,10 @@ _SOLUTION_CODE = re.compile(r"^\s*(def|class|function|public|int|void)\s+\w+\s*[
 CODE_IN_TASK = frozenset({"complicate_input", "code_erroneous_reference"})
 # advice, not a request: "When writing an email, make sure to ..."
 _ADVICE = re.compile(r"make sure\b|make certain\b", re.I)
+# a how-to, not a task: "To write a clear email, focus on clarity ...", "When comparing X, look at ..." (with no
+# question in it)
+_HOW_TO = re.compile(r"^\W*(to|when|while|before|after) \w+[^,.?\n]{0,120},\s*(focus|use|avoid|consider|be|keep|"
+                     r"remember|try|start|make sure|ensure|include|think|aim|stay|look|always|never|utilize)\b", re.I)
 _SENTENCE = re.compile(r"(?:^|[.!:;,\n]\s*|\bso\s+)([A-Za-z][A-Za-z']*)")
 
 
@@ -143,7 +148,8 @@ def not_an_instruction(instruction: str, operation: str | None = None) -> bool:
     question or writes the answer under the question as a heading ('Why the sky is blue: The sky ...'), or writes
     the solution's code when the operation asks for none), talks about the rewriting or the task instead of posing
     it ('here's how it could be rewritten', 'the new task is', 'this task is challenging'), repeats itself in a
-    loop, or asks nothing at all (a poem, a story, a statement, advice: 'make sure to ...' is no request)."""
+    loop, or asks nothing at all (a poem, a story, a statement, advice: 'make sure to ...' is no request, nor a
+    how-to: 'To write a clear email, focus on ...')."""
     text = instruction.strip().lstrip("#* ").strip()
     if _ANSWER_OPENINGS.match(text) or _ANSWERED_QUESTION.search(text) or _META_TALK.search(text):
         return True
@@ -151,6 +157,8 @@ def not_an_instruction(instruction: str, operation: str | None = None) -> bool:
         return True
     headed = _HEADED_ANSWER.match(text)
     if headed and not poses_task(headed.group("rest")):
+        return True
+    if _HOW_TO.match(text) and "?" not in text:
         return True
     if operation not in CODE_IN_TASK and _SOLUTION_CODE.search(text):
         return True

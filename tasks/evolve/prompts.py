@@ -156,7 +156,7 @@ FORBIDDEN_COPIES = ("#the given prompt#", "#rewritten prompt#", "given prompt", 
                     "depth of the inquiry", "breadth of the inquiry", "depth and breadth of the",
                     "one more constraints", "constraints/requirements", "structured input data",
                     "to increase misdirection", "erroneous code as a reference", "step or one condition",
-                    "who finds the original")
+                    "who finds the original", "make the task depend on it")
 
 
 def _openings(sentence: str) -> set[str]:

@@ -1,18 +1,20 @@
 """The rules that judge a rewrite as an instruction, on rewrites the embedded model really wrote.
 
-tests/fixtures/evolve_rewrites_labelled.jsonl holds 400 rewrites of the sample seeds by the embedded
+tests/fixtures/evolve_rewrites_labelled.jsonl holds 520 rewrites of the sample seeds by the embedded
 SmolLM2-135M model (`prompts`: how they were asked):
   - 60 asked with the published templates ("published");
   - 60 with evolforge's first form (system turn, one math worked example: "few-shot"), the 24 rows a two-round
     sample run with it accepted before the rules took code answers and prompt echoes into account, and the 16 rows
     a fresh clone's `make run` accepted before the rules took talk about the task and reactions into account
     (`source`: "fresh-clone sample run");
-  - 240 with today's form (a worked example of the task's own domain, the reply asked as {"instruction": ...}
+  - 360 with today's form (a worked example of the task's own domain, the reply asked as {"instruction": ...}
     under response_format json_schema: "few-shot-json"): 120 replies as the model wrote them, JSON and all, asked
     directly with the round-1 operations of 4 operation seeds (`source`: "asked directly"), and every rewrite of
-    two two-round sample runs with it (`source`: "sample run 1", "sample run 2"): run 1 read before the rules for
-    worked sums, answers under a question heading, advice and loops were written, run 2 before 'the answer to this
-    question ...' after a question and the easier method's words ('one step or one condition').
+    four two-round sample runs with it (`source`: "sample run 1" to "sample run 4"), each read before the rule
+    changes its rows led to: run 1 before the rules for worked sums, answers under a question heading, advice and
+    loops, run 2 before 'the answer to this question ...' after a question and the easier method's words, runs 3
+    and 4 before how-tos ('To write a clear email, focus on ...'), 'the original task' and the complicate-input
+    method's words ('make the task depend on it').
 Each was labelled by reading it: `instruction` (a task a person could give a model, however clumsy) or
 `not_instruction` (an answer, a worked sum, a template echo, talk about the task, advice, a poem, a statement, a
 loop). The rules judge what the pipeline keeps, `clean_evolved(text)` (the reply's JSON field, without an
@@ -52,14 +54,14 @@ def _verdict(row: dict) -> str | None:
 
 def test_the_labelled_set_is_what_the_docstring_says():
     rows = _rows()
-    assert len(rows) == 400
+    assert len(rows) == 520
     assert {r["label"] for r in rows} | {_label(r) for r in rows} == {"instruction", "not_instruction"}
-    assert Counter(r["prompts"] for r in rows) == {"published": 60, "few-shot": 100, "few-shot-json": 240}
+    assert Counter(r["prompts"] for r in rows) == {"published": 60, "few-shot": 100, "few-shot-json": 360}
     assert Counter(r.get("source") for r in rows if r.get("source", "").startswith("sample run")) == {
-        "sample run 1 (issue-37 prompts)": 60, "sample run 2 (issue-37 prompts)": 60}
+        f"sample run {n} (issue-37 prompts)": 60 for n in (1, 2, 3, 4)}
 
 
-@pytest.mark.parametrize(("prompts_kind", "least"), [("few-shot", 0.85), ("few-shot-json", 0.93)])
+@pytest.mark.parametrize(("prompts_kind", "least"), [("few-shot", 0.85), ("few-shot-json", 0.95)])
 def test_most_rows_the_rules_keep_are_instructions(prompts_kind, least):
     kept = [r for r in _rows(prompts_kind) if _verdict(r) is None]
     share = sum(_label(r) == "instruction" for r in kept) / len(kept)
@@ -86,7 +88,10 @@ NEW_CHECKS = {
     "the method's own words": lambda t: any(p in " ".join(t.lower().split()) for p in (
         "depth of the inquiry", "breadth of the inquiry", "depth and breadth of the", "one more constraints",
         "constraints/requirements", "structured input data", "to increase misdirection",
-        "erroneous code as a reference", "step or one condition", "who finds the original")),
+        "erroneous code as a reference", "step or one condition", "who finds the original",
+        "make the task depend on it")),
+    "a how-to": lambda t: bool(rules._HOW_TO.match(t)) and "?" not in t,
+    "the original task": lambda t: bool(re.search(r"\bthe original (task|prompt|instruction)\b", t, re.I)),
     "an answer right after the question": lambda t: bool(re.search(
         r"\?\W*(the )?(answer|solution)( to (this|the) (question|problem|task))?\s+(is|are|was|lies|revolves|"
         r"depends|comes)\b", t, re.I)),
@@ -137,6 +142,9 @@ def test_cleaning_keeps_only_rows_that_read_as_instructions():
     "When writing a professional email to a colleague, make sure to use clear and respectful language.",
     "Implement a Python class for a stack with push, pop and min() with a max() max() max() max() max() method.",
     "What is the climate of a desert? The answer to this question revolves around a climate that is unique.",
+    "To write a clear and polite email, focus on clarity and conciseness, and use proper grammar.",
+    "When comparing three critical areas of energy, look at two examples each with each other.",
+    "Write a short poem about autumn leaves. This task requires an additional constraint to the original task.",
 ])
 def test_answers_poems_and_replies_are_not_instructions(text):
     assert rules.instruction_rule(text) == rules.RULE_NOT_TASK
@@ -162,6 +170,10 @@ def test_answers_poems_and_replies_are_not_instructions(text):
     "Synthesize the main causes of the French Revolution in a short paragraph.",
     "How often does 'the cat' occur in 'the cat the cat the cat sat'?",
     "What is the boiling point of water at 2,000 m? The answer should be in degrees Celsius.",
+    "To practise recursion, write a function that flattens a nested list.",
+    "When given a list of integers, return the sum of the even ones.",
+    "To celebrate her birthday, Anna buys 3 cakes of 8 slices. Use the number of guests, 12: how many slices does "
+    "each get?",
 ])
 def test_tasks_are_instructions(text):
     assert rules.instruction_rule(text) is None
@@ -177,6 +189,7 @@ def test_a_method_sentence_repeated_is_a_template_copy():
     "Please add structured input data to the task, such as a table, and make the task depend on it.",
     "If the task can be solved with just a few simple thinking processes, ask how many days Lena needs.",
     "Return the second largest number in a list of integers. Removes the first step or one condition.",
+    "Suggest a healthy meal plan for a student, using a piece of code, JSON or XML, and make the task depend on it.",
 ])
 def test_the_methods_own_words_are_a_template_copy(text):
     """The method sentence as the request shows it ('the task' for '#The Given Prompt#') and its phrases."""
