@@ -191,7 +191,7 @@ def bench_embedding(c, s: DedupSettings, rng, ann_sample: int) -> dict:
         detail[unc[ok[0]]] = "full"
     keep_before_guard = keep.copy()
     guarded = 0
-    if s.number_guard:  # as the pipeline does (tasks/dedup/pipeline.py)
+    if s.number_guard:  # as the engine does (tasks/dedup/group_steps.py)
         weak = np.flatnonzero(keep & (detail == "static") & (fsim < s.static_chain_cosine))
         bad = weak[numbers_substituted(p[weak], c.texts.__getitem__)]
         keep[bad] = False

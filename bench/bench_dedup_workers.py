@@ -15,7 +15,7 @@ flow's process); `daskext-N` a Dask cluster whose scheduler and N workers are pr
 does) instead of the temporary server each flow process otherwise starts and imports.
 
 Each run (records:runner-workers) in its own fresh process, on testing/near_dup_corpus.py's corpus (seed 0,
-written once per size to a parquet file): the dedup flow (tasks/dedup/distributed.py: every per-record step a
+written once per size to a parquet file): the dedup flow (tasks/dedup/plan.py: every per-record step a
 Prefect task on the workers, files in the work folder) with `dedup.shards` = S on a local Dask cluster
 (LocalCluster, N single-thread worker processes) or a local Ray cluster (`ray start --head --num-cpus N`).
 Figures per run:
@@ -47,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 
 def _child(a) -> None:
     from evolforge.flows.dedup import DedupParams, dedup_flow
-    from evolforge.tasks.dedup.shard_tasks import peak_rss_mb  # VmHWM: ru_maxrss keeps the parent's peak over exec
+    from evolforge.tasks.dedup.distributed import peak_rss_mb  # VmHWM: ru_maxrss keeps the parent's peak over exec
 
     kind, workers = a.config.split("-")
     runner: dict = {"kind": "dask" if kind == "daskext" else kind, "max_workers": int(workers)}

@@ -29,8 +29,8 @@
                  it.
 - dedup_mirror:  a dedup work folder on an object store (`dedup.shard_dir` = s3://..., gs://..., any fsspec URL).
 - dedup_sets:    files of a dedup run (the `dedup` stage: any jsonl / parquet / csv file -> kept set + dropped set).
-- dedup_shards:  the arrays the dedup driver and its shard workers exchange (tasks/dedup/shards.py, flows/dedup.py).
-- dedup_work:    the work folder of a dedup whose per-record work runs on the workers (tasks/dedup/distributed.py).
+- dedup_work:    the work folder of a dedup: the one format its steps exchange files in, in one process or on the
+                 workers (tasks/dedup/plan.py).
 - eval_sets:     files of the evaluation stage.
 - folder:        what every stage's output folder has, once: the run-level files, the stage marker, and batched
                  tables.

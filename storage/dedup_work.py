@@ -1,30 +1,45 @@
-"""The work folder of a dedup whose per-record work runs on the workers (tasks/dedup/distributed.py).
+"""The work folder of a dedup: the one format in which the dedup's steps exchange files (tasks/dedup/plan.py), in
+one process or on the workers.
 
     WORK/<step>/done.json                the step's completion marker: its counts and the files it wrote
     WORK/<step>/started-<pid>.json       one per attempt: the worker process that took the step
-    WORK/records/shard-<s>.parquet       shard s's records: id, text (and score for keep="best")
-    WORK/records/shard-<s>/              the same texts packed (texts.npy + text_offsets.npy) and the scores
-                                         (scores.npy): arrays a worker gathers single records from
-    WORK/prep/shard-<s>/<name>.npy       shard s's exact keys and MinHash sketches (every record of the shard);
-                                         bucketed/: its exact keys, rows and packed texts sorted by exact bucket
-    WORK/<phase>/alive-<s>.npy           per record of shard s: alive after the phase; drops-<s>.parquet its
+    WORK/records/shard-<s>.*             shard s's records: ids and texts (packed: .<name>.npy + .<name>_offsets.npy,
+                                         any single one read from the memory-mapped files), scores (keep="best")
+    WORK/history/index.*                 the persistent index's records, when the dedup runs against one: ids,
+                                         texts, exact keys sorted by exact bucket (.bucketed.*), MinHash sketches,
+                                         static vectors, full-model vectors (rows, vectors)
+    WORK/prep/shard-<s>.*                shard s's exact keys and MinHash sketches (every record of the shard);
+                                         .bucketed.*: its exact keys, rows and packed texts sorted by exact bucket
+    WORK/exact/bucket-<b>.*              exact bucket b's drops, sorted by record shard
+    WORK/<phase>/alive-<s>.npy           per record of shard s: alive after the phase; drops-<s>.npy its
                                          records dropped by the phase (rows, reasons), in record order
-    WORK/<phase>-cc/r<r>/...             the connected-components rounds: labels per node range, proposals per
-                                         edge part (one file each, sorted by node range, with offsets)
-    WORK/<phase>-route/part-<e>/...      edge part e's edges sorted by group (one file each, with offsets)
-    WORK/<phase>-group/shard-<g>/...     group g's drops, in record order
-    WORK/minhash/..., WORK/embedding/... the shared arrays (sketches, vectors, the ANN plan), the search parts
+    WORK/minhash/shared.*, WORK/embedding/shared.*   the shared arrays of a search (sketches; vectors, ANN plan)
+    WORK/bands/out-<i>.*, WORK/ann/out-<i>.*         search part i's pairs (or neighbours)
+    WORK/<phase>-cc/r<r>.*               the connected-components rounds: labels per node range, proposals per
+                                         edge part (one group each, sorted by node range, with offsets)
+    WORK/<phase>-route/part-<e>.*        edge part e's edges sorted by group (with offsets)
+    WORK/<phase>-group/shard-<g>.*       group g's drops, sorted by record shard
+    WORK/embed/shard-<s>.vectors.npy     static vectors of shard s's records alive before the embedding phase
+    WORK/embedding-uncertain/shard-<g>.* group g's pairs the static model is unsure of
+    WORK/confirm/confirmed.*             the full model's cosines (by pair code) and the vectors it computed
+
+A group of arrays is a name prefix, <group>.<name>.npy (`member`), not a folder: one folder per step kind, as
+folders cost far more than files to make and to remove (a removal is a discard on a disk that trims).
+
+Record numbers: a new record is its row in the input (0..n-1); an indexed record h is -(h + 1).
 
 Every file is written under a temporary name and renamed; a step's marker is written last, so a step with a
 marker is whole and a re-run (same input, same settings: the same WORK) takes it as done, and a step without
 one (its worker was killed) is redone from its inputs. No file count grows with the records: a step writes a
 fixed number of files per shard, and every many-to-many exchange (edges to groups, label proposals to node
-ranges) is one file per sender sorted by receiver with an offsets array, which each receiver slices.
+ranges, drops to record shards) is one file per sender sorted by receiver with an offsets array, which each
+receiver slices.
 
 WORK is a local folder every worker sees (on several machines: a shared file system mounted at the same path),
 or a URL of any fsspec filesystem (s3://bucket/prefix, ...): then each machine keeps a local mirror of the files
 its steps read and write, uploading what it writes before the step's marker (storage/dedup_mirror.py). Either
-way the arrays are memory-mapped local .npy files.
+way the arrays are memory-mapped local .npy files. A dedup in one process uses a fresh local folder of its own
+(`DedupWork.fresh`), removed when it returns.
 """
 
 from __future__ import annotations
@@ -33,16 +48,18 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from evolforge.storage import dedup_mirror as mirror
 from evolforge.storage.fs import is_url
+
+_BASE = "evolforge-dedup-work"
+SKETCH_ARRAYS = ("offsets", "values", "signatures", "band_keys")   # a MinHash sketch set, one .npy file each
 
 
 class DedupWork:
@@ -53,11 +70,24 @@ class DedupWork:
         self.root = mirror.mirror_root(self.location) if is_url(root) else Path(root)
 
     @staticmethod
+    def base(shard_dir: str) -> str:
+        """Where work folders go: `dedup.shard_dir`, else the system temporary folder."""
+        return shard_dir or str(Path(tempfile.gettempdir()) / _BASE)
+
+    @staticmethod
     def for_input(base: str | Path, input_path: str | Path, settings_fingerprint: str, shards: int) -> "DedupWork":
         """The work folder of this input (path, size, mtime), these settings and this shard count under `base`."""
         key = json.dumps([*_identity(input_path), settings_fingerprint, shards])
         name = hashlib.sha1(key.encode()).hexdigest()[:16]
         return DedupWork(f"{str(base).rstrip('/')}/{name}" if is_url(base) else Path(base) / name)
+
+    @staticmethod
+    def fresh(shard_dir: str) -> "DedupWork":
+        """A new, empty local folder for one dedup in one process: under `dedup.shard_dir` when that is a local
+        folder, else the system temporary folder."""
+        base = Path(shard_dir if shard_dir and not is_url(shard_dir) else Path(tempfile.gettempdir()) / _BASE)
+        base.mkdir(parents=True, exist_ok=True)
+        return DedupWork(tempfile.mkdtemp(prefix="run-", dir=base))
 
     def step(self, name: str) -> Path:
         return self.root / name
@@ -95,23 +125,79 @@ class DedupWork:
         write_json(self.marker(name), record)
         return record
 
-    def records(self, shard: int) -> Path:
-        return self.step("records") / f"shard-{shard:05d}.parquet"
+    # --- the records ---------------------------------------------------------------------------------------------
 
-    def record_arrays(self, shard: int) -> Path:
+    def records(self, shard: int) -> Path:
         return self.step("records") / f"shard-{shard:05d}"
+
+    def save_records(self, shard: int, ids: list[str], texts: list[str], scores: np.ndarray | None) -> None:
+        save_strings(self.records(shard), "ids", ids)
+        save_strings(self.records(shard), "texts", texts)
+        if scores is not None:
+            save_array(member(self.records(shard), "scores"), scores)
+
+    def record_texts(self, shard: int) -> list[str]:
+        """Every text of shard `shard`, in record order."""
+        off = read_rows(member(self.records(shard), "texts_offsets"))
+        return read_strings(self.records(shard), "texts", 0, len(off) - 1)
+
+    def record_strings(self, shard: int, name: str) -> "PackedStrings":
+        """Shard `shard`'s "ids" or "texts", memory-mapped."""
+        return PackedStrings(self.records(shard), name)
+
+    def record_scores(self, shard: int) -> np.ndarray:
+        return load_array(member(self.records(shard), "scores"))
+
+    @property
+    def history(self) -> Path:
+        return self.step("history") / "index"
+
+    # --- per step -------------------------------------------------------------------------------------------------
+
+    def prep(self, shard: int) -> Path:
+        return self.step("prep") / f"shard-{shard:05d}"
+
+    def bucketed(self, shard: int | None) -> Path:
+        """A record shard's exact keys, rows and texts sorted by exact bucket (None: the history's)."""
+        base = self.history if shard is None else self.prep(shard)
+        return base.with_name(f"{base.name}.bucketed")
+
+    def bucket(self, bucket: int) -> Path:
+        return self.step("exact") / f"bucket-{bucket:05d}"
+
+    def drop_sender(self, phase: str, sender: int) -> Path:
+        """Where sender `sender` of a phase's drops wrote them: an exact bucket or a group shard."""
+        return self.bucket(sender) if phase == "exact" else self.group(phase, sender)
+
+    def shared(self, search: str) -> Path:
+        """The shared arrays of a search ("minhash" or "embedding")."""
+        return self.step(search) / "shared"
+
+    def part(self, step: str, part: int) -> Path:
+        """Search part `part`'s result folder (step "bands" or "ann")."""
+        return self.step(step) / f"out-{part:05d}"
+
+    def vectors(self, shard: int) -> Path:
+        return self.step("embed") / f"shard-{shard:05d}.vectors.npy"
+
+    def uncertain(self, group: int) -> Path:
+        return self.step("embedding-uncertain") / f"shard-{group:05d}"
+
+    @property
+    def confirmed(self) -> Path:
+        return self.step("confirm") / "confirmed"
 
     def alive(self, phase: str, shard: int) -> Path:
         return self.step(phase) / f"alive-{shard:05d}.npy"
 
     def drops(self, phase: str, shard: int) -> Path:
-        return self.step(phase) / f"drops-{shard:05d}.parquet"
+        return self.step(phase) / f"drops-{shard:05d}.npy"
 
     def labels(self, phase: str, round_: int, node_range: int) -> Path:
-        return self.step(f"{phase}-cc") / f"r{round_:03d}" / f"labels-{node_range:05d}.npy"
+        return self.step(f"{phase}-cc") / f"r{round_:03d}.labels-{node_range:05d}.npy"
 
     def proposals(self, phase: str, round_: int, part: int) -> Path:
-        return self.step(f"{phase}-cc") / f"r{round_:03d}" / f"proposals-{part:05d}"
+        return self.step(f"{phase}-cc") / f"r{round_:03d}.proposals-{part:05d}"
 
     def routed(self, phase: str, part: int) -> Path:
         return self.step(f"{phase}-route") / f"part-{part:05d}"
@@ -133,17 +219,45 @@ def _identity(input_path: str | Path) -> list:
     return [str(Path(input_path).resolve()), st.st_size, st.st_mtime_ns]
 
 
+def member(group: str | Path, name: str) -> Path:
+    """The file of array `name` in a group of arrays: <group>.<name>.npy beside the group's name (a group is a
+    name prefix, not a folder: a work folder keeps one folder per step kind, as folders cost far more than files
+    to make and remove)."""
+    group = Path(group)
+    return group.with_name(f"{group.name}.{name}.npy")
+
+
 def _tmp(path: Path) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
 
 
-def write_json(path: str | Path, obj) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
-    tmp.write_text(json.dumps(obj, default=float))
+_MADE: set[str] = set()   # folders this process made (a step writes many files into few folders)
+
+
+def _parent_made(path: Path) -> None:
+    if str(path.parent) not in _MADE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if len(_MADE) > 10000:
+            _MADE.clear()
+        _MADE.add(str(path.parent))
+
+
+def _written(path: Path, write, suffix: str = ".tmp") -> Path:
+    """`write(tmp)` into a temporary file beside `path` (its folder made first), then renamed to `path`."""
+    tmp = _tmp(path).with_suffix(suffix)
+    _parent_made(path)
+    try:
+        write(tmp)
+    except FileNotFoundError:   # the folder was removed since: a work folder of the same name, made again
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(tmp)
     tmp.replace(path)
     mirror.publish(path)
+    return path
+
+
+def write_json(path: str | Path, obj) -> None:
+    _written(Path(path), lambda tmp: tmp.write_text(json.dumps(obj, default=float)))
 
 
 def read_json(path: str | Path):
@@ -151,17 +265,23 @@ def read_json(path: str | Path):
 
 
 def save_array(path: str | Path, a: np.ndarray) -> str:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path).with_suffix(".npy")
-    np.save(tmp, np.ascontiguousarray(a), allow_pickle=False)
-    tmp.replace(path)
-    mirror.publish(path)
-    return str(path)
+    return str(_written(Path(path), lambda tmp: np.save(tmp, np.ascontiguousarray(a), allow_pickle=False), ".npy"))
 
 
 def load_array(path: str | Path, mmap: bool = True) -> np.ndarray:
-    return np.load(mirror.local(path), mmap_mode="r" if mmap else None, allow_pickle=False)
+    """A .npy file, memory-mapped read-only (or read whole)."""
+    local = mirror.local(path)
+    with open(local, "rb") as fh:
+        header = _npy_header(fh, path)
+        if header is None:   # not written here: numpy reads it
+            return np.load(local, mmap_mode="r" if mmap else None, allow_pickle=False)
+        dtype, shape, offset = header
+        size = int(np.prod(shape, dtype=np.int64))
+        if not mmap or size == 0 or not shape:   # nothing to map (np.memmap maps at least one byte)
+            fh.seek(offset)
+            return np.fromfile(fh, dtype=dtype, count=size).reshape(shape)
+    # a plain ndarray view of the map: slicing a np.memmap makes a memmap object per slice (~30 us each)
+    return np.memmap(local, dtype=dtype, mode="r", offset=offset, shape=shape).view(np.ndarray)
 
 
 _MAPPED: dict[tuple, np.ndarray] = {}
@@ -183,24 +303,29 @@ def mapped(path: str | Path) -> np.ndarray:
 
 
 class ArrayWriter:
-    """A .npy file written in row blocks (np.lib.format.open_memmap under a temporary name, renamed on close): an
-    array concatenated from many shards' files without holding it."""
+    """folder/<name>.npy written in row blocks (a .npy header, then the blocks appended to a temporary file, renamed
+    on close): an array concatenated from many shards' files without holding it."""
 
-    def __init__(self, path: str | Path, shape: tuple, dtype):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, folder: str | Path, name: str, shape: tuple, dtype):
+        self.path, self.shape, self.dtype = member(folder, name), tuple(shape), np.dtype(dtype)
         self.tmp = _tmp(self.path).with_suffix(".npy")
-        self.a = np.lib.format.open_memmap(self.tmp, mode="w+", dtype=dtype, shape=shape)
+        _parent_made(self.path)
+        try:
+            self.fh = open(self.tmp, "wb")
+        except FileNotFoundError:   # the folder was removed since (see _written)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.fh = open(self.tmp, "wb")
+        np.lib.format.write_array_header_1_0(self.fh, {"descr": np.lib.format.dtype_to_descr(self.dtype),
+                                                       "fortran_order": False, "shape": self.shape})
         self.pos = 0
 
     def append(self, block: np.ndarray) -> None:
-        self.a[self.pos: self.pos + len(block)] = block
+        np.ascontiguousarray(block, dtype=self.dtype).tofile(self.fh)
         self.pos += len(block)
 
     def close(self) -> str:
-        assert self.pos == len(self.a), (self.path, self.pos, len(self.a))
-        self.a.flush()
-        del self.a
+        assert self.pos == (self.shape[0] if self.shape else 1), (self.path, self.pos, self.shape)
+        self.fh.close()
         self.tmp.replace(self.path)
         mirror.publish(self.path)
         return str(self.path)
@@ -212,16 +337,16 @@ def save_strings(folder: str | Path, name: str, strings: list[str]) -> None:
     enc = [x.encode("utf-8", "surrogatepass") for x in strings]
     off = np.zeros(len(enc) + 1, np.int64)
     np.cumsum([len(b) for b in enc], out=off[1:])
-    save_array(Path(folder) / f"{name}.npy", np.frombuffer(b"".join(enc), np.uint8))
-    save_array(Path(folder) / f"{name}_offsets.npy", off)
+    save_array(member(folder, name), np.frombuffer(b"".join(enc), np.uint8))
+    save_array(member(folder, f"{name}_offsets"), off)
 
 
 def read_strings(folder: str | Path, name: str, a: int, b: int) -> list[str]:
     """Strings a:b of a save_strings pair, read without a memory map."""
-    off = read_rows(Path(folder) / f"{name}_offsets.npy", a, b + 1)
+    off = read_rows(member(folder, f"{name}_offsets"), a, b + 1)
     if b <= a:
         return []
-    data = read_rows(Path(folder) / f"{name}.npy", int(off[0]), int(off[-1])).tobytes()
+    data = read_rows(member(folder, name), int(off[0]), int(off[-1])).tobytes()
     rel = (off - off[0]).tolist()
     return [data[rel[i]: rel[i + 1]].decode("utf-8", "surrogatepass") for i in range(b - a)]
 
@@ -230,71 +355,95 @@ class PackedStrings:
     """The strings save_strings wrote, memory-mapped: `take(rows)` decodes only those."""
 
     def __init__(self, folder: str | Path, name: str):
-        self.data = load_array(Path(folder) / f"{name}.npy")
-        self.off = load_array(Path(folder) / f"{name}_offsets.npy")
+        self.data = load_array(member(folder, name))
+        self.off = load_array(member(folder, f"{name}_offsets"))
 
     def __len__(self) -> int:
         return len(self.off) - 1
 
     def take(self, rows) -> list[str]:
+        rows = np.asarray(rows, np.int64)
+        if not len(rows):
+            return []
         d, o = self.data, self.off
-        return [bytes(d[o[i]: o[i + 1]]).decode("utf-8", "surrogatepass") for i in np.asarray(rows).tolist()]
+        starts, ends = np.asarray(o[rows]), np.asarray(o[rows + 1])
+        lo, hi = int(starts.min()), int(ends.max())
+        if hi - lo > 4 * int((ends - starts).sum()) + (1 << 20):   # a few rows far apart: each on its own
+            return [bytes(d[a:b]).decode("utf-8", "surrogatepass") for a, b in zip(starts.tolist(), ends.tolist())]
+        raw = bytes(d[lo:hi])   # one read of the span: no memory-map slice per row
+        return [raw[a - lo: b - lo].decode("utf-8", "surrogatepass") for a, b in zip(starts.tolist(), ends.tolist())]
 
 
-def save_grouped(folder: str | Path, arrays: dict[str, np.ndarray], dest: np.ndarray, receivers: int) -> None:
-    """One sender's rows for many receivers in one folder: `arrays` (same length) sorted by `dest` (stable: a
-    receiver gets its rows in the sender's order) and start.npy, receiver r's rows being start[r]:start[r + 1]."""
+def save_grouped(folder: str | Path, arrays: dict[str, np.ndarray], dest: np.ndarray, receivers: int,
+                 strings: dict[str, list[str]] | None = None) -> None:
+    """One sender's rows for many receivers in one folder: `arrays` (same length; and `strings`, packed) sorted by
+    `dest` (stable: a receiver gets its rows in the sender's order) and start.npy, receiver r's rows being
+    start[r]:start[r + 1]."""
     order = np.argsort(dest, kind="stable")
     for k, a in arrays.items():
-        save_array(Path(folder) / f"{k}.npy", np.asarray(a)[order])
-    save_array(Path(folder) / "start.npy", np.searchsorted(dest[order], np.arange(receivers + 1)).astype(np.int64))
+        save_array(member(folder, k), np.asarray(a)[order])
+    for k, values in (strings or {}).items():
+        save_strings(folder, k, [values[i] for i in order.tolist()])
+    save_array(member(folder, "start"), np.searchsorted(dest[order], np.arange(receivers + 1)).astype(np.int64))
 
 
 _HEADER = re.compile(r"'descr':\s*'([^']+)',\s*'fortran_order':\s*(True|False),\s*'shape':\s*\(([^)]*)\)")
 
 
+def _npy_header(fh, path) -> tuple[np.dtype, tuple, int] | None:
+    """(dtype, shape, where the data starts) of an open .npy file this module wrote, parsed with one regular
+    expression (np.load parses it with ast.literal_eval: ~2 ms a file on a busy machine); None when it is not such
+    a file (Fortran order)."""
+    head = fh.read(12)
+    if head[:6] != b"\x93NUMPY":
+        raise ValueError(f"{path}: not a .npy file")
+    if head[6] == 1:
+        size, start = int.from_bytes(head[8:10], "little"), 10
+    else:
+        size, start = int.from_bytes(head[8:12], "little"), 12
+    fh.seek(start)
+    m = _HEADER.search(fh.read(size).decode("latin1"))
+    if m is None or m.group(2) == "True":
+        return None
+    return np.dtype(m.group(1)), tuple(int(x) for x in m.group(3).split(",") if x.strip()), start + size
+
+
 def read_rows(path: str | Path, a: int = 0, b: int | None = None) -> np.ndarray:
-    """Rows a:b (b None: to the end) of a .npy file this module wrote, read with one seek: a memory map or
-    np.load costs ~0.25 ms of set-up and header parsing, which a receiver slicing hundreds of senders' files
-    pays hundreds of times; this parses the header with one regular expression."""
+    """Rows a:b (b None: to the end) of a .npy file this module wrote, read with one seek: a memory map costs
+    ~0.25 ms of set-up, which a receiver slicing hundreds of senders' files pays hundreds of times."""
     with open(mirror.local(path), "rb") as fh:
-        head = fh.read(12)
-        if head[:6] != b"\x93NUMPY":
-            raise ValueError(f"{path}: not a .npy file")
-        if head[6] == 1:
-            size, start = int.from_bytes(head[8:10], "little"), 10
-        else:
-            size, start = int.from_bytes(head[8:12], "little"), 12
-        fh.seek(start)
-        m = _HEADER.search(fh.read(size).decode("latin1"))
-        if m is None or m.group(2) == "True":
+        header = _npy_header(fh, path)
+        if header is None:
             raise ValueError(f"{path}: unsupported .npy header")
-        dtype = np.dtype(m.group(1))
-        shape = tuple(int(x) for x in m.group(3).split(",") if x.strip())
+        dtype, shape, offset = header
         n = shape[0] if shape else 1
         b = n if b is None else min(b, n)
         row = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
-        fh.seek(start + size + a * row * dtype.itemsize)
+        fh.seek(offset + a * row * dtype.itemsize)
         out = np.fromfile(fh, dtype=dtype, count=max(b - a, 0) * row)
     return out.reshape((max(b - a, 0),) + tuple(shape[1:]))
 
 
-def load_grouped(folder: str | Path, receiver: int, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+def load_grouped(folder: str | Path, receiver: int, names: tuple[str, ...],
+                 strings: tuple[str, ...] = ()) -> dict[str, np.ndarray | list[str]]:
     """Receiver `receiver`'s rows of a save_grouped folder (only those bytes are read)."""
-    start = read_rows(Path(folder) / "start.npy", receiver, receiver + 2)
+    start = read_rows(member(folder, "start"), receiver, receiver + 2)
     a, b = int(start[0]), int(start[1])
-    return {k: read_rows(Path(folder) / f"{k}.npy", a, b) for k in names}
+    out: dict = {k: read_rows(member(folder, k), a, b) for k in names}
+    out.update({k: read_strings(folder, k, a, b) for k in strings})
+    return out
 
 
-def write_table(path: str | Path, table: pa.Table) -> str:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
-    pq.write_table(table, tmp)
-    tmp.replace(path)
-    mirror.publish(path)
-    return str(path)
+def save_arrays(folder: str | Path, arrays: dict[str, np.ndarray]) -> dict[str, str]:
+    """Each array to folder/<name>.npy; their paths by name."""
+    return {name: save_array(member(folder, name), a) for name, a in arrays.items()}
 
 
-def read_table(path: str | Path, columns: list[str] | None = None) -> pa.Table:
-    return pq.read_table(mirror.local(path), columns=columns)
+def load_arrays(paths: dict[str, str]) -> dict[str, np.ndarray]:
+    """The arrays at `paths`, memory-mapped read-only."""
+    return {name: load_array(p) for name, p in paths.items()}
+
+
+def load_named(folder: str | Path, *names: str) -> dict[str, np.ndarray]:
+    """The arrays save_arrays wrote to `folder` under these names, memory-mapped read-only."""
+    return {name: load_array(member(folder, name)) for name in names}

@@ -8,16 +8,20 @@
 
     dedup_file("data.jsonl", "instruction", "out/dedup", DedupSettings())
 
-Modules: normalize (exact keys), minhash (sketches, LSH, Jaccard), embedding
-(static + full encoders, ANN), index (persistent incremental index), shards (band / query-row shards), pipeline.
-stage (the dedup stage's parameters, check and descriptor), report, shard_tasks.
+One engine: every dedup, in one process or on the workers, runs the same typed steps over one work folder
+(storage/dedup_work.py); only the scheduling differs.
+- plan:        the engine's steps (dataclasses) in order, and the driver that hands them out in batches.
+- distributed: the steps themselves (run in any process; files in, files out), `run_step`, the work folder.
+- group_steps: the deciding steps: one per exact bucket or group shard, then one per record shard.
+- graph:       connected components of a phase's candidate graph in shard steps, and its edges routed to group shards.
+- rules:       the decision rules the deciding steps apply (groups, representatives, leader grouping, number guard,
+               the full model's budget).
+- pipeline:    `dedup()` and `dedup_file()`: the plan in this process, its steps one after the other.
+- shards:      one part of a search (MinHash bands, embedding query rows); the same pairs however they are split.
+- normalize (exact keys), minhash (sketches, LSH, Jaccard), embedding (static + full encoders, ANN), index
+  (persistent incremental index), stage (the dedup stage's parameters, check and descriptor), report.
 Heavy dependencies (torch, sentence-transformers) load only when embeddings run; the pipeline itself loads on
 first use of the names below, so importing the stage descriptor (every CLI start) stays light.
-- distributed: dedup whose per-record work runs on the workers: steps that exchange files, a driver that holds the
-               plan only.
-- graph:       connected components of a phase's candidate graph in shard steps, and its edges routed to group shards.
-- group_steps: the grouping steps of the dedup on the workers: one task per bucket or group shard, then one per record
-               shard.
 """
 
 __all__ = ["DedupResult", "components", "dedup", "dedup_file"]

@@ -228,21 +228,55 @@ class FullEncoder:
         return np.asarray(e, dtype=np.float32)
 
 
+_ENCODERS: dict[tuple, object] = {}
+
+
+def encoder(kind: str, settings: DedupSettings):
+    """The "static" or "full" encoder of these settings, loaded once per process (every step of a dedup in this
+    process shares it)."""
+    key = (kind, str(model_dir(settings)), str(static_cache_dir(settings)), settings.static_dim,
+           settings.max_seq_length, settings.batch_size)
+    if key not in _ENCODERS:
+        _ENCODERS[key] = StaticEncoder(settings) if kind == "static" else FullEncoder(settings)
+    return _ENCODERS[key]
+
+_ONE_THREAD = threading.local()   # this thread's outermost one_thread_math: depth, its exit stack, torch's threads
+
+
 @contextlib.contextmanager
 def one_thread_math():
-    """BLAS / OpenMP pools and torch's intra-op pool at one thread inside, restored after (module docstring)."""
+    """BLAS / OpenMP pools and torch's intra-op pool at one thread inside, restored after (module docstring).
+    Nested, it limits only what was loaded since the outermost one (torch, imported on first use): finding the
+    pools costs ~10 ms each time, and a dedup in one process runs its steps inside one block."""
     from threadpoolctl import threadpool_limits
 
+    state = _ONE_THREAD
     torch = sys.modules.get("torch")
-    before = torch.get_num_threads() if torch is not None else None
+    if getattr(state, "depth", 0):
+        if torch is not None and state.torch_before is None:   # torch (and its pools) loaded inside the block
+            state.torch_before = torch.get_num_threads()
+            torch.set_num_threads(1)
+            state.stack.enter_context(threadpool_limits(limits=1))
+        state.depth += 1
+        try:
+            yield
+        finally:
+            state.depth -= 1
+        return
+    state.torch_before = torch.get_num_threads() if torch is not None else None
     if torch is not None:
         torch.set_num_threads(1)
+    state.stack = contextlib.ExitStack()
+    state.depth = 1
     try:
-        with threadpool_limits(limits=1):
-            yield
+        state.stack.enter_context(threadpool_limits(limits=1))
+        yield
     finally:
-        if torch is not None and before is not None:
-            torch.set_num_threads(before)
+        state.depth = 0
+        state.stack.close()
+        torch = sys.modules.get("torch")
+        if torch is not None and state.torch_before is not None:
+            torch.set_num_threads(state.torch_before)
 
 
 def _keep_top(best_i: np.ndarray, best_s: np.ndarray, rows: np.ndarray, cand_i: np.ndarray, cand_s: np.ndarray) -> None:

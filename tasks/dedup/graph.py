@@ -25,7 +25,7 @@ import numpy as np
 
 from evolforge.storage.dedup_work import DedupWork, load_array, load_grouped, mapped, save_array, save_grouped
 from evolforge.tasks.dedup.embedding import row_ranges
-from evolforge.tasks.dedup.pipeline import components
+from evolforge.tasks.dedup.rules import components
 
 
 def part_edges(part: dict[str, str]) -> tuple[np.ndarray, np.ndarray]:

@@ -32,6 +32,7 @@ are never rolled back. Format 1 indexes load and are upgraded on the next write.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import logging
@@ -195,6 +196,13 @@ def rollback_index(folder: str | Path | AnyPath, run: str, from_round: int,
             unlink(layout.file(name))
     log.info("dedup index %s: rolled back run %s from round %d: %s", folder, run, from_round, dropped)
     return dropped
+
+
+def index_state(folder: str | Path | AnyPath) -> str:
+    """A digest of the index's committed state (its manifest; "" for an index without one): it changes with every
+    append and rollback."""
+    path = IndexLayout(location(folder)).manifest
+    return hashlib.sha1(read_bytes(path)).hexdigest()[:16] if exists(path) else ""
 
 
 def fingerprint(settings: DedupSettings, static_model: str = "") -> dict:

@@ -114,30 +114,32 @@ def test_dask_workers_share_an_s3_work_folder_configured_from_the_environment(co
     assert not s3.exists("evolforge/dask-work") or not s3.find("evolforge/dask-work")
 
 
-def test_the_index_paths_search_shards_exchange_arrays_through_the_store(corpus, s3, tmp_path):
-    """With a persistent index the sharded dedup runs on the driver and only the two searches on the workers
-    (tasks/dedup/shard_tasks.py): with `shard_dir` on the store, each shard, run as on a machine of its own,
-    reads the shared arrays from the store and writes its result there."""
-    from evolforge.tasks.core.batch import settings_from_json
-    from evolforge.tasks.dedup.shard_tasks import SubmittedShards, run_shard_files
+def test_a_dedup_against_an_index_exchanges_the_index_through_the_store_too(corpus, s3, tmp_path):
+    """With a persistent index the dedup on the workers is the same plan: its `history` step puts the indexed
+    records into the work folder and its `index` step appends the kept ones. With the work folder on the store and
+    every step run as on a machine of its own, the decisions and the extended index are those of one process."""
+    import json
+
+    from evolforge.tasks.dedup.index import DedupIndex
+    from evolforge.tasks.dedup.pipeline import _encoder
 
     path, _ = corpus
-    dedup = {**SMALL, "shard_dir": "s3://evolforge/search-shards"}
+    first = tmp_path / "first.jsonl"
+    first.write_text("".join(path.read_text().splitlines(True)[:300]))   # indexed first: exact drops against it
+    for idx in ("idx", "idx-one"):
+        dedup_file(first, "text", tmp_path / f"first-{idx}", DedupSettings(**SMALL), id_field="id",
+                   index_dir=tmp_path / idx)
+    dedup = {**SMALL, "shard_dir": "s3://evolforge/index-work"}
     settings = make_settings(dedup=dedup)
-    runs: list[str] = []
-
-    def submit(name, parameters):
-        shutil.rmtree(MIRRORS, ignore_errors=True)
-        runs.append(name)
-        value = run_shard_files(parameters["kind"], parameters["inputs"], parameters["job"],
-                                settings_from_json(parameters["settings_json"]).dedup, parameters["out_dir"])
-        assert all(p.startswith(str(MIRRORS)) for p in value["paths"].values())
-        return _EachStepOnANewMachine._Done(value)
-
-    shards = SubmittedShards(submit, settings, "test")
-    dedup_file(path, "text", tmp_path / "out", settings.dedup, id_field="id", index_dir=tmp_path / "idx",
-               shard_runner=shards)
+    p = DedupParams(input=str(path), text_field="text", id_field="id", out=str(tmp_path / "out"),
+                    index=str(tmp_path / "idx"))
+    summary = on_workers(_EachStepOnANewMachine(), p, settings, settings.model_dump_json(), logging.getLogger("test"))
     dedup_file(path, "text", tmp_path / "one", DedupSettings(**SMALL), id_field="id", index_dir=tmp_path / "idx-one")
     assert_same(decisions(tmp_path / "out"), decisions(tmp_path / "one"))
-    assert any("minhash" in r for r in runs) and any("ann" in r for r in runs), runs
-    assert not s3.find("evolforge/search-shards")   # each search's folder removed once its results were read
+    st = summary["stats"]
+    assert st["indexed_before"] > 0 and st["dropped_exact"] > 0 and st["work_files"]["history"] > 0
+    s = DedupSettings(**SMALL)
+    ids = [DedupIndex(tmp_path / idx, s, _encoder("static", s).fingerprint).load().ids for idx in ("idx", "idx-one")]
+    assert ids[0] == ids[1] and len(ids[0]) > st["indexed_before"]
+    assert json.loads((tmp_path / "idx" / "manifest.json").read_text())["count"] == len(ids[0])
+    assert not s3.find("evolforge/index-work")   # the work folder removed once the outputs were written
