@@ -398,7 +398,8 @@ class _Plan:
         return [r["alive"] for r in got]
 
     def _components(self, phase: str, parts: list[dict], n_nodes: int, groups: int):
-        """Rounds of hook + apply until no label moves, then every edge routed to its group shard."""
+        """Rounds of hook + apply until no label moves, then every edge routed to its group shard. With one part,
+        its own components are the graph's: the labels are final after one round (a second would move none)."""
         ranges, r = [list(x) for x in node_ranges(n_nodes, groups)], 0
         while True:
             moved = yield [Hook(phase, r, e, part, ranges) for e, part in enumerate(parts)]
@@ -406,6 +407,8 @@ class _Plan:
                 break
             yield [Apply(phase, r, k, len(parts), ranges) for k in range(len(ranges))]
             r += 1
+            if len(parts) == 1:
+                break
         yield [Route(phase, r, e, part, ranges, groups) for e, part in enumerate(parts)]
         self.stats[f"{phase}_component_rounds"] = r + 1
         return len(parts)
