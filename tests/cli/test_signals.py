@@ -22,6 +22,16 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 HANG = 90.0  # what every slow call takes: a run that waited for its calls would take at least this long
 
 
+@pytest.fixture(autouse=True)
+def _no_stop_left_behind():
+    """The in-process test stops its own process's run: the stop must not outlive it (a flow called directly later on
+    the same test worker, not through the CLI, which resets it, would stop at once)."""
+    from evolforge.tasks.core import stopping
+
+    yield
+    stopping.reset()
+
+
 @pytest.fixture
 def seeds(tmp_path):
     path = tmp_path / "seeds.jsonl"
