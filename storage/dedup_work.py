@@ -1,30 +1,32 @@
 """The work folder of a dedup: the one format in which the dedup's steps exchange files (tasks/dedup/plan.py), in
 one process or on the workers.
 
-    WORK/<step>/done.json                the step's completion marker: its counts and the files it wrote
+    WORK/<step>/done.json                the step's completion marker: its counts and the files it wrote (steps
+                                         run by the flow; a dedup in one process keeps none)
     WORK/<step>/started-<pid>.json       one per attempt: the worker process that took the step
-    WORK/records/shard-<s>.*             shard s's records: ids and texts (packed: .<name>.npy + .<name>_offsets.npy,
+    WORK/records.shard-<s>.*             shard s's records: ids and texts (packed: .<name>.npy + .<name>_offsets.npy,
                                          any single one read from the memory-mapped files), scores (keep="best")
-    WORK/history/index.*                 the persistent index's records, when the dedup runs against one: ids,
+    WORK/history.index.*                 the persistent index's records, when the dedup runs against one: ids,
                                          texts, exact keys sorted by exact bucket (.bucketed.*), MinHash sketches,
                                          static vectors, full-model vectors (rows, vectors)
-    WORK/prep/shard-<s>.*                shard s's exact keys and MinHash sketches (every record of the shard);
+    WORK/prep.shard-<s>.*                shard s's exact keys and MinHash sketches (every record of the shard);
                                          .bucketed.*: its exact keys, rows and packed texts sorted by exact bucket
-    WORK/exact/bucket-<b>.*              exact bucket b's drops, sorted by record shard
-    WORK/<phase>/alive-<s>.npy           per record of shard s: alive after the phase; drops-<s>.npy its
+    WORK/exact.bucket-<b>.*              exact bucket b's drops, sorted by record shard
+    WORK/<phase>.alive-<s>.npy           per record of shard s: alive after the phase; <phase>.drops-<s>.npy its
                                          records dropped by the phase (rows, reasons), in record order
-    WORK/minhash/shared.*, WORK/embedding/shared.*   the shared arrays of a search (sketches; vectors, ANN plan)
-    WORK/bands/out-<i>.*, WORK/ann/out-<i>.*         search part i's pairs (or neighbours)
-    WORK/<phase>-cc/r<r>.*               the connected-components rounds: labels per node range, proposals per
-                                         edge part (one group each, sorted by node range, with offsets)
-    WORK/<phase>-route/part-<e>.*        edge part e's edges sorted by group (with offsets)
-    WORK/<phase>-group/shard-<g>.*       group g's drops, sorted by record shard
-    WORK/embed/shard-<s>.vectors.npy     static vectors of shard s's records alive before the embedding phase
-    WORK/embedding-uncertain/shard-<g>.* group g's pairs the static model is unsure of
-    WORK/confirm/confirmed.*             the full model's cosines (by pair code) and the vectors it computed
+    WORK/minhash.shared.*, WORK/embedding.shared.*   the shared arrays of a search (sketches; vectors, ANN plan)
+    WORK/bands.out-<i>.*, WORK/ann.out-<i>.*         search part i's pairs (or neighbours)
+    WORK/<phase>-cc.r<r>.*               the connected-components rounds: labels per node range, proposals per
+                                         edge part (sorted by node range, with offsets)
+    WORK/<phase>-route.part-<e>.*        edge part e's edges sorted by group (with offsets)
+    WORK/<phase>-group.shard-<g>.*       group g's drops, sorted by record shard
+    WORK/embed.shard-<s>.vectors.npy     static vectors of shard s's records alive before the embedding phase
+    WORK/embedding-uncertain.shard-<g>.* group g's pairs the static model is unsure of
+    WORK/confirm.confirmed.*             the full model's cosines (by pair code) and the vectors it computed
 
-A group of arrays is a name prefix, <group>.<name>.npy (`member`), not a folder: one folder per step kind, as
-folders cost far more than files to make and to remove (a removal is a discard on a disk that trims).
+The data files are all in WORK itself, named <kind>.<name> (`data`; a group of arrays is a name prefix,
+<group>.<name>.npy: `member`): folders cost far more than files to make and to remove (a removal is a discard on
+a disk that trims), and only the flow's markers need one per step.
 
 Record numbers: a new record is its row in the input (0..n-1); an indexed record h is -(h + 1).
 
@@ -90,7 +92,17 @@ class DedupWork:
         return DedupWork(tempfile.mkdtemp(prefix="run-", dir=base))
 
     def step(self, name: str) -> Path:
+        """A step's marker folder (kind[-phase][/rNNN][/shard-NNNNN])."""
         return self.root / name
+
+    def data(self, kind: str, name: str) -> Path:
+        """A file (or a group of arrays' prefix) of a step kind: WORK/<kind>.<name>, all in WORK itself."""
+        return self.root / f"{kind}.{name}"
+
+    @staticmethod
+    def kind_of(rel: str) -> str:
+        """The step kind a path in the folder belongs to (a data file's or a marker's)."""
+        return rel.split("/", 1)[0].split(".", 1)[0]
 
     def marker(self, name: str) -> Path:
         return self.step(name) / "done.json"
@@ -128,7 +140,7 @@ class DedupWork:
     # --- the records ---------------------------------------------------------------------------------------------
 
     def records(self, shard: int) -> Path:
-        return self.step("records") / f"shard-{shard:05d}"
+        return self.data("records", f"shard-{shard:05d}")
 
     def save_records(self, shard: int, ids: list[str], texts: list[str], scores: np.ndarray | None) -> None:
         save_strings(self.records(shard), "ids", ids)
@@ -150,12 +162,12 @@ class DedupWork:
 
     @property
     def history(self) -> Path:
-        return self.step("history") / "index"
+        return self.data("history", "index")
 
     # --- per step -------------------------------------------------------------------------------------------------
 
     def prep(self, shard: int) -> Path:
-        return self.step("prep") / f"shard-{shard:05d}"
+        return self.data("prep", f"shard-{shard:05d}")
 
     def bucketed(self, shard: int | None) -> Path:
         """A record shard's exact keys, rows and texts sorted by exact bucket (None: the history's)."""
@@ -163,7 +175,7 @@ class DedupWork:
         return base.with_name(f"{base.name}.bucketed")
 
     def bucket(self, bucket: int) -> Path:
-        return self.step("exact") / f"bucket-{bucket:05d}"
+        return self.data("exact", f"bucket-{bucket:05d}")
 
     def drop_sender(self, phase: str, sender: int) -> Path:
         """Where sender `sender` of a phase's drops wrote them: an exact bucket or a group shard."""
@@ -171,39 +183,39 @@ class DedupWork:
 
     def shared(self, search: str) -> Path:
         """The shared arrays of a search ("minhash" or "embedding")."""
-        return self.step(search) / "shared"
+        return self.data(search, "shared")
 
     def part(self, step: str, part: int) -> Path:
         """Search part `part`'s result folder (step "bands" or "ann")."""
-        return self.step(step) / f"out-{part:05d}"
+        return self.data(step, f"out-{part:05d}")
 
     def vectors(self, shard: int) -> Path:
-        return self.step("embed") / f"shard-{shard:05d}.vectors.npy"
+        return self.data("embed", f"shard-{shard:05d}.vectors.npy")
 
     def uncertain(self, group: int) -> Path:
-        return self.step("embedding-uncertain") / f"shard-{group:05d}"
+        return self.data("embedding-uncertain", f"shard-{group:05d}")
 
     @property
     def confirmed(self) -> Path:
-        return self.step("confirm") / "confirmed"
+        return self.data("confirm", "confirmed")
 
     def alive(self, phase: str, shard: int) -> Path:
-        return self.step(phase) / f"alive-{shard:05d}.npy"
+        return self.data(phase, f"alive-{shard:05d}.npy")
 
     def drops(self, phase: str, shard: int) -> Path:
-        return self.step(phase) / f"drops-{shard:05d}.npy"
+        return self.data(phase, f"drops-{shard:05d}.npy")
 
     def labels(self, phase: str, round_: int, node_range: int) -> Path:
-        return self.step(f"{phase}-cc") / f"r{round_:03d}.labels-{node_range:05d}.npy"
+        return self.data(f"{phase}-cc", f"r{round_:03d}.labels-{node_range:05d}.npy")
 
     def proposals(self, phase: str, round_: int, part: int) -> Path:
-        return self.step(f"{phase}-cc") / f"r{round_:03d}.proposals-{part:05d}"
+        return self.data(f"{phase}-cc", f"r{round_:03d}.proposals-{part:05d}")
 
     def routed(self, phase: str, part: int) -> Path:
-        return self.step(f"{phase}-route") / f"part-{part:05d}"
+        return self.data(f"{phase}-route", f"part-{part:05d}")
 
     def group(self, phase: str, group: int) -> Path:
-        return self.step(f"{phase}-group") / f"shard-{group:05d}"
+        return self.data(f"{phase}-group", f"shard-{group:05d}")
 
 
 def _identity(input_path: str | Path) -> list:

@@ -430,8 +430,8 @@ class _Plan:
         files = work.files()
         per_top: dict[str, int] = {}
         for rel, _ in files:
-            top = rel.split("/", 1)[0]
-            per_top[top] = per_top.get(top, 0) + 1
+            kind = DedupWork.kind_of(rel)
+            per_top[kind] = per_top.get(kind, 0) + 1
         return {"shard_workers": workers, "steps": len(records) + (1 if self.job.out else 0),
                 "shard_seconds": {kind: [round(r["seconds"], 3) for r in records if r["step"].startswith(step + "/")]
                                   for kind, step in (("minhash", "bands"), ("ann", "ann"))},
