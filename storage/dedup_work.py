@@ -50,6 +50,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 import uuid
@@ -61,6 +62,19 @@ from evolforge.storage import dedup_mirror as mirror
 from evolforge.storage.fs import is_url
 
 _BASE = "evolforge-dedup-work"
+
+
+def _remove_orphans(base: Path) -> None:
+    """The run-<pid>-* folders under `base` whose process is gone (killed before it removed its own)."""
+    for d in base.glob("run-*-*"):
+        try:
+            os.kill(int(d.name.split("-")[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, PermissionError, OSError):
+            pass
+
+
 SKETCH_ARRAYS = ("offsets", "values", "signatures", "band_keys")   # a MinHash sketch set, one .npy file each
 
 
@@ -86,10 +100,11 @@ class DedupWork:
     @staticmethod
     def fresh(shard_dir: str) -> "DedupWork":
         """A new, empty local folder for one dedup in one process: under `dedup.shard_dir` when that is a local
-        folder, else the system temporary folder."""
-        base = Path(shard_dir if shard_dir and not is_url(shard_dir) else Path(tempfile.gettempdir()) / _BASE)
+        folder, else the system temporary folder. Folders that a killed process left there are removed first."""
+        base = Path(shard_dir) if shard_dir and not is_url(shard_dir) else Path(tempfile.gettempdir()) / _BASE
         base.mkdir(parents=True, exist_ok=True)
-        return DedupWork(tempfile.mkdtemp(prefix="run-", dir=base))
+        _remove_orphans(base)
+        return DedupWork(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=base))
 
     def step(self, name: str) -> Path:
         """A step's marker folder (kind[-phase][/rNNN][/shard-NNNNN])."""
