@@ -77,10 +77,12 @@ def work_for(input_path: str, out_dir: str, s: DedupSettings, index: str | None 
     return DedupWork.for_input(DedupWork.base(s.shard_dir), input_path, key, s.shards)
 
 
-def run_step(step: str, root: str, args: dict, s: DedupSettings, encoder=None, resumable: bool = True) -> dict:
+def run_step(step: str, root: str, args: dict, s: DedupSettings, encoder=None, resumable: bool = True,
+             memo: dict | None = None) -> dict:
     """Run one step (plan.py) unless its marker says it finished; its record (counts, paths, worker). `encoder`:
     the encoders to use (default: this process's, tasks/dedup/embedding.py `encoder`). Not `resumable` (a dedup
-    in one process, in a fresh folder that nothing resumes): no markers are read or written."""
+    in one process, in a fresh folder that nothing resumes): no markers are read or written, and the steps share
+    `memo` (the input table is read once)."""
     typed = STEP_TYPES[step](**args)
     work = DedupWork(root)
     name = typed.name
@@ -91,7 +93,7 @@ def run_step(step: str, root: str, args: dict, s: DedupSettings, encoder=None, r
         work.mark_started(name)
     t0, c0 = time.perf_counter(), time.process_time()
     with emb.one_thread_math():   # the same float32 bits in every worker, whatever its thread settings
-        out = STEPS[step](StepEnv(work, s, encoder or emb.encoder), typed)
+        out = STEPS[step](StepEnv(work, s, encoder or emb.encoder, memo), typed)
     record = {**out, "step": name, "pid": os.getpid(), "seconds": time.perf_counter() - t0,
               "cpu_seconds": time.process_time() - c0, "peak_rss_mb": peak_rss_mb()}
     if not resumable:
@@ -165,6 +167,8 @@ def step_split(env: StepEnv, st: Split) -> dict:
 
     s = env.s
     df, fmt = read_any_table(st.input)
+    if env.memo is not None:
+        env.memo["input"] = (st.input, df, fmt)
     if st.text_field not in df.columns:
         raise ValueError(f"{st.input}: no column {st.text_field!r} (columns: {df.columns})")
     n = df.height
@@ -359,7 +363,8 @@ def step_write(env: StepEnv, st: Write) -> dict:
     from evolforge.storage.dedup_sets import DedupOutLayout, write_outputs
     from evolforge.storage.fs import location
 
-    df, fmt = read_any_table(st.input)
+    read = (env.memo or {}).pop("input", None)
+    df, fmt = read[1:] if read is not None and read[0] == st.input else read_any_table(st.input)
     ids = [str(x) for x in df[st.id_field].to_list()] if st.id_field else [str(i) for i in range(df.height)]
     kept, dropped = decisions(env.work, ids, record_bounds(len(ids), env.s.shards), st.drop_steps, st.alive_step)
     summary = write_outputs(df, fmt, location(st.input), st.text_field, ids, kept, dropped,

@@ -58,9 +58,11 @@ class DedupResult:
 
 def _here(work: DedupWork, s: DedupSettings):
     """The plan's executor in this process: each step in turn, with this module's `_encoder`, without markers (the
-    folder is this call's own and removed when it returns)."""
+    folder is this call's own and removed when it returns), sharing one memo (the input table is read once)."""
+    memo: dict = {}
+
     def execute(batch: list[Step]) -> list[dict]:
-        return [run_step(step.kind, work.location, step.args(), s, encoder=_encoder, resumable=False)
+        return [run_step(step.kind, work.location, step.args(), s, encoder=_encoder, resumable=False, memo=memo)
                 for step in batch]
     return execute
 

@@ -257,12 +257,14 @@ STEP_TYPES: dict[str, type[Step]] = {t.kind: t for t in (
 
 @dataclass
 class StepEnv:
-    """What a step runs with: the work folder, the settings, and the encoders of the process that runs it
-    (`encoder(kind, settings)`: tasks/dedup/embedding.py `encoder`, or what the one-process caller passes)."""
+    """What a step runs with: the work folder, the settings, the encoders of the process that runs it
+    (`encoder(kind, settings)`: tasks/dedup/embedding.py `encoder`, or what the one-process caller passes), and in
+    one process a memo its steps share (the flow's steps may each run in another process: none)."""
 
     work: DedupWork
     s: DedupSettings
     encoder: Callable[[str, DedupSettings], Any]
+    memo: dict | None = None   # what a run in one process keeps between its steps (the input table read by Split)
 
 
 @dataclass(frozen=True)
