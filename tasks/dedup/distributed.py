@@ -139,22 +139,17 @@ def decisions(work: DedupWork, ids: list[str], bounds: list, drop_steps: list[st
     """(the kept ids in record order, the dropped records with their reasons: phase by phase, in record order);
     `ids` name the records, the work folder's history the indexed ones."""
     kept = [ids[a + i] for k, (a, _) in enumerate(bounds) for i in _alive_rows(work, alive_step, k).tolist()]
-    hist: list[PackedStrings] = []
+    drops = [(phase, r) for phase in drop_steps for k in range(len(bounds)) for r in gs.read_drops(work, phase, k)]
+    # an indexed record (a negative row) is named from the history's ids, all of them in one take
+    wanted = sorted({-row - 1 for _, r in drops for row in (r["dup_row"], r["matched_row"]) if row < 0})
+    hist = dict(zip(wanted, PackedStrings(work.history, "ids").take(wanted))) if wanted else {}
 
     def name(row: int) -> str:
-        if row >= 0:
-            return ids[row]
-        if not hist:
-            hist.append(PackedStrings(work.history, "ids"))
-        return hist[0].take([-row - 1])[0]
+        return ids[row] if row >= 0 else hist[-row - 1]
 
-    dropped = []
-    for phase in drop_steps:
-        for k in range(len(bounds)):
-            dropped.extend({"id": ids[r["row"]], "duplicate_of": name(r["dup_row"]), "method": phase,
-                            "similarity": r["similarity"], "matched_id": name(r["matched_row"]),
-                            "matched_similarity": r["matched_similarity"], "detail": r["detail"]}
-                           for r in gs.read_drops(work, phase, k))
+    dropped = [{"id": ids[r["row"]], "duplicate_of": name(r["dup_row"]), "method": phase,
+                "similarity": r["similarity"], "matched_id": name(r["matched_row"]),
+                "matched_similarity": r["matched_similarity"], "detail": r["detail"]} for phase, r in drops]
     return kept, dropped
 
 
