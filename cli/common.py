@@ -99,10 +99,11 @@ def is_user_error(e: BaseException) -> bool:
     from evolforge.storage.inputs import SeedFileError
     from evolforge.storage.locks import FolderLocked
     from evolforge.tasks.core.checks import InputError
+    from evolforge.tasks.core.extras import MissingExtra
     from evolforge.tasks.core.keys import InsecureKeyTransport
 
     kinds: tuple[type, ...] = (ConfigError, InputError, SeedFileError, InsecureKeyTransport, ParamsError,
-                               FolderOfAnotherStage, FolderLocked)
+                               FolderOfAnotherStage, FolderLocked, MissingExtra)
     if "evolforge.storage.run_record" in sys.modules:  # loaded only by a run that got that far
         kinds += (sys.modules["evolforge.storage.run_record"].RunInputsChanged,)
     return isinstance(e, kinds)
@@ -133,11 +134,14 @@ def run_command(args) -> int:
         print(f"\nevolforge {args.cmd}: interrupted (Ctrl-C)", file=sys.stderr)
         code = 130
     except Exception as e:
-        if not is_user_error(e):
+        from evolforge.tasks.core.extras import missing_extra
+
+        if not is_user_error(e) and missing_extra(e) is None:
             raise
         if DEBUG:
             traceback.print_exc()
-        print(f"evolforge {args.cmd}: {e}", file=sys.stderr)
+        # a module of an optional extra not installed (pyproject.toml): the pip line that brings it
+        print(f"evolforge {args.cmd}: {e if is_user_error(e) else missing_extra(e)}", file=sys.stderr)
         code = 2
     if requested() is not None and is_cli_process():
         fast_exit(code)  # stopped: the signal's watchdog ends the process if a thread is stuck in a cut-off call
@@ -180,6 +184,10 @@ def failed(what: str, e: BaseException, out: str | None, log=None) -> int:
     """A run that failed after it started: one line, and the resume hint when checkpoints were left."""
     if is_user_error(e):
         raise e
+    from evolforge.tasks.core.extras import missing_extra
+
+    if (missing := missing_extra(e)) is not None:  # an import of an extra's module in the run: one line, exit 2
+        raise missing from e
     if DEBUG:
         traceback.print_exc()
     where = f" (details: {log.path})" if log is not None and getattr(log, "path", None) else ""

@@ -47,7 +47,11 @@ def cmd_retry(args) -> int:
     stage = retry_stage(args.out)
     extra = {name: getattr(args, name) for name in retry_flags(stage) if getattr(args, name, None) is not None}
     params = stage.params(**{stage.out_field: args.out, "retry": True}, **extra)
-    stage.check(params, params.settings())  # a retry's check reads the run's record (before Prefect starts)
+    from evolforge.tasks.core.extras import check_stage
+
+    settings = params.settings()
+    check_stage(stage.name, params, settings)  # its optional extras installed: else one line, exit 2
+    stage.check(params, settings)  # a retry's check reads the run's record (before Prefect starts)
     return run_stage(stage, params, args.wait)
 
 

@@ -26,6 +26,8 @@
                  one at once.
 - tls:           which CAs verify the endpoint's certificate (gateway.ca_bundle, SSL_CERT_FILE), and the one line
                  when it does not verify.
+- extras:        the package's optional extras (pyproject.toml): which one a stage or a missing module needs, and the
+                 one line naming its `pip install 'evolforge[...]'` (issue 41).
 - structured:    structured outputs: the `response_format` a JSON call asks for, and what the endpoint turned out to
                  accept.
 """
