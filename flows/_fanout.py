@@ -68,9 +68,16 @@ class BatchesFailed(RuntimeError):
     """Some batches of a stage failed; the finished ones are checkpointed."""
 
 
+def retry_options(retries: int, delay_seconds: float) -> dict:
+    """A batch task's retry options from `runner.batch_retries` and `runner.retry_delay_seconds`: the delay doubles
+    with each retry."""
+    return dict(retries=retries, retry_delay_seconds=exponential_backoff(backoff_factor=delay_seconds)
+                if retries and delay_seconds else 0)
+
+
 def run_batches(runner, task, batches: Sequence[tuple[str, dict[str, Any]]], *, what: str, checkpoints,
                 progress_key: str | None = None, poll_seconds: float = 1.0,
-                after: tuple[str, Callable[[], int]] | None = None) -> list[dict]:
+                after: tuple[str, Callable[[], int]] | None = None, retry: dict | None = None) -> list[dict]:
     """Run `task` once per (task run name, parameters) on `runner`; results in submission order.
 
     `what` names the batches in the error ("round 2", "reward-data"); `checkpoints` is where the finished
@@ -83,7 +90,8 @@ def run_batches(runner, task, batches: Sequence[tuple[str, dict[str, Any]]], *, 
     `after` = (step, fn): a step that runs once every batch succeeded and drops some of what they accepted (an
     evolve round's dedup); `fn()` runs it and returns the final accepted count. Until then the progress says
     "N accepted before <step>"; the stage is shown finished only after it, with the final count (the one the
-    stage's summary gives) and how many the step dropped.
+    stage's summary gives) and how many the step dropped. `retry`: the tasks' retry options (retry_options), else
+    the task's own.
     """
     total = len(batches)
     tally = live_progress.StageProgress(what, total, settles=after[0] if after else "")
@@ -95,7 +103,8 @@ def run_batches(runner, task, batches: Sequence[tuple[str, dict[str, Any]]], *, 
     if progress_key:
         artifact = create_progress_artifact(progress=0.0, key=progress_key,
                                             description=f"{what}: batches done of {total}")
-    futures = [runner.submit(task.with_options(task_run_name=name), parameters=params) for name, params in batches]
+    futures = [runner.submit(task.with_options(task_run_name=name, **(retry or {})), parameters=params)
+               for name, params in batches]
     position = {id(f): i for i, f in enumerate(futures)}
     results: list[Any] = [None] * total
     failed: list[tuple[int, BaseException]] = []

@@ -34,7 +34,7 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel
 
 from evolforge.config.settings import Settings
-from evolforge.flows._fanout import run_batches
+from evolforge.flows._fanout import retry_options, run_batches
 from evolforge.flows._params import endpoint_label, model_endpoint
 from evolforge.flows._report import attach_card, attach_plots
 from evolforge.flows._runners import build_task_runner
@@ -141,7 +141,9 @@ class StageRun:
         return run_batches(self.runner_, task, [(f"{name}-{b:05d}", dict(common, batch=b))
                                                          for b in range(count)],
                            what=what, checkpoints=checkpoints or self.folder.root,
-                           progress_key=progress_key or f"{self.stage.name}-progress", after=after)
+                           progress_key=progress_key or f"{self.stage.name}-progress", after=after,
+                           retry=retry_options(self.settings.runner.batch_retries,
+                                               self.settings.runner.retry_delay_seconds))
 
     def elapsed(self) -> float:
         return round(time.time() - self.started, 2)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger, task
 
-from evolforge.flows._fanout import BATCH_TASK_OPTIONS, run_batches
+from evolforge.flows._fanout import BATCH_TASK_OPTIONS, retry_options, run_batches
 from evolforge.flows._stage import batch_totals, finish_stage, stage_run
 from evolforge.storage import reward_sets as store
 from evolforge.storage.fs import write_json_atomic
@@ -56,7 +56,8 @@ def reward_data_flow(params: RewardDataParams) -> dict:
                 (f"{kind}-batch-{b:05d}", dict(kind=kind, out_dir=str(lay.root), batch=b, base_url=ep.base_url,
                                                settings_json=run.settings_json, run_id=run.run_id))
                 for kind in params.kinds for b in range(lay.batched(kind).batch_count())],
-                what="reward-data", checkpoints=lay.root, progress_key="reward-data-progress")
+                what="reward-data", checkpoints=lay.root, progress_key="reward-data-progress",
+                retry=retry_options(run.settings.runner.batch_retries, run.settings.runner.retry_delay_seconds))
         # the kinds made by an earlier run over the folder count too
         sets = assemble(lay.root, run.settings, tuple(k for k in store.KINDS
                                                       if k in params.kinds or lay.batched(k).complete()))

@@ -40,6 +40,9 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 # commands run by tests use Prefect's temporary server, never a background one that would outlive the test
 # (tests/cli/test_prefect_server_reuse.py covers the reused server and stops it)
 os.environ.setdefault("EVOLFORGE__RUNNER__PREFECT_SERVER", "ephemeral")
+# a retried batch waits 0.2 s, not the product's 5 s: the retry tests are about what is retried, not when
+# (tests/flows/test_retry_options.py checks the delay itself)
+os.environ.setdefault("EVOLFORGE__RUNNER__RETRY_DELAY_SECONDS", "0.2")
 for _k in ("EVOLFORGE_API_KEY", "OPENAI_API_KEY"):
     os.environ.pop(_k, None)
 

@@ -67,6 +67,15 @@ class RunnerSettings(Section):
     kind: Literal["threads", "dask", "ray"] = Field("threads", description="threads (default), dask or ray.")
     max_workers: int = Field(4, ge=1, description="Batches in flight at once (threads runner / local Dask workers).")
     address: str = Field("", description="Existing Dask scheduler or Ray cluster address; empty starts a local one.")
+    batch_retries: int = Field(
+        2, ge=0, le=10, description="How many times a batch task is retried after a transient failure (a dropped "
+        "connection, a worker lost, an object store refusing a write); a down endpoint, a bad key, a full disk or a "
+        "signal stops at once and is never retried. A retried batch resumes from its checkpoint: calls it finished "
+        "are not made again.")
+    retry_delay_seconds: float = Field(
+        5.0, ge=0, le=3600, description="The wait before a batch's first retry; each further retry waits twice as "
+        "long as the one before (5 s, 10 s, ... by default), with up to 50% random jitter so retried batches do not "
+        "return at once.")
     prefect_server: Literal["reuse", "ephemeral"] = Field(
         "reuse", description="The Prefect server an `evolforge` command reports to when PREFECT_API_URL is not set. "
         "reuse: a local server (127.0.0.1, UI included) that the first command starts in the background and leaves "
