@@ -97,6 +97,12 @@ class SandboxSettings(Section):
         description="Interpreter that runs the tests (a venv's python works: its base prefix and site-packages are bound read-only). "
         "Needs pytest installed for pytest-style test files.",
     )
+    node: str = Field(
+        "node",
+        description="The Node.js executable for language \"nodejs\" (a name looked up on PATH, or a path). Bound "
+        "read-only into the sandbox at its real path (its prefix when outside /usr). Its address-space limit is "
+        "memory_mb + 1024 MiB (V8 reserves that much at start) and its JavaScript heap is capped at memory_mb.",
+    )
     extra_ro_binds: list[str] = Field(
         default_factory=list, description="Further host paths made visible read-only at the same path inside the sandbox (bwrap mode)."
     )

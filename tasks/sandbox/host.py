@@ -204,6 +204,11 @@ def drain_result(fd: int, buf: bytearray, room: int) -> str | None:
             return "output_cap"
 
 
+_NODE_MEMORY = re.compile(r"JavaScript heap out of memory|Fatal process out of memory|Fatal process OOM|"
+                          r"RangeError: Array buffer allocation failed")
+_NODE_NPROC = re.compile(r"\bspawn\S*(?: \S+)? EAGAIN|uv_thread_create")
+
+
 def classify_exit(code: int, wall: float, s: SandboxSettings, output: str) -> str | None:
     """The killed_reason a run's exit status (and, for the rlimit errors, its output) points to; None for exit 0."""
     if code == 0:
@@ -212,10 +217,10 @@ def classify_exit(code: int, wall: float, s: SandboxSettings, output: str) -> st
     # SIGKILL we did not send after at least cpu_seconds of wall time: the hard CPU limit (SIGXCPU ignored)
     if sig == signal.SIGXCPU or (sig == signal.SIGKILL and wall >= s.cpu_seconds):
         return "cpu_limit"
-    if "MemoryError" in output or "[Errno 12] Cannot allocate memory" in output:
+    if "MemoryError" in output or "[Errno 12] Cannot allocate memory" in output or _NODE_MEMORY.search(output):
         return "memory"
-    if "[Errno 11] Resource temporarily unavailable" in output:
+    if "[Errno 11] Resource temporarily unavailable" in output or _NODE_NPROC.search(output):
         return "process_limit"
-    if "[Errno 27] File too large" in output or sig == signal.SIGXFSZ:
+    if "[Errno 27] File too large" in output or sig == signal.SIGXFSZ or "EFBIG" in output:
         return "file_size"
     return f"signal:{sig}" if sig else None

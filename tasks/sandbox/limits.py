@@ -23,6 +23,7 @@ import shutil
 import subprocess
 
 from evolforge.config.sections.sandbox import SandboxSettings
+from evolforge.tasks.sandbox.languages import interpreter_binds
 
 WORKDIR = "/sandbox"  # the private working dir inside the sandbox
 VENV = "/venv"  # where a venv's site-packages appear inside the sandbox
@@ -58,11 +59,12 @@ def interpreter_layout(python: str) -> dict:
     return json.loads(out.stdout)
 
 
-def limits_argv(s: SandboxSettings) -> list[str]:
-    """prlimit prefix that sets every rlimit on itself, then execs the rest of the command."""
+def limits_argv(s: SandboxSettings, address_space: int | None = None) -> list[str]:
+    """prlimit prefix that sets every rlimit on itself, then execs the rest of the command (`address_space`:
+    RLIMIT_AS in bytes when not memory_mb, tasks/sandbox/languages.py)."""
     mib = 1024 * 1024
     return [
-        tool("prlimit"), f"--cpu={s.cpu_seconds}:{s.cpu_seconds + 1}", f"--as={s.memory_mb * mib}",
+        tool("prlimit"), f"--cpu={s.cpu_seconds}:{s.cpu_seconds + 1}", f"--as={address_space or s.memory_mb * mib}",
         f"--nproc={s.max_processes}", f"--fsize={s.max_file_size_mb * mib}", f"--nofile={s.max_open_files}",
         "--core=0", "--",
     ]
@@ -149,7 +151,7 @@ def bwrap_argv(s: SandboxSettings, files: dict[str, str], env: dict[str, str], p
     if os.path.exists("/etc/ld.so.cache"):
         view.ro("/etc/ld.so.cache")
     inner_python = python_view(view, s.python)
-    for extra in s.extra_ro_binds:
+    for extra in [*interpreter_binds(s), *s.extra_ro_binds]:
         view.ro(extra)
     mb = 1024 * 1024
     argv += ["--dev", "/dev", "--proc", "/proc",
@@ -158,6 +160,8 @@ def bwrap_argv(s: SandboxSettings, files: dict[str, str], env: dict[str, str], p
     argv += view.args
     for name, host in files.items():
         argv += ["--ro-bind", host, f"{WORKDIR}/{name}"]
+    for parent in sorted({os.path.dirname(dest) for dest in binds or {}} - view.dirs):
+        argv += ["--perms", "0755", "--dir", parent]  # traversable: a check's interpreter (node) reads its bridge there
     for dest, host in (binds or {}).items():
         argv += ["--ro-bind", host, dest]
     for k, v in env.items():

@@ -50,6 +50,7 @@ from evolforge.tasks.sandbox.host import (
     take_uid,
     watch_sandbox_init,
 )
+from evolforge.tasks.sandbox.languages import BRIDGE_JS, LANGUAGES, Language
 from evolforge.tasks.sandbox.limits import SandboxUnavailable, bwrap_argv, drop_argv
 from evolforge.tasks.sandbox.verdict import judge, solution_state_ok
 
@@ -81,7 +82,8 @@ class Worker:
         self.ns_pidfd: int | None = None
         privileged = os.geteuid() == 0
         caps = ("CAP_KILL", "CAP_SYS_ADMIN") if privileged else ("CAP_SYS_ADMIN",)
-        binds = {f"{WORKER_DIR}/{name}": os.path.join(_HERE, name) for name in ("worker.py", "harness.py", "bridge.py")}
+        binds = {f"{WORKER_DIR}/{name}": os.path.join(_HERE, name)
+                 for name in ("worker.py", "harness.py", "bridge.py", BRIDGE_JS)}
         opts, python = bwrap_argv(settings, {}, inner_env(run), privileged, caps, binds)  # run: its hash seed
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         info_r, info_w = os.pipe()
@@ -272,9 +274,9 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
-def _rlimits(s: SandboxSettings) -> dict[str, list[int]]:
+def _rlimits(s: SandboxSettings, lang: Language) -> dict[str, list[int]]:
     mib = 1024 * 1024
-    return {"RLIMIT_CPU": [s.cpu_seconds, s.cpu_seconds + 1], "RLIMIT_AS": [s.memory_mb * mib] * 2,
+    return {"RLIMIT_CPU": [s.cpu_seconds, s.cpu_seconds + 1], "RLIMIT_AS": [lang.memory_bytes(s)] * 2,
             "RLIMIT_NPROC": [s.max_processes] * 2, "RLIMIT_FSIZE": [s.max_file_size_mb * mib] * 2,
             "RLIMIT_NOFILE": [s.max_open_files] * 2, "RLIMIT_CORE": [0, 0]}
 
@@ -282,13 +284,27 @@ def _rlimits(s: SandboxSettings) -> dict[str, list[int]]:
 _ids = iter(range(1, 1 << 62))
 
 
+def _commands(settings: SandboxSettings, lang: Language, runner: str, args: list[str]) -> dict:
+    """What the worker's children exec for a language with a bridge of its own (nothing for Python's rows)."""
+    if lang.bridge is None:
+        return {}
+    if runner == "raw":
+        return {"exec": lang.command(settings, *args)}
+    bridge = f"{WORKER_DIR}/{lang.bridge}"
+    return {"solution_file": lang.solution_file,  # fds as worker.py arranges them: 3-4 nonce/result, 5-6 bridge
+            "runner_exec": lang.command(settings, bridge, "runner", "3", "4", "5", "6", lang.test_file),
+            "solution_exec": lang.command(settings, bridge, "serve", "3", "4", lang.solution_file)}
+
+
 def run_in_worker(settings: SandboxSettings, files: dict[str, str], args: list[str], runner: str,
-                  declared: int = 0, stdin: str | None = None, run: int = 0) -> SandboxResult:
+                  declared: int = 0, stdin: str | None = None, run: int = 0,
+                  lang: Language = LANGUAGES["python"]) -> SandboxResult:
     """One check in a warm worker (sandbox.reuse_workers; else in a worker started for it alone): runner
     "pytest"/"script" (args: the test file, then pytest options; files: solution.py and the test file) as a
     runner and a solution process joined by the bridge, judged from the runner's result channel and the
     solution's state; or "raw" (args: the script) with `stdin` on its standard input. `run`: which run of the
-    check this is (its hash seed: a worker started with host.hash_seed(run))."""
+    check this is (its hash seed: a worker started with host.hash_seed(run)). `lang`: the language's row
+    (tasks/sandbox/languages.py); a row with a bridge of its own has its interpreter exec'd by the children."""
     root = os.geteuid() == 0
     uid = take_uid(settings.uid_base) if root else None
     solution_uid = take_uid(settings.uid_base) if root and runner != "raw" else None
@@ -311,9 +327,9 @@ def run_in_worker(settings: SandboxSettings, files: dict[str, str], args: list[s
             ours.append(fd)
             fds.append(fd)
         header = {"id": next(_ids), "runner": runner, "args": args, "files": list(files), "uid": uid,
-                  "solution_uid": solution_uid, "rlimits": _rlimits(settings),
-                  "tmpfs_bytes": settings.tmpfs_size_mb * 1024 * 1024}
-        return _check(settings, header, fds, ours, out_r, err_r, channel, runner, declared, run)
+                  "solution_uid": solution_uid, "rlimits": _rlimits(settings, lang),
+                  "tmpfs_bytes": settings.tmpfs_size_mb * 1024 * 1024, **_commands(settings, lang, runner, args)}
+        return _check(settings, header, fds, ours, out_r, err_r, channel, runner, declared, run, lang.one_thread)
     finally:
         for fd in ours + keep:
             try:
@@ -340,7 +356,8 @@ def _release(settings: SandboxSettings, worker: Worker, healthy: bool, run: int 
 
 
 def _check(settings: SandboxSettings, header: dict, fds: list[int], ours: list[int], out_r: int, err_r: int,
-           channel: ResultChannel | None, runner: str, declared: int, run: int = 0) -> SandboxResult:
+           channel: ResultChannel | None, runner: str, declared: int, run: int = 0,
+           one_thread: bool = True) -> SandboxResult:
     worker = _acquire(settings, run)
     try:
         worker.send(header, fds)
@@ -383,7 +400,8 @@ def _check(settings: SandboxSettings, header: dict, fds: list[int], ours: list[i
             reason is None or reason.startswith("signal:")):
         reason = classify_exit(solution["status"], duration, settings, "") or reason  # the solution's kill
     passed = code == 0 and reason is None
-    verdict = judge(bytes(bufs["res"]), channel.nonce, runner, declared, solution) if channel else None
+    verdict = judge(bytes(bufs["res"]), channel.nonce, runner, declared, solution, one_thread=one_thread) \
+        if channel else None
     if verdict is not None:
         passed = passed and verdict.ok
     return result_of(passed, code, reason, stdout, stderr, duration, runner, verdict)

@@ -98,7 +98,6 @@ from evolforge.tasks.sandbox.host import (
     BRIDGE_FILE,
     HARNESS_FILE,
     NS_EXIT_WAIT_S,
-    PROGRAM_FILE,
     SOLUTION_FILE,
     TEST_FILE,
     ResultChannel,
@@ -113,6 +112,7 @@ from evolforge.tasks.sandbox.host import (
     take_uid,
     watch_sandbox_init,
 )
+from evolforge.tasks.sandbox.languages import LANGUAGES, Language, language
 from evolforge.tasks.sandbox.limits import (
     SandboxUnavailable,
     bwrap_argv,
@@ -124,8 +124,8 @@ from evolforge.tasks.sandbox.limits import (
 from evolforge.tasks.sandbox.pool import run_in_worker
 from evolforge.tasks.sandbox.verdict import declared_tests, judge, unittest_classes
 
-__all__ = ["SandboxResult", "SandboxUnavailable", "check_sandbox_available", "run_many", "run_python_program",
-           "run_python_tests"]
+__all__ = ["LANGUAGES", "SandboxResult", "SandboxUnavailable", "check_sandbox_available", "run_many", "run_program",
+           "run_python_program", "run_python_tests", "run_tests"]
 
 _UNUSED_PLUGINS = ("cacheprovider", "pastebin", "junitxml", "doctest", "setuponly", "setupplan", "stepwise",
                    "unraisableexception", "threadexception", "faulthandler")  # nothing a check needs; each costs time
@@ -184,23 +184,34 @@ def check_sandbox_available(settings: SandboxSettings) -> None:
 
 def run_python_tests(solution_code: str, test_code: str, settings: SandboxSettings, *,
                      reward: bool = False) -> SandboxResult:
+    """run_tests in Python."""
+    return run_tests(solution_code, test_code, settings, reward=reward)
+
+
+def run_tests(solution_code: str, test_code: str, settings: SandboxSettings, *, language: str = "python",
+              reward: bool = False) -> SandboxResult:
     """Run `test_code` against `solution_code` in the sandbox, the tests and the solution in two processes joined
-    only by the bridge (tasks/sandbox/bridge.py); never raises for anything the code does.
+    only by the bridge (Python: tasks/sandbox/bridge.py; nodejs: tasks/sandbox/bridge.js); never raises for
+    anything the code does. `language`: a row of tasks/sandbox/languages.py.
 
     `reward`: the verdict is used as a reward (PPO, rejection sampling): a pass is confirmed by further runs, each
     with another hash seed (sandbox.confirm_runs in all), and the check passes only if every run passes."""
+    lang = language_of(language, settings)
     check_sandbox_available(settings)
-    runner = "pytest" if uses_pytest(test_code) else "script"
+    if lang.bridge is None:
+        runner = "pytest" if uses_pytest(test_code) else "script"
+    else:
+        runner = lang.runners[0]
     options = PYTEST_ARGS[2:-1] if runner == "pytest" else []
     declared = declared_tests(test_code) if runner == "pytest" else 0
-    files = {SOLUTION_FILE: solution_code, TEST_FILE: test_code}
+    files = {lang.solution_file: solution_code, lang.test_file: test_code}
     runs = settings.confirm_runs if reward else 1
     spent = 0.0
     for run in range(runs):
         if settings.mode == "bwrap":  # warm workers, or (reuse_workers off) a worker started for this check alone
-            result = run_in_worker(settings, files, [TEST_FILE, *options], runner, declared, run=run)
+            result = run_in_worker(settings, files, [lang.test_file, *options], runner, declared, run=run, lang=lang)
         else:
-            result = _run_split(settings, solution_code, test_code, runner, options, declared, run)
+            result = _run_split(settings, solution_code, test_code, runner, options, declared, run, lang)
         spent += result.duration_s
         result.duration_s, result.runs = round(spent, 4), run + 1
         if not result.passed:
@@ -213,18 +224,33 @@ def run_python_tests(solution_code: str, test_code: str, settings: SandboxSettin
 
 
 def run_python_program(code: str, stdin: str | None, settings: SandboxSettings) -> SandboxResult:
-    """Run `code` as a script with `stdin` (None: empty) on its standard input; never raises for what the code does."""
+    """run_program in Python."""
+    return run_program(code, stdin, settings)
+
+
+def run_program(code: str, stdin: str | None, settings: SandboxSettings, language: str = "python") -> SandboxResult:
+    """Run `code` as a program (`python main.py`, `node main.js`, ...: tasks/sandbox/languages.py) with `stdin`
+    (None: empty) on its standard input; never raises for what the code does."""
+    lang = language_of(language, settings)
     check_sandbox_available(settings)
-    return _run(settings, {PROGRAM_FILE: code}, [PROGRAM_FILE], stdin=stdin)
+    return _run(settings, {lang.program_file: code}, [lang.program_file], stdin=stdin, lang=lang)
 
 
-def run_many(jobs: Iterable[tuple[str, str]], settings: SandboxSettings, *, reward: bool = False) -> list[SandboxResult]:
+def language_of(name: str, settings: SandboxSettings) -> Language:
+    """The language's row, its interpreter checked (LanguageUnavailable names what to install)."""
+    lang = language(name)
+    lang.executable(settings)
+    return lang
+
+
+def run_many(jobs: Iterable[tuple[str, str]], settings: SandboxSettings, *, reward: bool = False,
+             language: str = "python") -> list[SandboxResult]:
     """Run (solution_code, test_code) pairs, at most settings.max_parallel at once; results in input order.
-    `reward`: as run_python_tests (passes confirmed by sandbox.confirm_runs runs)."""
+    `reward`: as run_tests (passes confirmed by sandbox.confirm_runs runs)."""
     jobs = list(jobs)
     check_sandbox_available(settings)
     with ThreadPoolExecutor(max_workers=settings.max_parallel, thread_name_prefix="sandbox") as pool:
-        return list(pool.map(lambda job: run_python_tests(job[0], job[1], settings, reward=reward), jobs))
+        return list(pool.map(lambda job: run_tests(job[0], job[1], settings, reward=reward, language=language), jobs))
 
 
 @functools.lru_cache(maxsize=4)
@@ -233,12 +259,13 @@ def _source(name: str) -> str:
         return f.read()
 
 
-def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], stdin: str | None = None) -> SandboxResult:
+def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], stdin: str | None = None,
+         lang: Language = LANGUAGES["python"]) -> SandboxResult:
     """A "raw" run, `python *args` (the probe, run_python_program): no result channel, judged by its exit status.
     `stdin` goes into a host file outside the sandbox's view, opened as its standard input. With
     sandbox.reuse_workers (bwrap mode) every run but the probe goes to a warm worker (tasks/sandbox/pool.py)."""
-    if settings.mode == "bwrap" and settings.reuse_workers and args == [PROGRAM_FILE]:
-        return run_in_worker(settings, files, args, "raw", 0, stdin)
+    if settings.mode == "bwrap" and settings.reuse_workers and args == [lang.program_file]:
+        return run_in_worker(settings, files, args, "raw", 0, stdin, lang=lang)
     hostdir = tempfile.mkdtemp(prefix="evolforge-sbx-")
     uid = None
     try:
@@ -254,14 +281,16 @@ def _run(settings: SandboxSettings, files: dict[str, str], args: list[str], stdi
             privileged = os.geteuid() == 0
             uid = take_uid(settings.uid_base) if privileged else None
             opts, python = bwrap_argv(settings, paths, env, privileged)
-            inner = limits_argv(settings) + drop_argv(uid) + [python] + args
+            command = [python] + args if lang.bridge is None else lang.command(settings, *args)
+            inner = limits_argv(settings, lang.memory_bytes(settings)) + drop_argv(uid) + command
             info = os.pipe()  # bwrap reports the host pid of the sandbox's init (PID 1) here
             argv, cwd = opts + ["--info-fd", str(info[1]), "--"] + inner, "/"
             popen_env = {"PATH": "/usr/bin:/bin"}  # bwrap itself never sees the host environment
         else:
             marker = secrets.token_hex(8)
             env.update(HOME=hostdir, TMPDIR=hostdir, EVOLFORGE_SANDBOX_RUN=marker)
-            argv, cwd, popen_env = limits_argv(settings) + [settings.python] + args, hostdir, env
+            command = [settings.python] + args if lang.bridge is None else lang.command(settings, *args)
+            argv, cwd, popen_env = limits_argv(settings, lang.memory_bytes(settings)) + command, hostdir, env
         return _execute(settings, argv, cwd, popen_env, marker, info, stdin_path)
     finally:
         if uid is not None:
@@ -327,7 +356,7 @@ def _execute(settings: SandboxSettings, argv: list[str], cwd: str, env: dict, ma
 
 
 def _run_split(settings: SandboxSettings, solution_code: str, test_code: str, runner: str, options: list[str],
-               declared: int, run: int = 0) -> SandboxResult:
+               declared: int, run: int = 0, lang: Language = LANGUAGES["python"]) -> SandboxResult:
     """rlimits-only: the runner and the solution as two host processes (separate temp dirs, a new session each,
     the same rlimits), joined only by the bridge's pipes. Not a security boundary (same uid, no namespaces)."""
     hostdir = tempfile.mkdtemp(prefix="evolforge-sbx-")
@@ -336,22 +365,36 @@ def _run_split(settings: SandboxSettings, solution_code: str, test_code: str, ru
         rdir, sdir = os.path.join(hostdir, "tests"), os.path.join(hostdir, "solution")
         os.mkdir(rdir)
         os.mkdir(sdir)
-        _write_files(rdir, {TEST_FILE: test_code, HARNESS_FILE: _source("harness.py"), BRIDGE_FILE: _source("bridge.py")})
-        _write_files(sdir, {SOLUTION_FILE: solution_code, BRIDGE_FILE: _source("bridge.py")})
+        if lang.bridge is None:
+            _write_files(rdir, {TEST_FILE: test_code, HARNESS_FILE: _source("harness.py"), BRIDGE_FILE: _source("bridge.py")})
+            _write_files(sdir, {SOLUTION_FILE: solution_code, BRIDGE_FILE: _source("bridge.py")})
+        else:
+            bridge = "_evolforge_" + lang.bridge
+            _write_files(rdir, {lang.test_file: test_code, bridge: _source(lang.bridge)})
+            _write_files(sdir, {lang.solution_file: solution_code, bridge: _source(lang.bridge)})
         channel = ResultChannel()
         to_solution, to_runner, out, err = os.pipe(), os.pipe(), os.pipe(), os.pipe()
         ours = [*to_solution, *to_runner, *out, *err]
         marker = secrets.token_hex(8)
         env = inner_env(run) | {"EVOLFORGE_SANDBOX_RUN": marker}
-        limits, python = limits_argv(settings), settings.python
+        limits, python = limits_argv(settings, lang.memory_bytes(settings)), settings.python
+        if lang.bridge is None:
+            runner_argv = [python, *channel.harness_args(runner, to_runner[0], to_solution[1]), *options]
+            solution_argv = [python, BRIDGE_FILE, "serve", str(to_solution[0]), str(to_runner[1]), SOLUTION_FILE]
+        else:
+            nonce_r, result_w = channel.child_fds()
+            runner_argv = lang.command(settings, bridge, "runner", str(nonce_r), str(result_w), str(to_runner[0]),
+                                       str(to_solution[1]), lang.test_file)
+            solution_argv = lang.command(settings, bridge, "serve", str(to_solution[0]), str(to_runner[1]),
+                                         lang.solution_file)
         started = time.monotonic()
         common = dict(stdin=subprocess.DEVNULL, stdout=out[1], stderr=err[1], start_new_session=True, close_fds=True)
         procs.append(subprocess.Popen(  # the runner first: the solution's start overlaps the runner's
-            limits + [python, *channel.harness_args(runner, to_runner[0], to_solution[1]), *options], cwd=rdir,
+            limits + runner_argv, cwd=rdir,
             env=env | {"HOME": rdir, "TMPDIR": rdir}, pass_fds=(*channel.child_fds(), to_runner[0], to_solution[1]),
             **common))
         procs.append(subprocess.Popen(
-            limits + [python, BRIDGE_FILE, "serve", str(to_solution[0]), str(to_runner[1]), SOLUTION_FILE], cwd=sdir,
+            limits + solution_argv, cwd=sdir,
             env=env | {"HOME": sdir, "TMPDIR": sdir}, pass_fds=(to_solution[0], to_runner[1]), **common))
         for fd in ours[:4] + [out[1], err[1]]:
             os.close(fd)
@@ -372,7 +415,7 @@ def _run_split(settings: SandboxSettings, solution_code: str, test_code: str, ru
         reason = reason or classify_exit(code, duration, settings, stdout + stderr)
         if code != 0 and solution and solution["status"] not in (None, 0) and (reason is None or reason.startswith("signal:")):
             reason = classify_exit(solution["status"], duration, settings, "") or reason
-        verdict = judge(bytes(bufs["res"]), channel.nonce, runner, declared, solution)
+        verdict = judge(bytes(bufs["res"]), channel.nonce, runner, declared, solution, one_thread=lang.one_thread)
         return result_of(code == 0 and reason is None and verdict.ok, code, reason, stdout, stderr, duration, runner,
                          verdict)
     finally:

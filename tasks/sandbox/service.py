@@ -10,8 +10,9 @@ Routes (SandboxFusion's names and JSON, field for field):
 
 A request's `run_timeout` (wall seconds; also the CPU-seconds limit, rounded up) and `memory_limit_MB`
 (RLIMIT_AS per process; <= 0: the server's) can only tighten the server's caps (`[sandbox]`: wall_timeout_seconds,
-cpu_seconds, memory_mb; output, processes, file size and isolation as configured). Python only: the code runs as
-`python main.py` with `stdin` on its standard input (tasks/sandbox/run.py run_python_program). Every other
+cpu_seconds, memory_mb; output, processes, file size and isolation as configured). Languages "python" and
+"nodejs": the code runs as `python main.py` / `node main.js` with `stdin` on its standard input (tasks/sandbox/run.py
+run_program; node's address-space limit is memory_mb + 1024 MiB, its JavaScript heap memory_mb). Every other
 language of SandboxFusion is answered as SandboxFusion answers a sandbox-side failure (HTTP 200, status
 "SandboxError", a message; verl scores it -1, not as the model's fault), and so are non-empty `files` /
 `fetch_files` (not supported yet). A language SandboxFusion does not know, a malformed body or a wrong field
@@ -55,13 +56,13 @@ from evolforge.tasks.core import serving
 from evolforge.tasks.core.gateway import is_loopback
 from evolforge.tasks.core.keys import token_accepted
 from evolforge.tasks.core.request_guard import cors_settings, door_refusal, json_body_refusal
-from evolforge.tasks.sandbox.run import SandboxResult, check_sandbox_available, run_python_program
+from evolforge.tasks.sandbox.run import SandboxResult, check_sandbox_available, run_program
 
 # SandboxFusion's `Language` (sandbox/runners/types.py), in its order
 Language = Literal['python', 'cpp', 'nodejs', 'go', 'go_test', 'java', 'php', 'csharp', 'bash', 'typescript', 'sql',
                    'rust', 'cuda', 'lua', 'R', 'perl', 'D_ut', 'ruby', 'scala', 'julia', 'pytest', 'junit',
                    'kotlin_script', 'jest', 'verilog', 'python_gpu', 'lean', 'swift', 'racket']
-SUPPORTED_LANGUAGES = ("python",)
+SUPPORTED_LANGUAGES = ("python", "nodejs")  # rows of tasks/sandbox/languages.py
 MIN_MEMORY_MB = 64  # below this the interpreter cannot start; a smaller request gets this much
 TIMEOUT_KILLS = ("wall_timeout", "cpu_limit")
 
@@ -224,8 +225,8 @@ async def run_code(request: Request) -> JSONResponse:
         return _detail(504, f"all {cfg.max_concurrency} sandbox slots stayed busy for {cfg.queue_timeout_seconds} s")
     try:
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(state.pool, run_python_program, req.code, req.stdin,
-                                            run_limits(req, state.sandbox))
+        result = await loop.run_in_executor(state.pool, run_program, req.code, req.stdin,
+                                            run_limits(req, state.sandbox), req.language)
     except Exception as e:  # noqa: BLE001 - a sandbox-side failure is an answer, never a dead server
         return JSONResponse(_response("SandboxError", f"sandbox failure: {type(e).__name__}: {e}"[:2000]))
     finally:

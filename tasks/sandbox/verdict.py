@@ -126,8 +126,9 @@ def solution_state_ok(state) -> bool:
                              and (state["status"] is None or type(state["status"]) is int))
 
 
-def judge_solution(state: dict | None) -> str | None:
-    """Why the solution process's state when the runner ended fails the run (None: it does not)."""
+def judge_solution(state: dict | None, one_thread: bool = True) -> str | None:
+    """Why the solution process's state when the runner ended fails the run (None: it does not). `one_thread`
+    False: its thread count is not judged (node always runs V8's and libuv's threads beside the JavaScript one)."""
     if state is None:
         return "the solution process was never seen"
     if not state["alive"]:
@@ -135,7 +136,7 @@ def judge_solution(state: dict | None) -> str | None:
         how = f"exit status {status}" if status is not None and status < 128 else \
             f"signal {status - 128}" if status is not None else "unknown status"
         return f"the solution process ended before the tests were done ({how})"
-    if state["threads"] > 1:
+    if one_thread and state["threads"] > 1:
         return f"the solution left {state['threads'] - 1} thread(s) running after its calls returned"
     if state["children"]:
         return f"the solution left {state['children']} child process(es) running"
@@ -147,7 +148,7 @@ def _channel_fields(rec: dict) -> bool:
 
 
 def judge(raw: bytes, nonce: str, runner: str, declared: int, solution: dict | None = None,
-          check_solution: bool = True) -> Verdict:
+          check_solution: bool = True, one_thread: bool = True) -> Verdict:
     """Read everything the result channel delivered; ok only for exactly one final record that passes, and a
     solution process that was still alive, with one thread and no child, when the runner ended."""
     records, error = _records(raw, nonce)
@@ -187,7 +188,7 @@ def judge(raw: bytes, nonce: str, runner: str, declared: int, solution: dict | N
         if n < declared:
             return Verdict(False, f"collected {n} tests but the test file declares {declared}", **counts)
     if check_solution:
-        why = judge_solution(solution)
+        why = judge_solution(solution, one_thread)
         if why:
             return Verdict(False, why, **counts)
     return Verdict(True, None, **counts)

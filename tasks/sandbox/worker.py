@@ -33,7 +33,10 @@ Each of them, in a child forked from the worker:
 4. sets the check's rlimits (CPU, address space, processes, file size, open files, no core);
 5. as root: drops to its own uid/gid (the host hands out uids no other running check has),
    clears the capability bounding set; always: drops every capability and sets no_new_privs;
-6. runs its part, then exits with the status `python FILE` would have had.
+6. runs its part, then exits with the status `python FILE` would have had; for another language
+   (tasks/sandbox/languages.py) it execs the interpreter argv the host put in the job instead (`exec`,
+   `runner_exec`, `solution_exec`: node running bridge.js's runner or serve side, or main.js), keeping
+   the descriptors, namespaces, rlimits and uid set up above.
 A "raw" run (run_python_program) is one such child running `main.py` as __main__.
 
 When the runner is gone the worker looks at the solution process (alive, how many threads, any child
@@ -292,6 +295,13 @@ def _drop(job: dict, uid) -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
+def _exec(argv) -> None:
+    """Another language's interpreter (tasks/sandbox/languages.py): replace this child by `argv`, built by the host
+    from its language table, once the child is isolated, limited and dropped; None: stay in python."""
+    if argv:
+        os.execv(argv[0], argv)
+
+
 def _setup_failed(e: BaseException) -> None:
     try:
         os.write(2, f"evolforge sandbox worker: check setup failed: {e!r}\n".encode())
@@ -308,6 +318,7 @@ def _raw_child(job: dict, fds: list[int]) -> None:
         _isolate(job, dict(zip(names, fds[3:])))
         _arrange_fds(fds[:3])
         _drop(job, job.get("uid"))
+        _exec(job.get("exec"))
     except BaseException as e:  # noqa: BLE001 - a setup failure is the worker's, never the check's
         _setup_failed(e)
     _finish(lambda: _run_main(job["args"][0]))
@@ -319,6 +330,7 @@ def _runner_child(job: dict, fds: list[int], files: dict, channel: tuple, harnes
         _isolate(job, files)
         _arrange_fds(fds[:5] + list(channel))
         _drop(job, job.get("uid"))
+        _exec(job.get("runner_exec"))
     except BaseException as e:  # noqa: BLE001
         _setup_failed(e)
     harness_args = ["3", "4", "5", "6", job["runner"], *job["args"]]
@@ -339,10 +351,11 @@ def _solution_child(job: dict, fds: list[int], solution_fd: int, channel: tuple,
         os.write(pid_w, str(pid).encode())
         os._exit(0)
     try:
-        _isolate(job, {SOLUTION_FILE: solution_fd}, proc=new_pid_ns)
+        _isolate(job, {job.get("solution_file", SOLUTION_FILE): solution_fd}, proc=new_pid_ns)
         _arrange_fds(fds[:3] + list(channel))
         sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "AssertionRewritingHook"]
         _drop(job, job.get("solution_uid"))
+        _exec(job.get("solution_exec"))
     except BaseException as e:  # noqa: BLE001
         _setup_failed(e)
     bridge = sys.modules["_evolforge_bridge"]
@@ -381,13 +394,13 @@ def _solution_state(pid: int, status) -> dict:
 
 def _run_check(job: dict, fds: list[int], harness, template) -> tuple[int, dict]:
     """Fork the runner and the solution of a test check; wait for the runner; the solution's state then."""
-    names = job["files"]
-    if len(fds) != 5 + len(names) or SOLUTION_FILE not in names:
+    names, solution_file = job["files"], job.get("solution_file", SOLUTION_FILE)
+    if len(fds) != 5 + len(names) or solution_file not in names:
         for fd in fds:
             os.close(fd)
         return 125, {"alive": False, "status": None, "threads": 0, "children": 0}
     files = dict(zip(names, fds[5:]))
-    solution_fd = files.pop(SOLUTION_FILE)
+    solution_fd = files.pop(solution_file)
     to_solution, to_runner, pid_pipe = os.pipe(), os.pipe(), os.pipe()
     try:
         runner = os.fork()
