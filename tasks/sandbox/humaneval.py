@@ -1,6 +1,7 @@
 """HumanEval's check as a test script for the sandbox, with the prompt's helpers bound on the test side.
 
     script = check_script(prompt, test, entry_point)
+    script = check_script_js(test, entry_point)        # JavaScript (language "nodejs")
 
 HumanEval's `check(candidate)` trusts helpers of the prompt (HumanEval/32's `poly`, 38's `encode_cyclic`,
 50's `encode_shift`). The solution file is the prompt plus the completion, so a completion can redefine such a
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import ast
 
-__all__ = ["check_script", "prompt_helpers"]
+__all__ = ["check_script", "check_script_js", "prompt_helpers"]
 
 
 def prompt_helpers(prompt: str, entry_point: str) -> str:
@@ -44,3 +45,13 @@ def check_script(prompt: str, test: str, entry_point: str) -> str:
         raise ValueError(f"not an entry point name: {entry_point!r}")
     return (f"from solution import {entry_point}\n\n{prompt_helpers(prompt, entry_point)}\n\n{test}\n\n"
             f"check({entry_point})\n")
+
+
+def check_script_js(test: str, entry_point: str) -> str:
+    """The test script of a JavaScript HumanEval-style problem (a `check(candidate)` using node's assert) against
+    solution.js, the prompt plus the completion: the entry point from the solution process (a top-level function
+    declaration needs no export, tasks/sandbox/bridge.js), then check(entry_point). The prompt is a function
+    header with its comment, so it has no helpers to bind on the test side."""
+    if not entry_point.isidentifier():
+        raise ValueError(f"not an entry point name: {entry_point!r}")
+    return f"const {{ {entry_point} }} = require('./solution');\n\n{test}\n\ncheck({entry_point});\n"

@@ -316,3 +316,21 @@ def test_the_service_runs_nodejs_as_it_runs_python():
         assert slow["status"] == "Failed" and slow["run_result"]["status"] == "TimeLimitExceeded", slow
         cpp = requests.post(url, json={"code": "int main(){}", "language": "cpp"}, timeout=60).json()
         assert cpp["status"] == "SandboxError"
+
+
+# ---------------------------------------------------------------- a HumanEval-style set in JavaScript
+
+
+def test_js_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
+    from evolforge.tasks.sandbox.humaneval import check_script_js
+    from evolforge.testing.js_humaneval import PROBLEMS
+
+    assert len(PROBLEMS) >= 10
+    jobs = []
+    for p in PROBLEMS:
+        script = check_script_js(p["test"], p["entry_point"])
+        jobs += [(p["prompt"] + p["canonical_solution"], script), (p["prompt"] + p["wrong"], script)]
+    results = run_many(jobs, _settings(), language="nodejs")
+    for p, right, wrong in zip(PROBLEMS, results[::2], results[1::2]):
+        assert right.passed, (p["task_id"], right.verdict_error, right.stderr[-1500:])
+        assert not wrong.passed and "AssertionError" in wrong.stderr, (p["task_id"], wrong.verdict_error)
