@@ -35,7 +35,14 @@ ITEM_SCHEMA, field by field:
   confidence, model, calls, reasks (schema re-asks), truncations (re-asks with a larger budget), max_tokens (the
   last budget), errors (every failed attempt's reason), latency_s (first call sent to last reply, re-asks
   included), started_s / finished_s (from the item's start), contribution (judge_full - judge_without; null
-  for the exit), judge_without (the judge's score of the answer without this module);
+  for the exit), judge_without (the judge's score of the answer without this module), local_reward (the
+  module's own check, 0..1, beside its contribution: tasks/modules/local_reward.py) and local_parts, what it is
+  recomputed from: schema (1 when the output passed its schema, else 0) and schema_reason, own (the output
+  kind's own check: steps / result: every "a op b = c" it states re-done safely, 1 all right, 0 any wrong;
+  verdict: its ok flag against the answer's correctness, null here (a modules run has no ground truth); null
+  when it does not apply) and own_reason, weight (modules.local_reward_weight); reward = 0 when schema is 0,
+  schema when own is null, else (1 - weight) * schema + weight * own. Parts written before local rewards (no
+  such fields) do not cast: run such a folder into a new --out;
 - module_calls, judge_calls (1 + k when judged; 0 calls on a resumed item are still counted as made),
   wall_s (the item, judging included), forward_s (the module graph alone), chain_s (the longest dependency
   chain of the measured module latencies: the floor of forward_s), levels_s (the sum over dependency levels of
@@ -76,12 +83,18 @@ INPUT_SCHEMA = pa.schema([("id", pa.string()), ("question", pa.string())])
 INPUT_DIFFICULTY_SCHEMA = pa.schema([*INPUT_SCHEMA, ("difficulty", pa.string())])
 DIFFICULTIES = ("easy", "medium", "hard", "unknown")  # the report's row order (other labels follow, sorted)
 
+# the parts a module's local reward is recomputed from (tasks/modules/local_reward.recompute): reward = 0 when
+# schema is 0; = schema when own is null; else (1 - weight) * schema + weight * own
+LOCAL_PARTS = pa.struct([("schema", pa.float64()), ("schema_reason", pa.string()), ("own", pa.float64()),
+                         ("own_reason", pa.string()), ("weight", pa.float64())])
+
 MODULE_STRUCT = pa.struct([
     ("id", pa.string()), ("output_type", pa.string()), ("status", pa.string()), ("reason", pa.string()),
     ("output", pa.string()), ("confidence", pa.float64()), ("model", pa.string()), ("calls", pa.int32()),
     ("reasks", pa.int32()), ("truncations", pa.int32()), ("max_tokens", pa.int32()),
     ("errors", pa.list_(pa.string())), ("latency_s", pa.float64()), ("started_s", pa.float64()),
     ("finished_s", pa.float64()), ("contribution", pa.float64()), ("judge_without", pa.float64()),
+    ("local_reward", pa.float64()), ("local_parts", LOCAL_PARTS),
 ])
 
 ITEM_SCHEMA = pa.schema([

@@ -207,7 +207,10 @@ class ModulesSettings(Section):
                                        "failed the schema; = schema (1) when its own check does not apply (null, "
                                        "with a reason); else (1 - w) * schema + w * own, own = 1 or 0 (compute: "
                                        "its stated arithmetic re-done safely; verify: its verdict vs the final "
-                                       "answer's correctness when the ground truth is known).")
+                                       "answer's correctness when the ground truth is known, so null in a "
+                                       "modules run). Stored per module beside its contribution (items "
+                                       "`local_reward`, `local_parts`: schema, own, their reasons, the weight) "
+                                       "and shown in summary.json / graph.md.")
     max_tokens_cap: int = Field(4096, ge=16, le=65536, description="A truncated reply (finish_reason 'length') is "
                                 "asked again with the budget doubled, up to this cap; past it the module is truncated.")
     margin: float = Field(0.0, ge=-10, le=10, description="PRM label of a module step: contribution > margin "

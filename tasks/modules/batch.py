@@ -90,6 +90,12 @@ def assemble(out_dir: str | Path, settings: Settings) -> dict:
         "prm": {"rows": n_rows, "not_labelled": n_rejected,
                 "steps": sum(len([m for m in it["modules"] or [] if m["contribution"] is not None])
                              for it in items if it["status"] == "ok")},
+        "local_reward": {"weight": cfg.local_reward_weight, "outputs": len(modules),
+                         "mean": _mean([m.get("local_reward") for m in modules]),
+                         "own_checked": sum(1 for m in modules if (m.get("local_parts") or {}).get("own") is not None),
+                         "own_failed": sum(1 for m in modules if (m.get("local_parts") or {}).get("own") == 0.0),
+                         "zero_with_positive_contribution": sum(1 for m in modules if m.get("local_reward") == 0.0
+                                                                and (m["contribution"] or 0) > 0)},
         "modules": stats,
         "mermaid": mermaid(graph, stats),
     }

@@ -2,7 +2,8 @@
 dataset card and the artifacts' tables. Plain functions; tasks/modules/batch.py `assemble` writes the statistics
 and graph.md, flows/modules.py the rest (the comparison's figures: tasks/modules/compare.py).
 
-    module_stats(items, graph)        one row per module: outcomes, re-asks, latency, contribution (summary.json)
+    module_stats(items, graph)        one row per module: outcomes, re-asks, latency, contribution, local reward
+                                      (mean, own checks failed, 0 despite a positive contribution; summary.json)
     mermaid(graph, stats)             the graph annotated with mean latency and mean contribution
     summary_markdown(summary)         graph.md and the `modules-graph` artifact
     batch_totals(batches)             summary.json `batches` (replayed calls of the comparison included)
@@ -50,6 +51,8 @@ def module_stats(items: list[dict], graph: ModuleGraph) -> list[dict]:
     for m, spec in graph.specs.items():
         recs = [r for it in items for r in it["modules"] or [] if r["id"] == m]
         contributions = [r["contribution"] for r in recs if r["contribution"] is not None]
+        local = [r.get("local_reward") for r in recs if r.get("local_reward") is not None]
+        own = [(r.get("local_parts") or {}).get("own") for r in recs]
         reasons: dict[str, int] = {}
         for r in recs:
             if r["status"] != "ok":
@@ -64,6 +67,10 @@ def module_stats(items: list[dict], graph: ModuleGraph) -> list[dict]:
             "calls": sum(r["calls"] for r in recs),
             "mean_latency_s": round(mean(r["latency_s"] for r in recs), 4) if recs else None,
             "mean_contribution": round(mean(contributions), 4) if contributions else None,
+            "mean_local_reward": round(mean(local), 4) if local else None,
+            "own_checked": sum(1 for o in own if o is not None), "own_failed": sum(1 for o in own if o == 0.0),
+            "local_zero_positive_contribution": sum(1 for r in recs if r.get("local_reward") == 0.0
+                                                    and (r["contribution"] or 0) > 0),
             "lowest_contribution_items": lowest.get(m, 0) if m != graph.exit else None,
             "failure_reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:5]),
         })
@@ -100,9 +107,16 @@ def summary_markdown(summary: dict) -> str:
            "```mermaid", summary["mermaid"], "```", ""]
     rows = [[s["id"], s["output_type"], ", ".join(s["dependencies"]) or "-", s["runs"], s["valid_share"],
              s["reasks"], s["truncations"], s["mean_latency_s"], s["mean_contribution"],
-             s["lowest_contribution_items"]] for s in summary["modules"]]
+             s["lowest_contribution_items"], s.get("mean_local_reward"),
+             f"{s.get('own_failed', 0)}/{s.get('own_checked', 0)}", s.get("local_zero_positive_contribution")]
+            for s in summary["modules"]]
     out += markdown_table(["module", "output", "depends on", "runs", "valid", "re-asks", "truncations",
-                           "mean latency s", "mean contribution", "lowest in items"], rows)
+                           "mean latency s", "mean contribution", "lowest in items", "mean local reward",
+                           "own check failed", "local 0, contribution > 0"], rows)
+    lr = summary.get("local_reward")
+    if lr:
+        out += ["", f"Local reward (weight {lr['weight']} on the own check): mean {lr['mean']} over {lr['outputs']} "
+                f"module outputs; {lr['zero_with_positive_contribution']} got 0 despite a positive contribution."]
     t = summary["timing"]
     out += ["", f"Mean per question: wall {t['mean_wall_s']} s, module graph {t['mean_forward_s']} s, longest "
             f"dependency chain {t['mean_chain_s']} s, level-by-level sum {t['mean_levels_s']} s."]

@@ -42,6 +42,7 @@ from evolforge.storage.journal import CallJournal
 from evolforge.tasks.core.batch import is_fatal, is_rejected_record
 from evolforge.tasks.core.gateway import Gateway, GatewayError
 from evolforge.tasks.modules.graph import ModuleGraph
+from evolforge.tasks.modules.local_reward import local_reward
 from evolforge.tasks.modules.prompts import (
     MARKER_MODULE_TRACE,
     content_text,
@@ -273,7 +274,8 @@ def solve_item(row: dict, gw: Gateway, settings: Settings, journal: CallJournal 
             out.update(status="judge_failed", reason="; ".join(errors)[:500])
     latencies = {m: r.latency_s for m, r in runs.items()}
     full_score = out["judge_full"]
-    out["modules"] = [_module_record(runs[m], without.get(m), full_score, m == graph.exit) for m in graph.order]
+    out["modules"] = [_module_record(runs[m], without.get(m), full_score, m == graph.exit, cfg.local_reward_weight)
+                      for m in graph.order]
     out.update(wall_s=round(time.perf_counter() - item.t0, 4), forward_s=round(forward_s, 4),
                chain_s=round(graph.longest_chain(latencies), 4), levels_s=round(graph.levels_sum(latencies), 4))
     return out
@@ -327,15 +329,20 @@ def _contributions(item: Item, runs: dict[str, ModuleRun], answer: str):
     return full, scores, errors, extra
 
 
-def _module_record(run: ModuleRun, judge_without: float | None, full: float | None, is_exit: bool) -> dict:
+def _module_record(run: ModuleRun, judge_without: float | None, full: float | None, is_exit: bool,
+                   weight: float = 0.5) -> dict:
+    """A module's stored row: its output, counts, contribution and, beside it, its local reward with the parts it is
+    recomputed from (tasks/modules/local_reward.py; no ground truth in a modules run: a verdict's own check is
+    null)."""
     contribution = None if is_exit or full is None or judge_without is None else round(full - judge_without, 6)
-    return {"id": run.id, "output_type": run.output_type, "status": run.status, "reason": run.reason,
+    rec = {"id": run.id, "output_type": run.output_type, "status": run.status, "reason": run.reason,
             "output": json.dumps(run.output, ensure_ascii=False) if run.output is not None else None,
             "confidence": run.output["confidence"] if run.output is not None else None, "model": run.model,
             "calls": run.calls, "reasks": run.reasks, "truncations": run.truncations, "max_tokens": run.max_tokens,
             "errors": run.errors, "latency_s": run.latency_s, "started_s": run.started_s,
             "finished_s": run.finished_s, "contribution": contribution,
             "judge_without": None if is_exit else judge_without}
+    return {**rec, **local_reward(rec, None, weight)}
 
 
 def error_item(row: dict, err: Exception, settings: Settings) -> dict:
