@@ -1,7 +1,8 @@
 """The sandbox that runs untrusted generated code (bubblewrap, rlimits, timeouts).
 
-- run:     run_python_tests, run_many, run_python_program and the availability check: the only entry points that
-           execute generated code (per run, or through pool).
+- run:     run_tests, run_many, run_program (any language; run_python_tests / run_python_program: Python) and
+           the availability check: the only entry points that execute generated code (per run, or through pool).
+- languages: the language table (python, nodejs): file names, interpreter, test runners, bridge, memory.
 - limits:  the rlimit / bwrap argument helpers.
 - host:    what run and pool share: SandboxResult, the result channel's pipes, uids, kills, exit classification.
 - harness: the in-sandbox runner (written into the sandbox per run): nonce from a private pipe, audit hook,
@@ -13,5 +14,7 @@
            with fresh tmpfs, own mount/IPC namespace, session, rlimits, uid, no capabilities.
 - service: `evolforge sandbox-serve`, run_python_program behind SandboxFusion's HTTP API (verl's code reward).
 - bridge:    the narrow channel between the runner process (the tests) and the solution process (the code under test).
-- humaneval: humanEval's check as a test script for the sandbox, with the prompt's helpers bound on the test side.
+- bridge.js: JavaScript's runner and solution process (node, exec'd in the same children), the twin of harness + bridge.
+- humaneval: humanEval's check as a test script for the sandbox, with the prompt's helpers bound on the test side
+             (check_script_js: the JavaScript form).
 """

@@ -1,8 +1,17 @@
-"""Run untrusted generated Python (a solution file plus a test file) in a sandbox.
+"""Run untrusted generated code (a solution file plus a test file, or a program) in a sandbox.
 
     result = run_python_tests(solution_code, test_code, SandboxSettings())
     results = run_many([(solution_code, test_code), ...], settings)
     result = run_python_program(code, stdin, settings)   # a plain script: exit status and output only
+    result = run_tests(solution_js, test_js, settings, language="nodejs")   # any row of languages.py
+    result = run_program(code_js, stdin, settings, language="nodejs")
+
+Languages (tasks/sandbox/languages.py): Python, described below, and JavaScript (Node). A JavaScript check
+has the same shape, in the same children of the same workers (they exec node after their isolation and uid
+drop): a runner (tasks/sandbox/bridge.js `runner`) runs test_solution.js, in which `require('./solution')` is a
+proxy to a solution process (bridge.js `serve`) over the same two pipes, and writes the same nonce'd script
+record on the result channel; only plain data crosses. Its solution process is not held to one thread (node
+always has several). See docs/sandbox.md for what crosses and what does not.
 
 `run_python_program` (the SandboxFusion-compatible service, tasks/sandbox/service.py) runs `code` as
 `python main.py` in `/sandbox` with `stdin` (a host file opened read-only, never inside the sandbox's
