@@ -178,6 +178,19 @@ def test_a_real_base_install_runs_the_cli_and_the_proxy_without_torch(tmp_path):
     proc = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]", proc.stdout
+    # exact + MinHash dedup runs on the base install (it needs threadpoolctl, once only a dependency of an extra's)
+    code = ("from evolforge.config.sections.dedup import DedupSettings\n"
+            "from evolforge.tasks.dedup.pipeline import dedup\n"
+            "texts = ['Write a function that sorts a list of numbers in place.',\n"
+            "         'Write a function that sorts a list of numbers in place!',\n"
+            "         'Explain how a hash map resolves collisions.']\n"
+            "print(dedup(texts, None, DedupSettings(embedding=False)).kept_ids)\n")
+    proc = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "['0', '2']", proc.stdout
+    proc = subprocess.run([str(py), "-c", "import pytest, threadpoolctl"], capture_output=True, text=True, timeout=60,
+                          env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]  # the sandbox's pytest-style checks need pytest
     proc = subprocess.run([str(venv / "bin" / "evolforge"), "sft", "--out", str(tmp_path / "sft")],
                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert proc.returncode == 2 and "pip install 'evolforge[train]'" in proc.stderr, proc.stderr
