@@ -232,7 +232,7 @@ class _Pool:
 
 def _key(settings: SandboxSettings, run: int = 0) -> tuple:
     """Workers are interchangeable within a key; `run` (the hash seed's run, host.hash_seed) is part of it."""
-    return settings.bwrap_path, settings.python, tuple(settings.extra_ro_binds), os.geteuid(), run
+    return settings.bwrap_path, settings.python, settings.node, tuple(settings.extra_ro_binds), os.geteuid(), run
 
 
 _POOL = _Pool()

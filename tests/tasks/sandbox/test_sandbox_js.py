@@ -74,6 +74,15 @@ def test_the_language_table_has_python_and_nodejs():
     assert LANGUAGES["python"].solution_file == "solution.py"
 
 
+def test_a_missing_node_is_named_not_run():
+    from evolforge.tasks.sandbox.languages import LanguageUnavailable
+
+    with pytest.raises(LanguageUnavailable, match="sandbox.node"):
+        run_tests(GOOD, TESTS, _settings(node="/nonexistent/bin/node"), language="nodejs")
+    with pytest.raises(ValueError, match="unknown sandbox language"):
+        run_program("", None, _settings(), language="cobol")
+
+
 def test_a_right_solution_passes_and_a_wrong_one_fails():
     right, wrong = _run(GOOD), _run(WRONG)
     assert right.passed, (right.verdict_error, right.stderr[-2000:])
