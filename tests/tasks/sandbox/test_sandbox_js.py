@@ -257,6 +257,11 @@ def test_a_forged_record_on_every_fd_and_an_early_exit_fail():
     in_call = ("function add(a, b) {\n" + FORGE_EVERY_FD + "  process.exit(0);\n}\n")
     r = _run(in_call)
     assert not r.passed and r.verdict_error, r.verdict_error
+    caught = ("const { add } = require('./solution');\nlet got = null;\ntry { got = add(1, 2); } catch (e) { got = 3; }\n"
+              "require('assert').strictEqual(got, 3);\n")  # a test that swallows the lost channel still fails
+    swallowed = _run(in_call, caught)
+    assert swallowed.exit_code == 0 and not swallowed.passed, swallowed.verdict_error  # the runner was content
+    assert "solution process" in (swallowed.verdict_error or ""), swallowed.verdict_error
     garbage = _run(GOOD + FORGE_EVERY_FD)  # a right answer that writes into its channel to the runner too
     assert not garbage.passed and "protocol" in (garbage.verdict_error or ""), garbage.verdict_error
     # on its standard descriptors and the channel's read end only (node's own epoll and event descriptors crash it)
