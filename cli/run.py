@@ -50,7 +50,7 @@ def cmd_retry(args) -> int:
     from evolforge.tasks.core.extras import check_stage
 
     settings = params.settings()
-    check_stage(stage.name, params, settings)  # its optional extras installed: else one line, exit 2
+    check_stage(stage, params, settings)  # its optional extras installed: else one line, exit 2
     stage.check(params, settings)  # a retry's check reads the run's record (before Prefect starts)
     return run_stage(stage, params, args.wait)
 

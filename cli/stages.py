@@ -29,7 +29,7 @@ def cmd_stage(args) -> int:
     except ConfigError as e:
         print(f"evolforge: {e}", file=sys.stderr)
         return 2
-    check_stage(stage.name, params, settings)  # its optional extras installed (pyproject.toml): else one line, exit 2
+    check_stage(stage, params, settings)  # its optional extras installed (pyproject.toml): else one line, exit 2
     if stage.check is not None:
         stage.check(params, settings)  # before any Prefect server starts: a user error is one line, exit 2
     return run_stage(stage, params, getattr(args, "wait", 0.0))

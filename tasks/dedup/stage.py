@@ -8,6 +8,7 @@ from pydantic import Field
 
 from evolforge.config.settings import Settings
 from evolforge.tasks.core.checks import check_out_dir, check_rows
+from evolforge.tasks.core.extras import sentence_embeddings
 from evolforge.tasks.core.params import StageParams
 from evolforge.tasks.core.stages import Deployment, Stage, Table, register
 
@@ -37,6 +38,7 @@ STAGE = register(Stage(
     help="dedup any jsonl / parquet / csv file: kept set + dropped set with reasons",
     params=DedupParams,
     flow="evolforge.flows.dedup:dedup_flow",
+    extras=lambda params, settings: sentence_embeddings(settings.dedup),
     section="dedup",
     folder="evolforge.storage.dedup_sets:DedupOutLayout",
     check=check,

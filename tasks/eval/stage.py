@@ -13,6 +13,7 @@ from evolforge.config.settings import Settings
 from evolforge.storage import chain
 from evolforge.storage.inputs import input_exists
 from evolforge.tasks.core.checks import InputError, check_endpoint, check_out_dir
+from evolforge.tasks.core.extras import local_model
 from evolforge.tasks.core.params import EndpointParams, overrides_from
 from evolforge.tasks.core.stages import Deployment, Feed, Stage, Table, Trigger, register
 
@@ -86,6 +87,8 @@ STAGE = register(Stage(
          "the sandbox) and a math set, with Wilson 95 percent intervals",
     params=EvalParams,
     flow="evolforge.flows.eval:eval_flow",
+    extras=lambda params, settings: (local_model("--policy", "evaluate an endpoint model (--model)")
+                                     if params.policy else []),
     section="eval",
     folder="evolforge.storage.eval_sets:EvalFolder",
     check=check,

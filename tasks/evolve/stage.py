@@ -25,6 +25,7 @@ from evolforge.storage.layout import RunLayout
 from evolforge.storage.nights import NightlyFolder
 from evolforge.storage.run_record import open_run, recorded_overrides
 from evolforge.tasks.core.checks import InputError, check_endpoint, check_out_dir, check_rows
+from evolforge.tasks.core.extras import sentence_embeddings
 from evolforge.tasks.core.params import EndpointParams, overrides_from
 from evolforge.tasks.core.stages import Deployment, Stage, Table, register
 
@@ -186,6 +187,7 @@ STAGE = register(Stage(
     help="evolve seeds through Evol-Instruct rounds (resumes over the same --out)",
     params=EvolveParams,
     flow="evolforge.flows.evolve:evolve_flow",
+    extras=lambda params, settings: sentence_embeddings(settings.dedup),  # none with [dedup] embedding = false
     section="evol_instruct",
     folder=RunLayout,
     check=check,
@@ -283,6 +285,7 @@ NIGHTLY = register(Stage(
     help="evolve the survivors of the dataset's last night one round further, into a new dated folder",
     params=NightlyParams,
     flow="evolforge.flows.nightly:nightly_flow",
+    extras=lambda params, settings: sentence_embeddings(settings.dedup),  # none with [dedup] embedding = false
     section="schedule",
     folder=NightlyFolder,
     check=check_nightly,

@@ -11,6 +11,7 @@ from pydantic import Field
 from evolforge.config.settings import SAMPLE_SEEDS, Settings
 from evolforge.storage.fs import is_url
 from evolforge.tasks.core.checks import InputError, check_endpoint, check_out_dir, check_rows
+from evolforge.tasks.core.extras import sentence_embeddings, training
 from evolforge.tasks.core.params import EndpointParams
 from evolforge.tasks.core.stages import Deployment, Stage, Table, register
 from evolforge.tasks.pipeline.plan import stages_of
@@ -63,6 +64,7 @@ STAGE = register(Stage(
     help="evolve -> synthesize -> reward data -> reward models [-> SFT] [-> PPO] [-> eval]",
     params=PipelineParams,
     flow="evolforge.flows.pipeline:pipeline_flow",
+    extras=lambda params, settings: sentence_embeddings(settings.dedup) + training(),
     folder="evolforge.storage.pipeline_sets:PipelineLayout",
     check=check,
     inputs=(Table("seeds", "(--seeds)", ("instruction", "id", "domain"), "seed instructions"),),

@@ -15,6 +15,7 @@ from evolforge.storage.fs import AnyPath, is_url, location
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.layout import RunLayout
 from evolforge.tasks.core.checks import InputError, check_folder, check_out_dir
+from evolforge.tasks.core.extras import training
 from evolforge.tasks.core.params import StageParams
 from evolforge.tasks.core.stages import Deployment, Feed, Stage, Table, Trigger, register
 
@@ -108,6 +109,7 @@ STAGE = register(Stage(
     help="PPO (RLEIF): verl prompt data, PPO config and Ray job, local GRPO smoke run",
     params=PPOParams,
     flow="evolforge.flows.ppo:ppo_flow",
+    extras=training,
     section="ppo",
     folder="evolforge.storage.ppo:PPOLayout",
     check=check,

@@ -20,6 +20,7 @@ from evolforge.config.settings import Settings
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.layout import RunLayout
 from evolforge.tasks.core.checks import InputError, check_endpoint, check_out_dir
+from evolforge.tasks.core.extras import training
 from evolforge.tasks.core.params import EndpointParams, StageParams
 from evolforge.tasks.core.stages import Deployment, Feed, Stage, Table, Trigger, register
 
@@ -128,6 +129,7 @@ TRAIN_REWARD = register(Stage(
     help="train the IRM and PRM reward models on reward-data output (health gate, held-out metrics)",
     params=TrainRewardParams,
     flow="evolforge.flows.train_reward:train_reward_flow",
+    extras=training,
     section="reward",
     folder="evolforge.storage.reward_sets:RewardModelsFolder",
     check=check_train_reward,

@@ -14,6 +14,7 @@ from evolforge.storage.fs import is_url
 from evolforge.storage.inputs import input_exists
 from evolforge.storage.layout import RunLayout
 from evolforge.tasks.core.checks import InputError, check_out_dir
+from evolforge.tasks.core.extras import training
 from evolforge.tasks.core.params import StageParams, overrides_from
 from evolforge.tasks.core.stages import Deployment, Feed, Stage, Table, Trigger, register
 
@@ -112,6 +113,7 @@ STAGE = register(Stage(
          "solutions and successful trajectories; resumes from its last checkpoint over the same --out",
     params=SFTParams,
     flow="evolforge.flows.sft:sft_flow",
+    extras=training,
     section="sft",
     folder="evolforge.storage.sft_sets:SFTFolder",
     check=check,

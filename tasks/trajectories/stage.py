@@ -8,6 +8,7 @@ from pydantic import Field
 
 from evolforge.config.settings import Settings
 from evolforge.tasks.core.checks import InputError, check_file, check_folder, check_out_dir
+from evolforge.tasks.core.extras import sentence_embeddings, tokenizer
 from evolforge.tasks.core.params import StageParams
 from evolforge.tasks.core.stages import Deployment, Stage, Table, register
 
@@ -65,6 +66,8 @@ STAGE = register(Stage(
     help="agent traffic recorded by the proxy -> SFT conversations, per-call transitions and token-level samples",
     params=TrajectoriesParams,
     flow="evolforge.flows.trajectories:trajectories_flow",
+    extras=lambda params, settings: ((sentence_embeddings(settings.dedup) if params.dedup else [])
+                                     + (tokenizer() if params.tokens else [])),
     folder="evolforge.storage.trajectory_sets:TrajectoryLayout",
     check=check,
     inputs=(

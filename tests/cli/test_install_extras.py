@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from evolforge.cli.common import run_command
-from evolforge.tasks.core.extras import EXTRAS, MissingExtra, extra_for, missing_extra, require, stage_needs
+from evolforge.tasks.core.extras import EXTRAS, MissingExtra, check_stage, extra_for, missing_extra, require, runner
 
 ROOT = Path(__file__).resolve().parents[2]
 HIDDEN = ("torch", "transformers", "trl", "sentence_transformers")
@@ -130,21 +130,33 @@ def test_the_extras_table_matches_pyproject():
     assert extra_for("torch.nn") == "train" and extra_for("sentence_transformers") == "dedup-embeddings"
     assert extra_for("prefect_ray.task_runners") == "ray" and extra_for("json") is None
     with pytest.raises(MissingExtra, match=r"pip install 'evolforge\[s3\]' \(not installed: s3fs_not_ours\)"):
-        require("s3", modules=("json", "s3fs_not_ours"))
-    assert require("train", modules=("json",)) is None
+        require("s3", libs=("json", "s3fs_not_ours"))
+    assert require("train", libs=("json",)) is None
 
 
-def test_stage_needs_follow_the_settings():
+def test_the_stages_needs_follow_their_parameters_and_settings():
+    """Each stage declares its extras beside itself (Stage.extras); the runner's come from the settings."""
     from evolforge.config.settings import load_settings
+    from evolforge.tasks.core.stages import get
+
+    def needs(name, params, settings):
+        stage = get(name)
+        return [n[0] for n in (stage.extras(params, settings) if stage.extras else [])]
 
     settings = load_settings(None, {})
-    assert [n[0] for n in stage_needs("evolve", None, settings)] == ["dedup-embeddings"]
     minhash = load_settings(None, {"dedup": {"embedding": False}, "runner": {"kind": "dask"}})
-    assert [n[0] for n in stage_needs("evolve", None, minhash)] == ["dask"]
-    assert [n[0] for n in stage_needs("synthesize", None, settings)] == []
-    assert [n[0] for n in stage_needs("trajectories", Namespace(dedup=False, tokens=False), settings)] == []
-    assert [n[0] for n in stage_needs("eval", Namespace(policy=None), settings)] == []
-    assert [n[0] for n in stage_needs("sft", None, minhash)] == ["train", "dask"]
+    assert needs("evolve", None, settings) == ["dedup-embeddings"] and needs("evolve", None, minhash) == []
+    assert needs("nightly", None, settings) == needs("dedup", None, settings) == ["dedup-embeddings"]
+    assert needs("synthesize", None, settings) == needs("reward-data", None, settings) == []
+    assert needs("trajectories", Namespace(dedup=False, tokens=False), settings) == []
+    assert needs("trajectories", Namespace(dedup=True, tokens=True), settings) == ["dedup-embeddings", "train"]
+    assert needs("eval", Namespace(policy=None), settings) == [] and needs("eval", Namespace(policy="m"), settings) == [
+        "train"]
+    assert needs("sft", None, settings) == needs("ppo", None, settings) == needs("train-reward", None, settings) == [
+        "train"]
+    assert needs("pipeline", None, settings) == ["dedup-embeddings", "train"]
+    assert [n[0] for n in runner(minhash)] == ["dask"] and runner(settings) == []
+    assert check_stage(get("synthesize"), None, minhash) is None  # prefect-dask is installed here (make setup)
 
 
 @pytest.mark.slow("creates a venv and installs the package's base dependencies from the package index (minutes)")
@@ -172,7 +184,8 @@ def test_a_real_base_install_runs_the_cli_and_the_proxy_without_torch(tmp_path):
     proc = subprocess.run([str(venv / "bin" / "evolforge"), "--help"], capture_output=True, text=True, timeout=120,
                           env=env, cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: evolforge"), proc.stderr[-2000:]
-    code = ("import importlib.util, evolforge.tasks.proxy.app, evolforge.tasks.proxy.server, evolforge.tasks.dedup.minhash\n"
+    code = ("import importlib.util, evolforge.tasks.proxy.app, evolforge.tasks.proxy.server\n"
+            "import evolforge.tasks.dedup.minhash\n"
             "print([m for m in ('torch', 'transformers', 'trl', 'sentence_transformers', 'ray') "
             "if importlib.util.find_spec(m)])\n")
     proc = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
