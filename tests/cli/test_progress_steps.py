@@ -9,11 +9,13 @@ import re
 import time
 
 import httpx
-import openai
 import pytest
 
 from evolforge.cli import main
 from evolforge.tasks.core.progress import StepProgress, progress_line
+from evolforge.testing.lazy import lazy_module
+
+openai = lazy_module("openai")
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -10,7 +10,6 @@ import json
 import time
 
 import httpx
-import openai
 import pytest
 
 from evolforge.cli import main
@@ -18,9 +17,12 @@ from evolforge.storage.proxy_sets import ProxyLayout, iter_records
 from evolforge.storage.sft_sets import SFTFolder, chat_messages, read_rows, read_table_rows
 from evolforge.tasks.proxy.server import running_proxy
 from evolforge.testing.agent_upstream import AgentUpstream
+from evolforge.testing.lazy import lazy_module
 from evolforge.testing.ppo_models import one_torch_thread  # noqa: F401 (autouse fixture)
 from evolforge.testing.settings import make_settings
 from evolforge.testing.tiny_policy import build_tiny_policy
+
+openai = lazy_module("openai")
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import time
 
 import fsspec
@@ -337,16 +338,46 @@ def test_a_batch_whose_journal_the_store_refuses_is_retried_by_prefect_and_sends
                                                                                                flaky_s3):
     url = "s3://evolforge/flaky/flow"
     flaky_s3.pattern = "round_01/journal/batch_00001.jsonl.d/"
-    flaky_s3.outage_seconds = 4.0  # longer than a flush's attempts (the batch fails); the task is retried later
-    summary = evolve_flow(_params(tmp_path, server, url, rounds=1))
-    assert flaky_s3.refused and summary["counts"]["lineage"] == 6
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterName
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterName,
+        TaskRunFilterState,
+        TaskRunFilterStateName,
+    )
 
+    batch = "evolve-round-1-batch-00001"
+    # the store refuses the batch's journal until Prefect has that batch waiting for its retry (a condition, not
+    # a clock): the first attempt fails however long it runs, and the retry, 1 s later, gets through
+    flaky_s3.down = True
+    done = threading.Event()
+
+    def reopen_when_the_batch_awaits_its_retry():
+        with get_client(sync_client=True) as client:
+            while not done.is_set():
+                if client.read_task_runs(task_run_filter=TaskRunFilter(
+                        name=TaskRunFilterName(any_=[batch]),
+                        state=TaskRunFilterState(name=TaskRunFilterStateName(any_=["AwaitingRetry"])))):
+                    flaky_s3.down = False
+                    return
+                done.wait(0.05)
+
+    watcher = threading.Thread(target=reopen_when_the_batch_awaits_its_retry, daemon=True)
+    watcher.start()
+    params = _params(tmp_path, server, url, rounds=1)
+    params.overrides["runner"] = {"retry_delay_seconds": 1.0}
+    try:
+        summary = evolve_flow(params)
+    finally:
+        done.set()
+        watcher.join(10)
+    assert flaky_s3.refused and not flaky_s3.down and summary["counts"]["lineage"] == 6
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[summary["run_id"]])),
-            task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["evolve-round-1-batch-00001"])))
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[batch])))
     assert len(runs) == 1 and runs[0].state_name == "Completed"
     assert runs[0].run_count >= 2  # failed (LogFlushError), then retried by the batch task's retry policy
     assert len(server.posts()) == 6 * 3  # the retried batch replayed its calls from the kept journal entries

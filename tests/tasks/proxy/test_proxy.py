@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import httpx
-import openai
 import polars as pl
 import pytest
 
@@ -19,9 +18,12 @@ from evolforge.storage.proxy_sets import ProxyLayout, iter_events
 from evolforge.tasks.proxy.server import running_proxy
 from evolforge.tasks.proxy.upstream import ProxyConfigError
 from evolforge.testing.agent_upstream import AgentUpstream
+from evolforge.testing.lazy import lazy_module
 from evolforge.testing.net import free_port
 from evolforge.testing.proxy_records import wait_for_records
 from evolforge.testing.settings import make_settings
+
+openai = lazy_module("openai")
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 
 from evolforge.storage.ledger import read_ledger
@@ -17,8 +16,6 @@ from evolforge.tasks.proxy.server import running_proxy
 from evolforge.testing.agent_upstream import AgentUpstream
 from evolforge.testing.proxy_records import wait_for_records
 from evolforge.testing.settings import make_settings
-
-anthropic = pytest.importorskip("anthropic")
 
 FN_TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
@@ -237,6 +234,10 @@ def _typed_fields_ok(resp: dict) -> None:
 
 
 from evolforge.testing.hostile_upstream import API_PASSING, API_REPLIES, API_STREAMS, API_STREAMS_PASSING  # noqa: E402
+from evolforge.testing.lazy import lazy_module
+
+anthropic = lazy_module("anthropic")
+openai = lazy_module("openai")
 
 
 @pytest.mark.parametrize("api,shape", _shapes(API_REPLIES))

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
 from evolforge.storage.ledger import read_ledger
@@ -24,8 +23,11 @@ from evolforge.tasks.proxy.server import running_proxy
 from evolforge.tasks.proxy.upstream import ProxyConfigError
 from evolforge.testing.agent_upstream import AgentUpstream
 from evolforge.testing.hostile_upstream import REPLIES, STREAMS, HostileUpstream
+from evolforge.testing.lazy import lazy_module
 from evolforge.testing.proxy_records import wait_for_records
 from evolforge.testing.settings import make_settings
+
+openai = lazy_module("openai")
 
 URL_SECRET = "pw-in-the-URL-0123456789"
 ENV_KEY = "sk-env-SECRET-0123456789"

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
 from evolforge.storage.proxy_sets import ProxyLayout
 from evolforge.tasks.proxy.server import running_proxy
 from evolforge.testing.agent_upstream import AgentUpstream
+from evolforge.testing.lazy import lazy_module
 from evolforge.testing.proxy_records import wait_for_records
 from evolforge.testing.settings import make_settings
+
+openai = lazy_module("openai")
 
 
 def _records(layout: ProxyLayout, n: int, timeout: float = 10.0) -> list[dict]:

@@ -14,9 +14,7 @@ import time
 import tomllib
 import typing
 
-import anthropic
 import httpx
-import openai
 import pytest
 
 from evolforge.config.sections.proxy import ProxySettings
@@ -27,9 +25,13 @@ from evolforge.tasks.proxy.server import running_proxy
 from evolforge.tasks.proxy.state import output_capped
 from evolforge.testing.agent_upstream import AgentUpstream
 from evolforge.testing.chat_upstream import ChatUpstream
+from evolforge.testing.lazy import lazy_module
 from evolforge.testing.net import free_port
 from evolforge.testing.proxy_records import wait_for_records
 from evolforge.testing.settings import make_settings
+
+anthropic = lazy_module("anthropic")
+openai = lazy_module("openai")
 
 EMBEDDED = {"smollm2-135m-instruct"}  # what the CLI passes when the upstream is the embedded model
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 
 from evolforge.storage.ledger import read_ledger
@@ -21,8 +20,6 @@ from evolforge.testing.agent_apis import ANSWER
 from evolforge.testing.chat_upstream import ChatUpstream
 from evolforge.testing.proxy_records import wait_for_records
 from evolforge.testing.settings import make_settings
-
-anthropic = pytest.importorskip("anthropic")
 
 FN_TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
@@ -356,6 +353,10 @@ def test_a_client_that_goes_away_mid_stream_stops_the_upstream_call_and_is_one_r
 
 # ------------------------------------------------------------------ hostile chat upstreams
 from evolforge.testing.hostile_upstream import REPLIES, STREAMS  # noqa: E402
+from evolforge.testing.lazy import lazy_module
+
+anthropic = lazy_module("anthropic")
+openai = lazy_module("openai")
 
 REQUEST = {"responses": {"model": "m", "input": "hi"},
            "messages": {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}}

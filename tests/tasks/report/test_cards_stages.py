@@ -8,13 +8,15 @@ import json
 import time
 
 import httpx
-import openai
 import polars as pl
 import pytest
 from datasets import load_dataset
 
 from evolforge.storage.cards import read_card
+from evolforge.testing.lazy import lazy_module
 from evolforge.testing.scripted_server import ScriptedServer
+
+openai = lazy_module("openai")
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 SECRET = "sk-evolforge-card-secret-0123456789"

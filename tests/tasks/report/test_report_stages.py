@@ -9,12 +9,14 @@ import time
 
 import httpx
 import matplotlib.image
-import openai
 import pytest
 
 from evolforge.tasks.modules import report as modules_report
 from evolforge.tasks.ppo import report as ppo_report
 from evolforge.tasks.trajectories import report as trajectory_report
+from evolforge.testing.lazy import lazy_module
+
+openai = lazy_module("openai")
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -3,6 +3,7 @@ the IRM (TRL RewardTrainer) and the PRM (token classification). Real TRL / trans
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import pyarrow as pa
@@ -13,8 +14,16 @@ from evolforge.config.settings import RewardSettings
 from evolforge.tasks.reward.training import device_plan, train_irm, train_prm
 from evolforge.testing.ppo_models import minilm_dir, one_torch_thread  # noqa: F401  (fixture: one torch thread)
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("peft")
+# found, not imported: importing torch and peft here cost every test worker ~8 s of CPU at collection
+pytestmark = pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("torch", "peft")),
+                                reason="torch and peft (the train extra) are not installed")
+
+
+@pytest.fixture
+def torch():
+    import torch
+
+    return torch
 
 EMB = "bert.embeddings.word_embeddings.weight"
 NORM = "bert.encoder.layer.0.output.LayerNorm.weight"
@@ -59,7 +68,7 @@ def base_weights():
     return {f"bert.{k}": v for k, v in AutoModel.from_pretrained(minilm_dir()).state_dict().items()}
 
 
-def test_device_and_precision_follow_the_hardware():
+def test_device_and_precision_follow_the_hardware(torch):
     plan = device_plan(settings())
     if torch.cuda.is_available():
         assert plan["device"] == "cuda" and plan["bf16"] == torch.cuda.is_bf16_supported()
@@ -81,7 +90,7 @@ def test_config_fields_are_validated():
 
 
 @pytest.mark.parametrize("lora", [False, True])
-def test_irm_trains_on_cpu_fp32_full_or_lora(tmp_path, lora):
+def test_irm_trains_on_cpu_fp32_full_or_lora(tmp_path, lora, torch):
     out = tmp_path / "irm"
     m = train_irm(pairs_file(tmp_path), out, settings(lora=lora))
     assert m["device"] == "cpu" and m["dtype"] == "float32" and m["steps"] == 3 and m["lora"] is lora
@@ -98,7 +107,7 @@ def test_irm_trains_on_cpu_fp32_full_or_lora(tmp_path, lora):
         assert not torch.equal(got[NORM], base[NORM])  # full fine-tuning moves every weight
 
 
-def test_prm_lora_trains_the_adapter_and_head_only(tmp_path):
+def test_prm_lora_trains_the_adapter_and_head_only(tmp_path, torch):
     out = tmp_path / "prm"
     m = train_prm(steps_file(tmp_path), out, settings(lora=True))
     assert m["device"] == "cpu" and m["dtype"] == "float32" and m["lora"] and m["steps"] == 3

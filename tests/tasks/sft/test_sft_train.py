@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.rounds import write_sft_view
@@ -16,6 +14,15 @@ from evolforge.tasks.sft import job, train
 from evolforge.tasks.sft.stage import SFTParams
 from evolforge.testing.ppo_models import one_torch_thread, write_evolved  # noqa: F401 (autouse fixture)
 from evolforge.testing.tiny_policy import build_tiny_policy
+
+
+@pytest.fixture
+def torch():
+    """torch, imported by the tests that use it: at module level it cost every test worker ~4 s of CPU at
+    collection."""
+    import torch
+
+    return torch
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +42,12 @@ def _prepared(tmp_path, tiny, **sft):
 
 
 def _weights(folder):
+    from safetensors.torch import load_file
+
     return load_file(str(folder / "model.safetensors"))
 
 
-def test_trains_a_policy_folder_with_card_and_log(tmp_path, tiny):
+def test_trains_a_policy_folder_with_card_and_log(tmp_path, tiny, torch):
     settings, folder = _prepared(tmp_path, tiny, max_steps=4, learning_rate=1e-3)
     result = train.train(folder, tiny, settings.sft)
     assert result["steps"] == 4 and result["steps_this_run"] == 4 and result["resumed_from"] is None
@@ -100,7 +109,7 @@ def test_a_crashed_run_resumes_from_its_last_checkpoint(tmp_path, tiny):
     assert folder.model_ready()
 
 
-def test_lora_trains_an_adapter_and_saves_the_merged_policy(tmp_path, tiny):
+def test_lora_trains_an_adapter_and_saves_the_merged_policy(tmp_path, tiny, torch):
     pytest.importorskip("peft")
     settings, folder = _prepared(tmp_path, tiny, max_steps=3, lora=True, learning_rate=1e-2)
     result = train.train(folder, tiny, settings.sft)
@@ -110,7 +119,7 @@ def test_lora_trains_an_adapter_and_saves_the_merged_policy(tmp_path, tiny):
     assert any(not torch.equal(base[k], merged[k]) for k in base)
 
 
-def test_device_plan_follows_the_hardware():
+def test_device_plan_follows_the_hardware(torch):
     from evolforge.config.settings import Settings
 
     plan = train.device_plan(Settings().sft)

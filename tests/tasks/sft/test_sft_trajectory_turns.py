@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from evolforge.config.settings import Settings
 from evolforge.storage.sft_sets import read_rows, write_rows
@@ -21,6 +20,15 @@ from evolforge.tasks.text.chat import tool_call_text
 from evolforge.tasks.trajectories.tokens import load_tokenizer
 from evolforge.testing.ppo_models import one_torch_thread  # noqa: F401 (autouse fixture)
 from evolforge.testing.tiny_policy import build_tiny_policy
+
+
+@pytest.fixture
+def torch():
+    """torch, imported by the tests that use it: at module level it cost every test worker ~4 s of CPU at
+    collection."""
+    import torch
+
+    return torch
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -105,7 +113,7 @@ def test_rows_round_trip_through_train_parquet(tmp_path):
     assert back == {r["id"]: r for r in rows}
 
 
-def test_a_branch_sharing_turns_is_not_trained_twice():
+def test_a_branch_sharing_turns_is_not_trained_twice(torch):
     branch = MESSAGES[:6] + [{"role": "user", "content": "zebra: and tomorrow?"},
                              {"role": "assistant", "content": "Charlie: rain tomorrow."}]
     built = build([], [], [_conv("trip#0", MESSAGES), _conv("trip#1", branch)], set(), _cfg(), None)
@@ -122,6 +130,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
     """A 1-layer Llama with SmolLM2's own tokenizer and chat template (the embedded model's GGUF)."""
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok, _ = load_tokenizer(None)

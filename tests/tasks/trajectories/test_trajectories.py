@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import httpx
-import openai
 import polars as pl
 import pytest
 
@@ -28,7 +27,10 @@ from evolforge.tasks.trajectories.export import collect
 from evolforge.tasks.trajectories.sessions import SessionEvents, assign_conversations, finished_by
 from evolforge.tasks.trajectories.tokens import ChatRenderer, load_tokenizer, token_sample
 from evolforge.testing.agent_upstream import AgentUpstream
+from evolforge.testing.lazy import lazy_module
 from evolforge.testing.settings import make_settings
+
+openai = lazy_module("openai")
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -343,6 +345,8 @@ def test_upstream_ids_that_match_the_tokenizer_are_no_drift(renderer, tokenizer)
     assert edited["drift"] and "edited" in edited["drift_reasons"][0] and edited["input_ids"] == plain["input_ids"]
 
 
+@pytest.mark.long("the quick tier's first test here to load the embedded model's tokenizer, importing transformers "
+                  "(no longer imported at collection): ~10 s CPU measured alone")
 def test_a_tool_aware_template_renders_tool_calls_natively(tokenizer):
     import trl.chat_template_utils as ctu
 

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import httpx
-import openai
 import polars as pl
 import pytest
 
@@ -21,9 +20,12 @@ from evolforge.tasks.proxy.server import running_proxy
 from evolforge.tasks.trajectories.export import collect, dedup_prompts, publish, token_samples
 from evolforge.tasks.trajectories.wire_messages import messages_prompt, responses_prompt
 from evolforge.testing.agent_upstream import AgentUpstream
+from evolforge.testing.lazy import lazy_module
 from evolforge.testing.settings import make_settings
 
-anthropic = pytest.importorskip("anthropic")
+anthropic = lazy_module("anthropic")
+openai = lazy_module("openai")
+
 
 FN_TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]

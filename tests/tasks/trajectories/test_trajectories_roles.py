@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import httpx
-import openai
 import polars as pl
 import pytest
 
@@ -18,7 +17,10 @@ from evolforge.storage.proxy_sets import ProxyLayout, iter_records
 from evolforge.storage.trajectory_sets import TrajectoryLayout, recorded_roles
 from evolforge.tasks.proxy.server import running_proxy
 from evolforge.testing.agent_upstream import AgentUpstream
+from evolforge.testing.lazy import lazy_module
 from evolforge.testing.settings import make_settings
+
+openai = lazy_module("openai")
 
 MODEL = "agent-model"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
