@@ -63,6 +63,9 @@ def entrypoint(flow: str) -> str:
     return "/".join(parts[1:]) + f".py:{attr}"
 
 
+PRM_KEEP_SHARE = "EVOLFORGE_CHAIN_PRM_KEEP_SHARE"  # schedule.chain_prm_keep_share, for the links fed the PRM
+
+
 def chain_switch(stage: str) -> str:
     """The template variable that switches a stage's chain link on or off ([schedule] chain)."""
     return "EVOLFORGE_CHAIN_" + stage.upper().replace("-", "_")
@@ -93,6 +96,8 @@ def chain_parameters(stage: str) -> dict:
         return chain.template(f"{chain.UP}.{param}" if param else chain.folder_from(after, name, path))
 
     values = fed(st, folder_of)
+    if "prm_dir" in values:  # a link fed the trained PRM trains only on what it ranks best (RLEIF's PRM in the loop)
+        values["overrides"] = {"reward": {"prm_keep_share": "{{ $%s }}" % PRM_KEEP_SHARE}}
     if st.out_field in st.params.model_fields:
         values[st.out_field] = chain.template(chain.folder_from(after, stage))
     return {"params": values}
@@ -171,6 +176,7 @@ def template_env(settings: Settings, pool: str | None = None, schedule_active: b
         "EVOLFORGE_SCHEDULE_ACTIVE": "true" if active else "false",
         "EVOLFORGE_DATASET": dataset,
         **{chain_switch(st): "true" if st in s.chain else "false" for st in chained_stages()},
+        PRM_KEEP_SHARE: str(s.chain_prm_keep_share),
     }
 
 

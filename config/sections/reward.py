@@ -120,6 +120,13 @@ class RewardSettings(Section):
                                 "verified synthesis tasks and rejection samples are not filtered. Each left-out answer "
                                 "is in data/skipped.parquet with its lowest step and score.")
 
+    prm_keep_share: float = Field(0.0, ge=0, le=1, description="With the SFT stage's --prm-dir: only the best "
+                                  "this share of the evolved answers by their lowest step's PRM score is trained on (at "
+                                  "least one); 0: off. Unlike prm_min_step it never leaves SFT without evolved rows when "
+                                  "the PRM scores every step low. With both set, an answer must pass both. The nightly "
+                                  "chain's SFT link sets it from schedule.chain_prm_keep_share. Recorded per answer: "
+                                  "prm_min, prm_step, prm_rank in data/skipped.parquet.")
+
     @model_validator(mode="after")
     def _ranges_ordered(self) -> "RewardSettings":
         if self.healthy_mean_low > self.healthy_mean_high:

@@ -115,6 +115,10 @@ class ScheduleSettings(Section):
     dataset: str = Field("runs/nightly", description="Dataset folder the nightly runs continue (one dated folder per night).")
     rounds_per_night: int = Field(1, ge=1, le=16, description="Rounds each night adds to the survivors of the last night.")
     work_pool: str = Field("evolforge-pool", description="Prefect process work pool the deployments run on.")
+    chain_prm_keep_share: float = Field(
+        0.8, ge=0, le=1, description="The nightly chain's SFT link trains only on the best this share of the night's "
+        "evolved answers by the trained PRM's lowest step score (reward.prm_keep_share, RLEIF's PRM in the loop); "
+        "0 turns the filter off in the chain. Rendered into the SFT deployment's trigger by `evolforge deploy`.")
     chain: list[str] = Field(
         default_factory=list,
         description="The nightly chain's links that are on: each stage named here runs when the run before it in "

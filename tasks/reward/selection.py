@@ -8,9 +8,10 @@
                                                   instruction) scored by the IRM (tasks/reward/scoring.py) and
                                                   selected; returns (per-id selection, summary)
 
-    prm_filter(rows, prm_dir, threshold)          the evolved answers' steps scored by the PRM; an answer is kept
-                                                  when its lowest step scores >= reward.prm_min_step; returns
-                                                  (per-id {prm_min, prm_step, prm_kept}, summary)
+    prm_filter(rows, prm_dir, threshold, share)   the evolved answers' steps scored by the PRM; an answer is kept
+                                                  when its lowest step scores >= reward.prm_min_step and, with
+                                                  reward.prm_keep_share, it ranks in that best share; returns
+                                                  (per-id {prm_min, prm_step, prm_rank, prm_kept}, summary)
 
 Only the evolved pool is filtered: verified synthesis tasks carry checked ground truth and are never dropped by a
 learned score. The selection is recorded with each row (PPO: extra_info.lineage irm_score / irm_rank /
@@ -61,17 +62,27 @@ def irm_selection(records: list[dict], irm_dir: str | Path, cfg: RewardSettings)
 
 
 def prm_filter(rows: list[tuple[str, str, list[str]]], prm_dir: str | Path, threshold: float,
-               ) -> tuple[dict[str, dict], dict]:
+               keep_share: float = 0.0) -> tuple[dict[str, dict], dict]:
     """rows: (id, prompt, steps) of each evolved answer in step form. Each answer's steps are scored by the PRM in
-    `prm_dir` (0..1 per step, batched); the answer is kept when its lowest step scores at least `threshold`."""
+    `prm_dir` (0..1 per step, batched); the answer is kept when its lowest step scores at least `threshold` and,
+    with `keep_share` > 0, it is among the best `keep_share` of the scored answers by that lowest score (at least
+    one; ties broken by id)."""
     scores = scoring.score_step_lists(prm_dir, [p for _, p, _ in rows], [s for _, _, s in rows]) if rows else []
     out = {}
     for (rid, _, _), steps in zip(rows, scores):
         low = min(range(len(steps)), key=steps.__getitem__) if steps else None
         worst = round(float(steps[low]), 4) if low is not None else None
         out[str(rid)] = {"prm_min": worst, "prm_step": None if low is None else low + 1,
-                         "prm_kept": worst is not None and worst >= threshold}
+                         "prm_kept": worst is not None and worst >= threshold, "prm_rank": None}
+    ranked = sorted((k for k, v in out.items() if v["prm_min"] is not None), key=lambda k: (-out[k]["prm_min"], k))
+    for rank, k in enumerate(ranked, 1):
+        out[k]["prm_rank"] = rank
+    if keep_share > 0:
+        allowed = max(1, math.ceil(keep_share * len(ranked))) if ranked else 0
+        for k, v in out.items():
+            v["prm_kept"] = v["prm_kept"] and v["prm_rank"] is not None and v["prm_rank"] <= allowed
     kept = sum(v["prm_kept"] for v in out.values())
     mins = [v["prm_min"] for v in out.values() if v["prm_min"] is not None]
-    return out, {"prm": str(prm_dir), "threshold": threshold, "scored": len(out), "kept": kept,
+    return out, {"prm": str(prm_dir), "threshold": threshold, "keep_share": keep_share, "scored": len(out),
+                 "kept": kept,
                  "min_score_mean": round(sum(mins) / len(mins), 4) if mins else None}

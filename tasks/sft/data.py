@@ -94,7 +94,8 @@ def evolved_rows(view: list[dict], held_out: set[str], cfg: SFTSettings, out: Bu
             continue
         judged = (prm or {}).get(str(r["id"]))
         if prm is not None and not (judged and judged["prm_kept"]):
-            why = (f"step {judged['prm_step']} scored {judged['prm_min']}" if judged and judged["prm_min"] is not None
+            rank = f" (rank {judged['prm_rank']} of {len(prm)})" if judged and judged.get("prm_rank") else ""
+            why = (f"step {judged['prm_step']} scored {judged['prm_min']}{rank}" if judged and judged["prm_min"] is not None
                    else "not scored")
             out.skip(r["id"], "evolved", seed, f"a step the PRM doubts: {why}", answer)
             continue

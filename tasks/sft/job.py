@@ -52,10 +52,11 @@ def prepare(params: SFTParams, settings: Settings, folder: store.SFTFolder) -> d
         irm = local_copy(location(params.irm_dir), marker=META_FILE)  # a remote folder: downloaded (cached)
         selection, picked = irm_selection(pool, irm, settings.reward)
     prm, prm_summary = None, None
-    if params.prm_dir and settings.reward.prm_min_step > 0:  # the evolved answers nothing else verified
+    rcfg = settings.reward
+    if params.prm_dir and (rcfg.prm_min_step > 0 or rcfg.prm_keep_share > 0):  # the answers nothing else verified
         prm, prm_summary = prm_filter(prm_rows(view, held_out, settings.sft),
                                       local_copy(location(params.prm_dir), marker=META_FILE),
-                                      settings.reward.prm_min_step)
+                                      rcfg.prm_min_step, rcfg.prm_keep_share)
     sampled, rejection = None, None
     if settings.sft.rejection_samples and tasks:  # the policy's own verified answers (RFT)
         sampled, rejection = rejection_sample(tasks, held_out, settings, folder)

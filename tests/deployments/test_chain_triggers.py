@@ -37,7 +37,10 @@ def _render(params: dict, run: dict) -> dict:
     return hydrate(params, HydrationContext(raise_on_error=True, render_jinja=True, jinja_context={"flow_run": run}))
 
 
-def test_each_link_renders_the_folders_of_the_night_from_the_run_before_it():
+def test_each_link_renders_the_folders_of_the_night_from_the_run_before_it(monkeypatch):
+    from prefect.utilities.templating import apply_values
+
+    monkeypatch.setenv("EVOLFORGE_CHAIN_PRM_KEEP_SHARE", "0.8")  # as `evolforge deploy` sets it (template_env)
     dataset, night = "/data/nightly", "2026-12-01"
     run = {"name": chain.night_run_name(night), "parameters": {"params": {"dataset": dataset, "seeds": "s.jsonl"}}}
     seen = {}
@@ -48,7 +51,7 @@ def test_each_link_renders_the_folders_of_the_night_from_the_run_before_it():
         assert entry["expect"] == ["prefect.flow-run.Completed"]
         assert {r["prefect.resource.name"] for r in entry["match_related"]} == {up}
         assert entry["parameters"] == chain_parameters(stage)
-        params = _render(entry["parameters"], run)["params"]
+        params = _render(apply_values(entry["parameters"], {}), run)["params"]  # prefect deploy fills $VARIABLES
         seen[stage] = params
         run = {"name": "some-random-name", "parameters": {"params": params}}
     night_dir = f"{dataset}/nights/{night}"
@@ -56,7 +59,9 @@ def test_each_link_renders_the_folders_of_the_night_from_the_run_before_it():
     assert seen["reward-data"] == {"evolve_out": night_dir, "out": folder["reward-data"]}
     assert seen["train-reward"] == {"data": folder["reward-data"]}  # the models go into the data folder
     assert seen["sft"] == {"evolve_out": night_dir, "irm_dir": folder["reward-data"] + "/models/irm",
-                           "prm_dir": folder["reward-data"] + "/models/prm", "out": folder["sft"]}
+                           "prm_dir": folder["reward-data"] + "/models/prm", "out": folder["sft"],
+                           "overrides": {"reward": {"prm_keep_share": "0.8"}}}  # the PRM filter on in the chain
+    assert get("sft").params.model_validate(seen["sft"]).settings().reward.prm_keep_share == 0.8
     assert seen["ppo"] == {"evolved": night_dir, "reward_dir": folder["reward-data"], "sft": folder["sft"],
                            "out": folder["ppo"]}
     assert seen["eval"] == {"policy": folder["ppo"] + "/local/policy", "evolve_out": night_dir,
@@ -73,6 +78,7 @@ def test_config_switches_each_link(tmp_path):
     env = template_env(load_settings(str(cfg)))
     assert env["EVOLFORGE_CHAIN_TRAIN_REWARD"] == "true" and env["EVOLFORGE_CHAIN_EVAL"] == "true"
     assert env["EVOLFORGE_CHAIN_REWARD_DATA"] == env["EVOLFORGE_CHAIN_SFT"] == env["EVOLFORGE_CHAIN_PPO"] == "false"
+    assert env["EVOLFORGE_CHAIN_PRM_KEEP_SHARE"] == "0.8"  # schedule.chain_prm_keep_share's default
     cfg.write_text('[schedule]\nchain = ["rewards"]\n')
     with pytest.raises(Exception, match="unknown chain stage"):
         load_settings(str(cfg))

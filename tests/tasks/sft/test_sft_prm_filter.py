@@ -82,3 +82,20 @@ def test_a_prm_dir_that_is_not_a_prm_is_refused(tmp_path):
     params = SFTParams(evolve_out=str(tmp_path / "evolve"), out=str(tmp_path / "sft"), prm_dir=str(tmp_path))
     with pytest.raises(InputError, match="not a trained PRM folder"):
         check(params, params.settings())
+
+
+def test_keep_share_keeps_the_best_answers_by_their_lowest_step(monkeypatch):
+    from evolforge.tasks.reward import scoring
+
+    lowest = {"a": 0.9, "b": 0.2, "c": 0.6, "d": 0.05, "e": 0.6}
+    # the PRM's step scores stand in (the PRM itself is tested above): each answer's steps, its lowest as given
+    monkeypatch.setattr(scoring, "score_step_lists", lambda d, prompts, steps: [[0.99, lowest[p]] for p in prompts])
+    rows = [(k, k, ["s1", "s2"]) for k in lowest]
+    got, summary = prm_filter(rows, "prm", 0.0, keep_share=0.6)  # 3 of 5
+    assert {k for k, v in got.items() if v["prm_kept"]} == {"a", "c", "e"}
+    assert [got[k]["prm_rank"] for k in "acebd"] == [1, 2, 3, 4, 5] and got["b"]["prm_step"] == 2
+    assert summary["kept"] == 3 and summary["keep_share"] == 0.6
+    both, _ = prm_filter(rows, "prm", 0.7, keep_share=0.6)  # with a threshold too: both must hold
+    assert {k for k, v in both.items() if v["prm_kept"]} == {"a"}
+    assert sum(v["prm_kept"] for v in prm_filter(rows, "prm", 0.0, keep_share=0.01)[0].values()) == 1  # at least one
+    assert all(v["prm_kept"] for v in prm_filter(rows, "prm", 0.0)[0].values())  # neither set: all kept
