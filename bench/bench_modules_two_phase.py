@@ -192,7 +192,7 @@ def finetune(base: Path, rows: list[dict], dest: Path, a) -> dict:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            log.append({"epoch": epoch, "step": len(log) + 1, "loss": round(float(loss), 4)})
+            log.append({"epoch": epoch, "step": len(log) + 1, "loss": round(loss.item(), 4)})
     model.save_pretrained(dest)
     tok.save_pretrained(dest)
     return {"rows": len(rows), "steps": len(log), "seconds": round(time.perf_counter() - t0, 1), "log": log}
