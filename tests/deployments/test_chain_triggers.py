@@ -147,6 +147,8 @@ def test_completed_run_triggers_the_next_stage_and_a_switched_off_link_does_not(
     assert runs[0]["parameters"] == {"params": {"evolve_out": f"{dataset}/nights/{night}",
                                                 "irm_dir": f"{out}/models/irm",
                                                 "prm_dir": f"{out}/models/prm",
+                                                # the PRM filter on, as `evolforge deploy` rendered the default
+                                                "overrides": {"reward": {"prm_keep_share": "0.8"}},
                                                 "out": str(chain.stage_dir(dataset, night, "sft"))}}
 
     _finish(api, runs[0]["id"])  # the ppo link is off
