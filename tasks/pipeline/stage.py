@@ -4,9 +4,9 @@ given: tasks/pipeline/plan.py; the files: storage/pipeline_sets.py; what it repo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from evolforge.config.settings import SAMPLE_SEEDS, Settings
 from evolforge.storage.fs import is_url
@@ -15,6 +15,8 @@ from evolforge.tasks.core.extras import sentence_embeddings, training
 from evolforge.tasks.core.params import EndpointParams
 from evolforge.tasks.core.stages import Deployment, Stage, Table, register
 from evolforge.tasks.pipeline.plan import stages_of
+
+THROUGH = ("evolve", "synthesize", "reward", "sft", "ppo", "eval")  # the pipeline's stages in order (--through)
 
 
 class PipelineParams(EndpointParams):
@@ -36,6 +38,24 @@ class PipelineParams(EndpointParams):
                        "and the configured benchmarks.")
     ignore_reward_health: bool = Field(False, description="The PPO stage runs even though the trained reward models "
                                        "fail the reward stage's health checks (as reward.health_policy = \"warn\").")
+    through: Literal["evolve", "synthesize", "reward", "sft", "ppo", "eval"] | None = Field(
+        None, description="Run every stage up to and including this one and none after it (sets the stage switches: "
+        "--through eval runs evolve, synthesize, reward, sft, ppo and eval); a switch given with it must agree.")
+
+    @model_validator(mode="after")
+    def _through(self) -> "PipelineParams":
+        if self.through is None:
+            return self
+        order = [s for s in THROUGH if s != "evolve"]
+        upto = THROUGH.index(self.through)
+        for switch in order:
+            on = THROUGH.index(switch) <= upto
+            given = getattr(self, switch)
+            if switch in self.model_fields_set and given != on:
+                raise ValueError(f"--through {self.through} {'runs' if on else 'does not run'} the {switch} stage: "
+                                 f"leave out --{'' if given else 'no-'}{switch}")
+            setattr(self, switch, on)
+        return self
 
     def stage_overrides(self) -> dict[str, Any]:
         own: dict[str, Any] = {"evol_instruct": {"rounds": self.rounds}} if self.rounds is not None else {}

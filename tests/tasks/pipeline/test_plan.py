@@ -26,6 +26,30 @@ def test_the_switches_choose_the_stages_and_ppo_brings_the_reward_models(switche
     assert [s.name for s in stages_of(PipelineParams(**switches))] == expected
 
 
+@pytest.mark.parametrize("through, expected", [
+    ("evolve", ["evolve"]),
+    ("synthesize", ["evolve", "synthesize"]),
+    ("reward", ["evolve", "synthesize", "reward-data", "train-reward"]),
+    ("sft", ["evolve", "synthesize", "reward-data", "train-reward", "sft"]),
+    ("eval", ["evolve", "synthesize", "reward-data", "train-reward", "sft", "ppo", "eval"]),
+])
+def test_through_runs_every_stage_up_to_it_and_none_after(through, expected):
+    assert [s.name for s in stages_of(PipelineParams(through=through))] == expected
+
+
+def test_a_switch_that_disagrees_with_through_is_refused_through_the_cli(tmp_path, capsys):
+    from evolforge.cli import main
+
+    assert PipelineParams(through="sft", sft=True, reward=True).sft  # agreeing switches are fine
+    with pytest.raises(ValueError, match="--through reward does not run the sft stage: leave out --sft"):
+        PipelineParams(through="reward", sft=True)
+    with pytest.raises(ValueError, match="--through eval runs the synthesize stage: leave out --no-synthesize"):
+        PipelineParams(through="eval", synthesize=False)
+    code = main(["pipeline", "--through", "reward", "--sft", "--out", str(tmp_path / "out")])
+    assert code == 2 and "leave out --sft" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_pipelines_stages_are_registered_in_its_order_and_switched_by_its_fields():
     order = [s.name for s in stages() if s.name in STAGES]
     assert order == list(STAGES)
