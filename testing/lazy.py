@@ -32,6 +32,11 @@ class _LazyModule(types.ModuleType):
         return real
 
     def __getattr__(self, attr: str):
+        if attr.startswith("_"):
+            # what pytest asks of every name of a test module when it collects fixtures (`_mock_name`, `__wrapped__`,
+            # ...), and inspect and copy of any object: answered without importing the module. Tests use the
+            # client libraries' public names only.
+            raise AttributeError(attr)
         return getattr(self._load(), attr)
 
 
