@@ -1,9 +1,11 @@
-"""A real Prefect server for deployment tests: started on a free loopback port with its own PREFECT_HOME."""
+"""Real Prefect servers for tests: one for the deployment tests (`prefect_server`: a free loopback port, its own
+PREFECT_HOME) and the test harness of every test process (`prefect_test_harness_from_template`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,3 +67,60 @@ def wait_for_run(api: str, run_id: str, timeout: float = 300) -> str:
             return st
         time.sleep(POLL_SECONDS)
     raise AssertionError(f"flow run {run_id} still {st} after {timeout}s")
+
+
+# ---------------------------------------------------------------- the test harness, from a migrated database
+def _template_path() -> Path:
+    import prefect
+
+    root = Path(os.environ.get("EVOLFORGE_CACHE") or Path.home() / ".cache" / "evolforge")
+    return root / "prefect-test-db" / f"prefect-{prefect.__version__}.db"
+
+
+@contextlib.contextmanager
+def prefect_test_harness_from_template(startup_timeout: float = 600) -> Iterator[None]:
+    """Prefect's `prefect_test_harness` (a server on a free port with a database of its own), whose database starts
+    as a copy of one already migrated: a test worker's server then starts in about 6 s of CPU instead of 9
+    (measured: 5.5 to 6.1 s against 8.7 to 10.6 s for the server process on this 2-core machine).
+
+    The copy is kept per Prefect version under `$EVOLFORGE_CACHE or ~/.cache/evolforge/prefect-test-db/`, taken
+    (sqlite's online backup) from the first server started without it, before any test ran on it. The server
+    still migrates on start, so a copy from an older schema costs time, never correctness; delete the folder to
+    take a new one."""
+    import sqlite3
+    import tempfile
+
+    import prefect.settings
+    import prefect.testing.utilities as harness
+
+    template = _template_path()
+    make_temp = harness.mkdtemp
+
+    def temp_dir_with_the_copy() -> str:
+        folder = make_temp()
+        if template.is_file():
+            shutil.copyfile(template, Path(folder) / "prefect-test.db")
+        return folder
+
+    harness.mkdtemp = temp_dir_with_the_copy  # the harness names its database <mkdtemp()>/prefect-test.db
+    try:
+        with harness.prefect_test_harness(server_startup_timeout=startup_timeout):
+            harness.mkdtemp = make_temp
+            if not template.is_file():
+                url = prefect.settings.PREFECT_SERVER_DATABASE_CONNECTION_URL.value()
+                if url.startswith("sqlite") and "///" in url:
+                    template.parent.mkdir(parents=True, exist_ok=True)
+                    fd, tmp = tempfile.mkstemp(dir=template.parent, suffix=".part")
+                    os.close(fd)
+                    try:
+                        with contextlib.closing(sqlite3.connect(url.split("///", 1)[1])) as src, \
+                                contextlib.closing(sqlite3.connect(tmp)) as dst:
+                            src.backup(dst)
+                            dst.execute("pragma journal_mode=delete")  # one file, whole: no -wal beside it
+                        os.replace(tmp, template)  # several workers may take one at once: the last one stays
+                    finally:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(tmp)
+            yield
+    finally:
+        harness.mkdtemp = make_temp

@@ -309,10 +309,11 @@ def prefect_harness():
     points them at it, so a command does not start Prefect's temporary server of its own (10 to 25 s of CPU each,
     measured). A test that wants a command's own server removes PREFECT_API_URL from the command's environment."""
     from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
+
+    from evolforge.testing.prefect_server import prefect_test_harness_from_template
 
     before = os.environ.get("PREFECT_API_URL")
-    with prefect_test_harness(server_startup_timeout=600):
+    with prefect_test_harness_from_template(startup_timeout=600):
         os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
         try:
             yield
