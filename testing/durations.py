@@ -271,13 +271,21 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_runtest_logreport(report):
-    """On the controller (or the one process), collect the records the workers attached to their reports."""
+    """On the controller (or the one process), collect the records the workers attached to their reports. A test's
+    outcome is the worst of its phases (a test that failed in its call and tore down cleanly failed)."""
+    rank = _OUTCOME_RANK.get(report.outcome, 0)
+    if rank > _OUTCOME_RANK.get(_OUTCOMES.get(report.nodeid, "passed"), 0):
+        _OUTCOMES[report.nodeid] = report.outcome
     for name, value in getattr(report, "user_properties", ()):
         if name == "durations":
-            _RECORDS[report.nodeid] = {**value, "outcome": report.outcome}
+            worst = _OUTCOMES.pop(report.nodeid, "passed")
+            outcome = worst if _OUTCOME_RANK[worst] > rank else report.outcome
+            _RECORDS[report.nodeid] = {**value, "outcome": outcome}
 
 
 _RECORDS: dict[str, dict] = {}
+_OUTCOMES: dict[str, str] = {}  # the worst outcome so far of each test's phases
+_OUTCOME_RANK = {"passed": 0, "skipped": 1, "failed": 2}
 
 
 def module_totals(records: dict[str, dict]) -> dict[str, dict]:
