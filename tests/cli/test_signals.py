@@ -43,6 +43,9 @@ def seeds(tmp_path):
 def start_run(seeds: Path, out: Path, url: str, ignore_sigint: bool = False) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("EVOLFORGE_API_KEY", "OPENAI_API_KEY")}
     env["EVOLFORGE__GATEWAY__BACKOFF_BASE_SECONDS"] = "0"
+    # MinHash dedup only: the embedding model's load (torch, sentence-transformers: ~4 s of CPU per command) is
+    # not what a signal test is about; the dedup tests cover that stage's resume
+    env["EVOLFORGE__DEDUP__EMBEDDING"] = "false"
     pre = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
     return subprocess.Popen([sys.executable, "-m", "evolforge.cli", "run", "--seeds", str(seeds), "--out", str(out),
                              "--rounds", "1", "--base-url", url, "--model", "scripted"],
