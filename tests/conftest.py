@@ -136,6 +136,9 @@ FULL_TIER: dict[str, str] = {
         "a local Dask cluster (~24 s CPU)",
     "tests/flows/test_dedup_on_s3.py::test_steps_on_separate_machines_exchange_everything_through_the_store":
         "dedup steps through an S3 store (~15 s CPU)",
+    "tests/flows/test_dedup_on_s3.py::test_a_dedup_against_an_index_exchanges_the_index_through_the_store_too":
+        "a dedup against an index through an S3 store (~11 s CPU); the quick tier keeps the index's own tests "
+        "(tests/tasks/dedup/test_dedup_index_shared.py) and a marker on the store",
     "tests/tasks/report/test_report.py::test_reward_plots_and_card": "trains reward models for their plots (~23 s CPU)",
     "tests/tasks/report/test_report.py::test_evolve_plots_card_and_sft_view": "plots and the SFT view (~13 s CPU)",
     "tests/tasks/report/test_cards_stages.py::test_trajectories_card_lists_the_parquet_tables_and_points_at_sft_jsonl":

@@ -37,8 +37,14 @@ def s3():
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = write_corpus(tmp_path_factory.mktemp("corpus") / "in.jsonl", n=900, seed=11)
+def corpus_file(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "in.jsonl", n=900, seed=11)
+
+
+@pytest.fixture(scope="module")
+def corpus(corpus_file, tmp_path_factory):
+    """The corpus and one process's decisions on it (a whole dedup with its embedding model)."""
+    path = corpus_file
     out = tmp_path_factory.mktemp("one")
     dedup_file(path, "text", out, DedupSettings(**SMALL), id_field="id")
     return path, decisions(out)
@@ -81,10 +87,10 @@ def test_steps_on_separate_machines_exchange_everything_through_the_store(corpus
     assert not s3.exists(st["work_dir"])   # removed once the outputs were written
 
 
-def test_a_marker_only_counts_once_it_is_on_the_store(corpus, s3):
+def test_a_marker_only_counts_once_it_is_on_the_store(corpus_file, s3):
     """A step whose files and marker reached a machine's mirror but not the store (its worker was killed between
     the two) is not taken as done: markers are read from the store."""
-    path, _ = corpus
+    path = corpus_file
     s = DedupSettings(**{**SMALL, "shard_dir": "s3://evolforge/marker-check"})
     work = work_for(str(path), "out", s)
     assert work.location.startswith("s3://") and MIRRORS in work.root.parents
@@ -114,8 +120,6 @@ def test_dask_workers_share_an_s3_work_folder_configured_from_the_environment(co
     assert not s3.exists("evolforge/dask-work") or not s3.find("evolforge/dask-work")
 
 
-@pytest.mark.long("a dedup against an index on an S3 store, the index's history and steps through the store: 12.4 s of "
-                  "CPU measured at load 8")
 def test_a_dedup_against_an_index_exchanges_the_index_through_the_store_too(corpus, s3, tmp_path):
     """With a persistent index the dedup on the workers is the same plan: its `history` step puts the indexed
     records into the work folder and its `index` step appends the kept ones. With the work folder on the store and
