@@ -27,6 +27,7 @@
                    SFT view of an evolved dataset.
 - chain:         the nightly chain's folders: where each downstream stage of a night writes when the deployments chain
                  it.
+- dedup_memory:  a dedup work folder kept in memory, up to a budget (a dedup in one process).
 - dedup_mirror:  a dedup work folder on an object store (`dedup.shard_dir` = s3://..., gs://..., any fsspec URL).
 - dedup_sets:    files of a dedup run (the `dedup` stage: any jsonl / parquet / csv file -> kept set + dropped set).
 - dedup_work:    the work folder of a dedup: the one format its steps exchange files in, in one process or on the

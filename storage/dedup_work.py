@@ -40,8 +40,10 @@ receiver slices.
 WORK is a local folder every worker sees (on several machines: a shared file system mounted at the same path),
 or a URL of any fsspec filesystem (s3://bucket/prefix, ...): then each machine keeps a local mirror of the files
 its steps read and write, uploading what it writes before the step's marker (storage/dedup_mirror.py). Either
-way the arrays are memory-mapped local .npy files. A dedup in one process uses a fresh local folder of its own
-(`DedupWork.fresh`), removed when it returns.
+way the arrays are memory-mapped local .npy files. A dedup in one process uses a fresh folder of its own
+(`DedupWork.fresh`), removed when it returns, whose small arrays are kept in memory (storage/dedup_memory.py:
+its steps all run in this process, so they exchange those as arrays, not files; its large ones are files as
+above).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
+from evolforge.storage import dedup_memory as memory
 from evolforge.storage import dedup_mirror as mirror
 from evolforge.storage.fs import is_url
 
@@ -98,13 +101,17 @@ class DedupWork:
         return DedupWork(f"{str(base).rstrip('/')}/{name}" if is_url(base) else Path(base) / name)
 
     @staticmethod
-    def fresh(shard_dir: str) -> "DedupWork":
-        """A new, empty local folder for one dedup in one process: under `dedup.shard_dir` when that is a local
-        folder, else the system temporary folder. Folders that a killed process left there are removed first."""
+    def fresh(shard_dir: str, budget: int | None = None) -> "DedupWork":
+        """A new, empty folder for one dedup in one process, its small arrays kept in memory up to `budget` bytes
+        (default storage/dedup_memory.py `BUDGET`; 0: files only). Its files (the large arrays, and any beyond the
+        budget) go under `dedup.shard_dir` when that is a local folder, else the system temporary folder; the
+        folder is made on disk only for them. Folders that a killed process left there are removed first."""
         base = Path(shard_dir) if shard_dir and not is_url(shard_dir) else Path(tempfile.gettempdir()) / _BASE
         base.mkdir(parents=True, exist_ok=True)
         _remove_orphans(base)
-        return DedupWork(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=base))
+        work = DedupWork(base / f"run-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        memory.open_store(str(work.root), budget)
+        return work
 
     def step(self, name: str) -> Path:
         """A step's marker folder (kind[-phase][/rNNN][/shard-NNNNN])."""
@@ -141,11 +148,14 @@ class DedupWork:
         return [r["pid"] for r in sorted((r for r in found if r), key=lambda r: r["time"])]
 
     def files(self) -> list[tuple[str, int]]:
-        """(path in the folder, bytes) of every file the folder holds (on the store when it is a URL)."""
-        return mirror.files(self.root)
+        """(path in the folder, bytes) of every file the folder holds (on the store when it is a URL; and the
+        entries it keeps in memory)."""
+        store = memory.store_at(self.root)
+        return mirror.files(self.root) + (store.files() if store is not None else [])
 
     def remove(self) -> None:
-        """The whole folder (and this machine's mirror of it)."""
+        """The whole folder (and this machine's mirror of it, or its entries in memory)."""
+        memory.close_store(str(self.root))
         mirror.remove(self.root)
 
     def mark_done(self, name: str, record: dict) -> dict:
@@ -165,8 +175,7 @@ class DedupWork:
 
     def record_texts(self, shard: int) -> list[str]:
         """Every text of shard `shard`, in record order."""
-        off = read_rows(member(self.records(shard), "texts_offsets"))
-        return read_strings(self.records(shard), "texts", 0, len(off) - 1)
+        return read_strings(self.records(shard), "texts", 0, strings_count(self.records(shard), "texts"))
 
     def record_strings(self, shard: int, name: str) -> "PackedStrings":
         """Shard `shard`'s "ids" or "texts", memory-mapped."""
@@ -292,11 +301,17 @@ def read_json(path: str | Path):
 
 
 def save_array(path: str | Path, a: np.ndarray) -> str:
+    store = memory.store_of(path)
+    if store is not None and store.put_array(str(path), a):
+        return str(path)
     return str(_written(Path(path), lambda tmp: np.save(tmp, np.ascontiguousarray(a), allow_pickle=False), ".npy"))
 
 
 def load_array(path: str | Path, mmap: bool = True) -> np.ndarray:
-    """A .npy file, memory-mapped read-only (or read whole)."""
+    """A .npy file, memory-mapped read-only (or read whole); an in-memory folder's array (read-only, or a copy)."""
+    kept = memory.entry(path)
+    if kept is not None:
+        return kept if mmap else kept.copy()
     local = mirror.local(path)
     with open(local, "rb") as fh:
         header = _npy_header(fh, path)
@@ -318,6 +333,9 @@ def mapped(path: str | Path) -> np.ndarray:
     """load_array, memory-mapped once per process and file version (path, inode, mtime): a worker that reads
     the same label files in every step of a round sets up each map once. Files here are written once (renamed
     into place), so a new version is a new inode."""
+    kept = memory.entry(path)
+    if kept is not None:
+        return kept
     path = mirror.local(path)
     st = os.stat(path)
     key = (path, st.st_ino, st.st_mtime_ns)
@@ -335,6 +353,12 @@ class ArrayWriter:
 
     def __init__(self, folder: str | Path, name: str, shape: tuple, dtype):
         self.path, self.shape, self.dtype = member(folder, name), tuple(shape), np.dtype(dtype)
+        self.pos, self.kept = 0, None
+        store = memory.store_of(self.path)
+        size = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        if store is not None and store.reserve(size):   # an in-memory folder: the blocks copied into one array
+            self.store, self.kept = store, np.empty(self.shape, self.dtype)
+            return
         self.tmp = _tmp(self.path).with_suffix(".npy")
         _parent_made(self.path)
         try:
@@ -344,14 +368,20 @@ class ArrayWriter:
             self.fh = open(self.tmp, "wb")
         np.lib.format.write_array_header_1_0(self.fh, {"descr": np.lib.format.dtype_to_descr(self.dtype),
                                                        "fortran_order": False, "shape": self.shape})
-        self.pos = 0
 
     def append(self, block: np.ndarray) -> None:
-        np.ascontiguousarray(block, dtype=self.dtype).tofile(self.fh)
+        if self.kept is not None:
+            self.kept[self.pos: self.pos + len(block)] = block
+        else:
+            np.ascontiguousarray(block, dtype=self.dtype).tofile(self.fh)
         self.pos += len(block)
 
     def close(self) -> str:
         assert self.pos == (self.shape[0] if self.shape else 1), (self.path, self.pos, self.shape)
+        if self.kept is not None:
+            self.kept.flags.writeable = False
+            self.store.entries[str(self.path)] = self.kept
+            return str(self.path)
         self.fh.close()
         self.tmp.replace(self.path)
         mirror.publish(self.path)
@@ -360,7 +390,10 @@ class ArrayWriter:
 
 def save_strings(folder: str | Path, name: str, strings: list[str]) -> None:
     """Strings packed as UTF-8 bytes (<name>.npy) and offsets (<name>_offsets.npy): any one of them can be read
-    from the memory-mapped files without reading the rest."""
+    from the memory-mapped files without reading the rest. An in-memory folder keeps the strings themselves."""
+    store = memory.store_of(member(folder, name))
+    if store is not None and store.put_strings(str(member(folder, name)), strings):
+        return
     enc = [x.encode("utf-8", "surrogatepass") for x in strings]
     off = np.zeros(len(enc) + 1, np.int64)
     np.cumsum([len(b) for b in enc], out=off[1:])
@@ -370,6 +403,9 @@ def save_strings(folder: str | Path, name: str, strings: list[str]) -> None:
 
 def read_strings(folder: str | Path, name: str, a: int, b: int) -> list[str]:
     """Strings a:b of a save_strings pair, read without a memory map."""
+    kept = memory.entry(member(folder, name))
+    if kept is not None:
+        return kept[a:b]
     off = read_rows(member(folder, f"{name}_offsets"), a, b + 1)
     if b <= a:
         return []
@@ -382,16 +418,20 @@ class PackedStrings:
     """The strings save_strings wrote, memory-mapped: `take(rows)` decodes only those."""
 
     def __init__(self, folder: str | Path, name: str):
-        self.data = load_array(member(folder, name))
-        self.off = load_array(member(folder, f"{name}_offsets"))
+        self.kept = memory.entry(member(folder, name))
+        if self.kept is None:
+            self.data = load_array(member(folder, name))
+            self.off = load_array(member(folder, f"{name}_offsets"))
 
     def __len__(self) -> int:
-        return len(self.off) - 1
+        return len(self.kept) if self.kept is not None else len(self.off) - 1
 
     def take(self, rows) -> list[str]:
         rows = np.asarray(rows, np.int64)
         if not len(rows):
             return []
+        if self.kept is not None:
+            return [self.kept[i] for i in rows.tolist()]
         d, o = self.data, self.off
         starts, ends = np.asarray(o[rows]), np.asarray(o[rows + 1])
         lo, hi = int(starts.min()), int(ends.max())
@@ -435,9 +475,19 @@ def _npy_header(fh, path) -> tuple[np.dtype, tuple, int] | None:
     return np.dtype(m.group(1)), tuple(int(x) for x in m.group(3).split(",") if x.strip()), start + size
 
 
+def strings_count(folder: str | Path, name: str) -> int:
+    """How many strings a save_strings pair holds."""
+    kept = memory.entry(member(folder, name))
+    return len(kept) if kept is not None else len(read_rows(member(folder, f"{name}_offsets"))) - 1
+
+
 def read_rows(path: str | Path, a: int = 0, b: int | None = None) -> np.ndarray:
     """Rows a:b (b None: to the end) of a .npy file this module wrote, read with one seek: a memory map costs
-    ~0.25 ms of set-up, which a receiver slicing hundreds of senders' files pays hundreds of times."""
+    ~0.25 ms of set-up, which a receiver slicing hundreds of senders' files pays hundreds of times. (An in-memory
+    folder's array: a read-only slice.)"""
+    kept = memory.entry(path)
+    if kept is not None:
+        return kept[a:b]
     with open(mirror.local(path), "rb") as fh:
         header = _npy_header(fh, path)
         if header is None:

@@ -1,0 +1,101 @@
+"""A work folder kept in memory: the one-process dedup's (`DedupWork.fresh`), whose steps all run in the process
+that owns the folder, so no other process needs its files.
+
+The steps read and write the work folder through storage/dedup_work.py's functions only (save_array, load_array,
+save_strings, ...). Those look here first: a path in an in-memory folder names an entry of its store (an array,
+or a list of strings for save_strings) instead of a file. Nothing else changes: the same paths, the same arrays,
+the same decisions. An array the store keeps is read-only, as a memory-mapped file is.
+
+A store keeps an array (or a list of strings) of at most `ARRAY_BYTES`, and at most `BUDGET` bytes in all; any
+other is written to its file as in any work folder (the folder is made on disk then, and removed with the
+store). The cost the store saves is per file (create, rename, remove: a small dedup wrote hundreds of small
+files), not per byte: a large dedup in one process keeps its large arrays in memory-mapped files, as before (the
+page cache holds them, not the process), and only its small ones in memory, while a small dedup (an evolve
+round's) makes no file at all. Whether an array is kept or written never changes what is read back.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+ARRAY_BYTES = 16 << 20   # the largest array a store keeps in memory; larger ones go to files
+BUDGET = 512 << 20       # bytes a store keeps in memory in all; beyond them its arrays go to files
+
+_STORES: dict[str, "MemoryStore"] = {}   # work folder (its path as a string) -> its store
+_LOCK = threading.Lock()
+
+
+class Strings(list):
+    """The strings save_strings was given, kept as they are."""
+
+
+class MemoryStore:
+    """The entries of one in-memory work folder, by path (a file name in the folder's own directory)."""
+
+    def __init__(self, root: str, budget: int):
+        self.root, self.budget, self.used = root, budget, 0
+        self.entries: dict[str, np.ndarray | Strings] = {}
+
+    def reserve(self, nbytes: int) -> bool:
+        """Room for an array of `nbytes` (taken when there is)."""
+        if nbytes > ARRAY_BYTES or self.used + nbytes > self.budget:
+            return False
+        self.used += nbytes
+        return True
+
+    def put_array(self, path: str, a: np.ndarray) -> bool:
+        """Keeps `a` (C order, read-only) under `path` when it fits the budget; False when it does not."""
+        a = np.ascontiguousarray(a)
+        if not self.reserve(a.nbytes):
+            return False
+        a = a.view()
+        a.flags.writeable = False
+        self.entries[path] = a
+        return True
+
+    def put_strings(self, path: str, strings: list[str]) -> bool:
+        kept = Strings(strings)
+        if not self.reserve(8 * len(kept) + sum(map(len, kept))):
+            return False
+        self.entries[path] = kept
+        return True
+
+    def files(self) -> list[tuple[str, int]]:
+        """(name in the folder, bytes) of every entry."""
+        return [(os.path.basename(p), e.nbytes if isinstance(e, np.ndarray) else sum(map(len, e)))
+                for p, e in self.entries.items()]
+
+
+def open_store(root: str, budget: int | None = None) -> MemoryStore:
+    """The store of a new in-memory work folder at `root` (a path no other folder uses)."""
+    store = MemoryStore(str(root), BUDGET if budget is None else budget)
+    with _LOCK:
+        _STORES[store.root] = store
+    return store
+
+
+def close_store(root: str) -> None:
+    with _LOCK:
+        _STORES.pop(str(root), None)
+
+
+def store_at(root) -> MemoryStore | None:
+    """The store of the in-memory work folder at `root`, None when it is not one."""
+    return _STORES.get(str(root))
+
+
+def store_of(path) -> MemoryStore | None:
+    """The store whose folder holds `path` (a work folder's data files are all in the folder itself); None for a
+    file of any other folder."""
+    if not _STORES:
+        return None
+    return _STORES.get(os.path.dirname(str(path)))
+
+
+def entry(path) -> np.ndarray | Strings | None:
+    """What an in-memory folder keeps under `path`; None when it is a file (not in memory, or written out)."""
+    store = store_of(path)
+    return None if store is None else store.entries.get(str(path))
