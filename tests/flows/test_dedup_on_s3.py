@@ -19,10 +19,10 @@ from evolforge.storage.dedup_work import DedupWork
 from evolforge.tasks.dedup import dedup_file
 from evolforge.tasks.dedup.distributed import run_step, work_for
 from evolforge.testing.dedup_decisions import SMALL, assert_same, decisions, write_corpus
+from evolforge.testing.lazy import needs
 from evolforge.testing.settings import make_settings
 
-pytest.importorskip("s3fs")
-pytestmark = pytest.mark.usefixtures("prefect_harness")
+pytestmark = [pytest.mark.usefixtures("prefect_harness"), needs("s3fs")]
 MIRRORS = Path(tempfile.gettempdir()) / "evolforge-dedup-mirror"
 
 

@@ -16,9 +16,10 @@ from evolforge.tasks.dedup import dedup_file
 from evolforge.tasks.dedup import minhash as mh
 from evolforge.tasks.dedup import shards as sh
 from evolforge.tasks.dedup.normalize import normalize_many
+from evolforge.testing.lazy import needs
 from evolforge.testing.near_dup_corpus import make_corpus
 
-pytest.importorskip("prefect_dask")
+pytestmark = needs("prefect_dask")
 
 # small enough for a fast test, configured so the embedding search takes the k-means (ANN) path, not exact search
 SMALL = dict(ann_exact_below=500, ann_cluster_size=50, ann_kmeans_sample=1000, max_confirm_records=24, shards=2)

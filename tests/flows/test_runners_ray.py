@@ -15,8 +15,9 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("prefect_ray")
-pytestmark = pytest.mark.slow
+from evolforge.testing.lazy import needs
+
+pytestmark = [pytest.mark.slow, needs("prefect_ray")]
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys

@@ -10,9 +10,9 @@ import pytest
 from evolforge.flows.evolve import EvolveParams, evolve_flow
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import read_ledger
+from evolforge.testing.lazy import needs
 
-pytest.importorskip("prefect_dask")
-pytestmark = pytest.mark.usefixtures("prefect_harness")
+pytestmark = [pytest.mark.usefixtures("prefect_harness"), needs("prefect_dask")]
 
 
 def _run(tmp_path, server, name, runner):

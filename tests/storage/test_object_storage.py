@@ -25,10 +25,12 @@ from evolforge.storage.journal import CallJournal
 from evolforge.storage.layout import RunLayout
 from evolforge.storage.ledger import LedgerWriter, read_ledger
 from evolforge.storage.parts import read_part, write_table_atomic
+from evolforge.testing.lazy import lazy_module, needs
 from evolforge.testing.net import SERVE_POLL
 from evolforge.testing.s3_server import moto_s3
 
-s3fs = pytest.importorskip("s3fs")
+s3fs = lazy_module("s3fs")  # imported by the tests that use it, not at collection
+pytestmark = needs("s3fs")
 
 
 @pytest.fixture(scope="module")

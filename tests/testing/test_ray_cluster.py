@@ -18,14 +18,14 @@ import pytest
 from evolforge.flows.ppo import PPOParams, ppo_flow
 from evolforge.storage.ppo import PPOLayout, read_jsonl
 from evolforge.tasks.ppo import ray_jobs
+from evolforge.testing.lazy import needs
 from evolforge.testing.ppo_models import (
     one_torch_thread,  # noqa: F401 (autouse fixture)
     shared_reward_models,
     write_evolved,
 )
 
-pytest.importorskip("ray.job_submission")
-pytest.importorskip("prefect_ray")
+pytestmark = needs("ray", "prefect_ray")
 
 
 @pytest.fixture(scope="module")

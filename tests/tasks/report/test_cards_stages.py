@@ -10,11 +10,16 @@ import time
 import httpx
 import polars as pl
 import pytest
-from datasets import load_dataset
 
 from evolforge.storage.cards import read_card
 from evolforge.testing.lazy import lazy_module
 from evolforge.testing.scripted_server import ScriptedServer
+
+datasets = lazy_module("datasets")  # imported by the tests that load a dataset, not at collection
+
+
+def load_dataset(*args, **kwargs):
+    return datasets.load_dataset(*args, **kwargs)
 
 openai = lazy_module("openai")
 

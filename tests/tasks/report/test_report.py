@@ -10,7 +10,6 @@ import json
 import matplotlib.image
 import polars as pl
 import pytest
-from datasets import load_dataset
 
 from evolforge.flows.evolve import EvolveParams, evolve_flow
 from evolforge.flows.reward_data import RewardDataParams, reward_data_flow
@@ -23,6 +22,13 @@ from evolforge.tasks.evolve import report as evolve_report
 from evolforge.tasks.report import plots
 from evolforge.tasks.synthesis import report as synthesis_report
 from evolforge.testing.evolved_runs import TINY_TRAINING, evolve_folder
+from evolforge.testing.lazy import lazy_module
+
+datasets = lazy_module("datasets")  # imported by the tests that load a dataset, not at collection
+
+
+def load_dataset(*args, **kwargs):
+    return datasets.load_dataset(*args, **kwargs)
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -7,16 +7,17 @@
 
 from __future__ import annotations
 
-import datasets
 import polars as pl
 import pyarrow as pa
 import pytest
-from datasets import List, Value
 
 from evolforge.storage import reward_sets as store
 from evolforge.tasks.reward.irm import pairs_from_group
 from evolforge.tasks.reward.scoring import default_base_model, prm_features, separator_id
+from evolforge.testing.lazy import lazy_module
 from evolforge.testing.settings import make_settings
+
+datasets = lazy_module("datasets")  # imported by the tests that load a dataset, not at collection
 
 SETTINGS = make_settings()
 PROMPT = SETTINGS.reward.irm_prompt
@@ -58,8 +59,8 @@ def written(tmp_path_factory):
 
 def test_irm_pairs_in_reward_trainer_form(written):
     ds = datasets.load_dataset("parquet", data_files=str(written.irm_pairs), split="train")
-    assert ds.features["prompt"] == Value("string") and ds.features["chosen"] == Value("string")
-    assert ds.features["rejected"] == Value("string") and ds.features["margin"] == Value("float64")
+    assert ds.features["prompt"] == datasets.Value("string") and ds.features["chosen"] == datasets.Value("string")
+    assert ds.features["rejected"] == datasets.Value("string") and ds.features["margin"] == datasets.Value("float64")
     assert len(ds) == 3 + 1  # 3 versions -> 3 pairs, 2 versions -> 1 pair, the invalid ranking -> none
     for r in ds:
         assert r["prompt"] == PROMPT and r["chosen"] != r["rejected"] and 0 < r["margin"] <= 1
@@ -73,9 +74,9 @@ def test_irm_pairs_in_reward_trainer_form(written):
 
 def test_prm_steps_in_stepwise_supervision_form(written):
     ds = datasets.load_dataset("parquet", data_files=str(written.prm_steps), split="train")
-    assert ds.features["prompt"] == Value("string")
-    assert ds.features["completions"] == List(Value("string")) and ds.features["labels"] == List(Value("bool"))
-    assert ds.features["raw_scores"] == List(Value("float64")) and ds.features["scores"] == List(Value("float64"))
+    assert ds.features["prompt"] == datasets.Value("string")
+    assert ds.features["completions"] == datasets.List(datasets.Value("string")) and ds.features["labels"] == datasets.List(datasets.Value("bool"))
+    assert ds.features["raw_scores"] == datasets.List(datasets.Value("float64")) and ds.features["scores"] == datasets.List(datasets.Value("float64"))
     assert ds["id"] == ["a1", "a2"]  # the rejected answer is not in the training set
     for r in ds:
         assert len(r["completions"]) == len(r["labels"]) == len(r["scores"]) == len(r["raw_scores"]) >= 2
