@@ -77,21 +77,11 @@ def _writer(fd: int, nonce: str):
 
 def _undumpable() -> None:
     try:
-        _prctl()(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    except Exception:  # noqa: BLE001 - best effort: the solution is another uid and PID namespace in bwrap mode
-        pass
-
-
-def _prctl():
-    """libc's prctl, looked up once (a warm worker looks it up before forking its checks: worker._preload)."""
-    if not _PRCTL:
         import ctypes
 
-        _PRCTL.append(ctypes.CDLL(None, use_errno=True).prctl)
-    return _PRCTL[0]
-
-
-_PRCTL: list = []
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - best effort: the solution is another uid and PID namespace in bwrap mode
+        pass
 
 
 def channel_state(ep) -> dict:

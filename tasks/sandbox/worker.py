@@ -72,8 +72,6 @@ SOLUTION_FILE = "solution.py"
 PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 4, 24, 38, 36
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _libc = ctypes.CDLL(None, use_errno=True)
-for _name in ("mount", "unshare", "setns", "prctl", "capset"):  # looked up once here, not in every child
-    getattr(_libc, _name)
 _PID_NS_FD = -1  # the worker's own PID namespace (opened in main): its children's is set back to it
 _SOLUTION_NET_FD = -1  # the network namespace the worker made for its solution processes (main)
 
@@ -123,8 +121,7 @@ def _preload() -> object:
     for name in ("_pytest.assertion.rewrite", "_pytest.python_api", "_pytest.outcomes", "runpy", "traceback",
                  "unittest", "doctest", "pdb", "argparse", "inspect", "typing", "dataclasses", "collections",
                  "re", "json", "math", "itertools", "functools", "threading", "subprocess", "tempfile", "readline",
-                 "resource", "symtable", "pkgutil"):  # every child uses resource (rlimits), every runner symtable
-        # (the bridge's star import), every script runner pkgutil (runpy): ~1.5 ms, ~0.5 ms, ... in each child
+                 "resource"):  # resource: every child sets its rlimits with it (a fresh import costs ~1.5 ms each)
         try:
             importlib.import_module(name)
         except ImportError:
@@ -135,7 +132,6 @@ def _preload() -> object:
         sys.modules[f"_evolforge_{name}"] = module
         spec.loader.exec_module(module)
     harness = sys.modules["_evolforge_harness"]
-    harness._prctl()
     gc.collect()
     gc.freeze()  # children neither scan nor copy (on write) what the worker loaded
     return harness
