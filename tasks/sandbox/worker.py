@@ -20,11 +20,10 @@ the descriptors of the check: stdin, stdout, stderr, the harness's nonce pipe an
 A test check is TWO processes, joined only by two pipes the worker creates (bridge.py):
 - the runner (the tests: harness.main, pytest or a script) gets the test file, the nonce and result pipes;
 - the solution (bridge.serve: imports solution.py, answers calls) gets solution.py and its ends of the two
-  pipes only, forked straight from the worker into a new PID namespace of its own (it is its init: it sees no
-  other process, and every process it forks dies with it), in a network namespace that is not the runner's (no
-  interface but a down loopback: no abstract, unix-in-netns or TCP socket of the runner is reachable; the
-  bridge's pipes are its only link; the worker makes it once for its solutions, which run one at a time, and
-  no process of a check outlives it), with its own uid when root.
+  pipes only, in a new PID namespace of its own (it is its init: it sees no other process, and every
+  process it forks dies with it) and a new network namespace of its own (no interface but a down loopback:
+  no abstract, unix-in-netns or TCP socket of the runner is reachable; the bridge's pipes are its only link),
+  with its own uid when root.
 Each of them, in a child forked from the worker:
 1. starts a new session (its own process group);
 2. unshares a mount and an IPC namespace and mounts fresh size-capped tmpfs on /sandbox, /tmp and
@@ -73,7 +72,6 @@ PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _libc = ctypes.CDLL(None, use_errno=True)
 _PID_NS_FD = -1  # the worker's own PID namespace (opened in main): its children's is set back to it
-_SOLUTION_NET_FD = -1  # the network namespace the worker made for its solution processes (main)
 
 
 class _CapHeader(ctypes.Structure):
@@ -373,10 +371,8 @@ def _own_pid_ns(changed: bool) -> None:
 def _solution_child(job: dict, fds: list[int], solution_fd: int, channel: tuple, new_pid_ns: bool) -> None:
     """The solution process (the init of its own PID namespace). Never returns."""
     try:
-        # not the runner's network namespace (required: no socket of the runner, abstract, unix or TCP, is reachable
-        # from it) but the one the worker made for its solutions: no interface but a down loopback, and no process
-        # of an earlier check left in it (a socket dies with its process); made once, not per check (~1 ms each)
-        _check(_libc.setns(_SOLUTION_NET_FD, CLONE_NEWNET), "enter the solutions' network namespace")
+        # its own network namespace (required: no socket of the runner, abstract, unix or TCP, is reachable from it)
+        _check(_libc.unshare(CLONE_NEWNET), "unshare network")
         _isolate(job, {job.get("solution_file", SOLUTION_FILE): solution_fd}, proc=new_pid_ns)
         _arrange_fds(fds[:3] + list(channel))
         sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "AssertionRewritingHook"]
@@ -454,20 +450,6 @@ def _run_check(job: dict, fds: list[int], harness, template) -> tuple[int, dict]
     return (_status(runner_raw) if runner_raw is not None else 255), state
 
 
-def _solution_network() -> int:
-    """A new network namespace for the solution processes (they join it with setns); the worker stays in its own."""
-    own = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        _check(_libc.unshare(CLONE_NEWNET), "unshare network")
-        made = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        _check(_libc.setns(own, CLONE_NEWNET), "setns back to the worker's network namespace")
-    finally:
-        os.close(own)
-    if os.stat("/proc/self/ns/net").st_ino == os.fstat(made).st_ino:
-        raise RuntimeError("the solutions' network namespace is the worker's")
-    return made
-
-
 def _sweep(me: int) -> bool:
     """Kill and reap every process of the sandbox but pid 1 and this one; True when none is left."""
     for _ in range(50):
@@ -499,9 +481,8 @@ def main(argv: list) -> int:
     _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")
     harness = _preload()
     me = os.getpid()
-    global _PID_NS_FD, _SOLUTION_NET_FD
+    global _PID_NS_FD
     _PID_NS_FD = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-    _SOLUTION_NET_FD = _solution_network()
     _send(sock, {"ready": True, "pid": me})
     buf, templates = bytearray(), {}
     while True:
