@@ -147,37 +147,6 @@ class Verdict:
                    **channel_state(self.ep)})
 
 
-def _iter_tree(node):
-    """Every node of an AST, `node` first (a list, built without recursion or generators): what pytest's
-    assertion rewriter's `traverse_node` yields, in another order, which its one use (filling in missing locations
-    node by node) does not depend on."""
-    import ast
-
-    AST, nodes, stack = ast.AST, [], [node]
-    while stack:
-        n = stack.pop()
-        nodes.append(n)
-        for name in n._fields:
-            v = getattr(n, name, None)
-            if isinstance(v, AST):
-                stack.append(v)
-            elif isinstance(v, list):
-                stack.extend(x for x in v if isinstance(x, AST))
-    return nodes
-
-
-def fast_assertion_rewrite() -> None:
-    """pytest's assertion rewriting walks each rewritten assert with nested generators (most of the ~3.5 ms it takes
-    per HumanEval test file); the same walk without them. Only where pytest has that helper: another pytest keeps
-    its own."""
-    try:
-        from _pytest.assertion import rewrite
-    except ImportError:  # pragma: no cover
-        return
-    if callable(getattr(rewrite, "traverse_node", None)):
-        rewrite.traverse_node = _iter_tree
-
-
 def _hooks(plugin: Verdict):
     """Mark the plugin's hooks for pluggy (done lazily: pytest is imported only when needed)."""
     import pytest
@@ -203,7 +172,6 @@ class PytestTemplate:
         from _pytest.main import Session
 
         os.environ["PYTEST_VERSION"] = pytest.__version__
-        fast_assertion_rewrite()
         args = [*options, test_file]
         self.plugin = _hooks(Verdict())
         initial = get_config(args)
@@ -273,7 +241,6 @@ def main(argv: list, template: PytestTemplate | None = None) -> int:
             return template.run(emit, ep)
         import pytest
 
-        fast_assertion_rewrite()
         plugin = _hooks(Verdict())
         plugin.start(emit, ep)
         return int(pytest.main([*options, test_file], plugins=[plugin]))

@@ -71,7 +71,6 @@ SOLUTION_FILE = "solution.py"
 PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 4, 24, 38, 36
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _libc = ctypes.CDLL(None, use_errno=True)
-_PID_NS_FD = -1  # the worker's own PID namespace (opened in main): its children's is set back to it
 
 
 class _CapHeader(ctypes.Structure):
@@ -118,8 +117,7 @@ def _preload() -> object:
             pass
     for name in ("_pytest.assertion.rewrite", "_pytest.python_api", "_pytest.outcomes", "runpy", "traceback",
                  "unittest", "doctest", "pdb", "argparse", "inspect", "typing", "dataclasses", "collections",
-                 "re", "json", "math", "itertools", "functools", "threading", "subprocess", "tempfile", "readline",
-                 "resource"):  # resource: every child sets its rlimits with it (a fresh import costs ~1.5 ms each)
+                 "re", "json", "math", "itertools", "functools", "threading", "subprocess", "tempfile", "readline"):
         try:
             importlib.import_module(name)
         except ImportError:
@@ -276,12 +274,7 @@ def _isolate(job: dict, files: dict, proc: bool = False) -> None:
         _copy_file(fd, os.path.join(WORKDIR, name))
     os.chdir(WORKDIR)
     sys.path[0] = WORKDIR
-    # the worker's cached finders for the directories a child sees anew (its fresh tmpfs, relative paths); the
-    # rest of the view is the worker's own read-only one (clearing the whole cache cost ~1 ms per child)
-    fresh = tuple(d + "/" for d in FRESH_TMPFS)
-    for key in [k for k in sys.path_importer_cache
-                if not (isinstance(k, str) and k.startswith("/")) or k in FRESH_TMPFS or k.startswith(fresh)]:
-        del sys.path_importer_cache[key]
+    sys.path_importer_cache.clear()
 
 
 def _drop(job: dict, uid) -> None:
@@ -345,34 +338,19 @@ def _runner_child(job: dict, fds: list[int], files: dict, channel: tuple, harnes
     _finish(lambda: harness.main(harness_args, template))
 
 
-def _fork_solution(job: dict, fds: list[int], solution_fd: int, channel: tuple) -> int:
-    """Fork the solution process straight from the worker as the init of a new PID namespace: the worker sets its
-    namespace for children (unshare CLONE_NEWPID), forks, and sets it back to its own at once (setns), so no
-    intermediate process is needed. Returns the solution's pid (in the worker's namespace)."""
-    new_pid_ns = _libc.unshare(CLONE_NEWPID) == 0  # else it still has its own uid, tmpfs, session and network
-    try:
-        pid = os.fork()
-    except BaseException:
-        _own_pid_ns(new_pid_ns)
-        raise
-    if pid == 0:
-        _solution_child(job, fds, solution_fd, channel, new_pid_ns)
-    _own_pid_ns(new_pid_ns)
-    return pid
-
-
-def _own_pid_ns(changed: bool) -> None:
-    """The worker's next children (runners, raw runs) in the worker's own PID namespace again (the worker dies,
-    and the host replaces it, if that fails)."""
-    if changed:
-        _check(_libc.setns(_PID_NS_FD, CLONE_NEWPID), "setns back to the worker's PID namespace")
-
-
-def _solution_child(job: dict, fds: list[int], solution_fd: int, channel: tuple, new_pid_ns: bool) -> None:
-    """The solution process (the init of its own PID namespace). Never returns."""
+def _solution_child(job: dict, fds: list[int], solution_fd: int, channel: tuple, pid_w: int) -> None:
+    """Forks the solution process as the init of a new PID namespace, reports its pid on pid_w, exits."""
     try:
         # its own network namespace (required: no socket of the runner, abstract, unix or TCP, is reachable from it)
         _check(_libc.unshare(CLONE_NEWNET), "unshare network")
+        new_pid_ns = _libc.unshare(CLONE_NEWPID) == 0  # else it still has its own uid, tmpfs and session
+        pid = os.fork()
+    except BaseException as e:  # noqa: BLE001
+        _setup_failed(e)
+    if pid:
+        os.write(pid_w, str(pid).encode())
+        os._exit(0)
+    try:
         _isolate(job, {job.get("solution_file", SOLUTION_FILE): solution_fd}, proc=new_pid_ns)
         _arrange_fds(fds[:3] + list(channel))
         sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "AssertionRewritingHook"]
@@ -423,17 +401,24 @@ def _run_check(job: dict, fds: list[int], harness, template) -> tuple[int, dict]
         return 125, {"alive": False, "status": None, "threads": 0, "children": 0}
     files = dict(zip(names, fds[5:]))
     solution_fd = files.pop(solution_file)
-    to_solution, to_runner = os.pipe(), os.pipe()
-    solution = None
+    to_solution, to_runner, pid_pipe = os.pipe(), os.pipe(), os.pipe()
     try:
         runner = os.fork()
         if runner == 0:
             _runner_child(job, fds, files, (to_runner[0], to_solution[1]), harness, template)
-        solution = _fork_solution(job, fds, solution_fd, (to_solution[0], to_runner[1]))
+        middle = os.fork()
+        if middle == 0:
+            _solution_child(job, fds, solution_fd, (to_solution[0], to_runner[1]), pid_pipe[1])
     finally:
-        for fd in [*fds, *to_solution, *to_runner]:
+        for fd in [*fds, *to_solution, *to_runner, pid_pipe[1]]:
             os.close(fd)
-    runner_raw, solution_status = None, None
+    solution, runner_raw, solution_status = None, None, None
+    try:
+        os.waitpid(middle, 0)
+        text = os.read(pid_pipe[0], 32)
+        solution = int(text) if text.isdigit() else None
+    finally:
+        os.close(pid_pipe[0])
     while runner_raw is None:
         try:
             pid, raw = os.waitpid(-1, 0)
@@ -481,8 +466,6 @@ def main(argv: list) -> int:
     _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")
     harness = _preload()
     me = os.getpid()
-    global _PID_NS_FD
-    _PID_NS_FD = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     _send(sock, {"ready": True, "pid": me})
     buf, templates = bytearray(), {}
     while True:
