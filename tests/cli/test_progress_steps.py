@@ -144,6 +144,7 @@ def test_train_reward_command_shows_optimizer_steps(tmp_path, server, capsys):
 
 
 # ---------------------------------------------------------------------------------------------------- ppo
+@pytest.mark.long("real GRPO steps through the ppo command: 6 to 12 s of CPU measured (load 2 to 4)")
 def test_ppo_command_shows_grpo_steps(tmp_path, capsys):
     import torch
 
