@@ -35,3 +35,24 @@ def assert_same(got, want) -> None:
     assert dropped.drop(floats).equals(want[1].drop(floats))   # same rows, same order, same reasons
     for c in floats:  # float32 vectors computed in other processes may differ in the last bits
         assert (dropped[c] - want[1][c]).abs().fill_null(0).max() < 1e-5, c
+
+
+class BagOfWords:
+    """A deterministic text encoder without a model, for the embedding cascade in tests: each word hashed (crc32)
+    into one of `dim` buckets, the counts normalized."""
+
+    def __init__(self, dim: int = 256, fingerprint: str = "bow"):
+        self.dim, self.fingerprint = dim, fingerprint
+
+    def encode(self, texts):
+        import zlib
+
+        import numpy as np
+
+        from evolforge.tasks.dedup import embedding as emb
+
+        out = np.zeros((len(texts), self.dim), np.float32)
+        for i, t in enumerate(texts):
+            for w in t.lower().split():
+                out[i, zlib.crc32(w.encode()) % self.dim] += 1
+        return emb.normalize_rows(out)

@@ -8,15 +8,13 @@ core into a directly adjacent earlier core and links nothing further.
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 
 from evolforge.config.sections.dedup import DedupSettings
 from evolforge.tasks.dedup import dedup, pipeline
-from evolforge.tasks.dedup import embedding as emb
 from evolforge.tasks.dedup.pipeline import _groups, _leader_groups, leaders
+from evolforge.testing.dedup_decisions import BagOfWords
 
 
 def _reference_leaders(n, pairs, rank):
@@ -91,21 +89,10 @@ def test_keep_best_and_history_decide_the_walk_order():
     assert got == {1: 0}
 
 
-class _Bow:
-    """Bag-of-words encoder (deterministic; the cascade without a model)."""
-
-    dim, fingerprint = 256, "bow"
-
-    def encode(self, texts):
-        out = np.zeros((len(texts), self.dim), np.float32)
-        for i, t in enumerate(texts):
-            for w in t.lower().split():
-                out[i, zlib.crc32(w.encode()) % self.dim] += 1
-        return emb.normalize_rows(out)
 
 
 def test_dedup_does_not_chain_siblings_through_a_shared_neighbour(monkeypatch):
-    enc = _Bow()
+    enc = BagOfWords(256, "bow")
     monkeypatch.setattr(pipeline, "_encoder", lambda kind, s: enc)
     words = "ant bee cat dog eel fox gnu hen ibis jay kiwi lark mole newt owl puma".split()
     a = " ".join(words)
@@ -139,7 +126,7 @@ def test_numbers_substituted_catches_other_quantities_not_typos():
 
 def test_number_guard_keeps_template_siblings_apart(monkeypatch):
     """Hostile: same template, other quantities: the static model scores them alike; the guard keeps both."""
-    enc = _Bow()
+    enc = BagOfWords(256, "bow")
     monkeypatch.setattr(pipeline, "_encoder", lambda kind, s: enc)
     a = "a water tank has a volume of 120 units and loses 15 units every hour how long until it drops below 30 units"
     b = a.replace("120", "300").replace("15 units", "45 units")

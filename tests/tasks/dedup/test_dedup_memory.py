@@ -4,7 +4,6 @@ and the same decisions whether the folder keeps everything in memory, nothing (f
 from __future__ import annotations
 
 import json
-import zlib
 
 import numpy as np
 import pytest
@@ -26,21 +25,8 @@ from evolforge.storage.dedup_work import (
     strings_count,
 )
 from evolforge.tasks.dedup import dedup, dedup_file, pipeline
-from evolforge.tasks.dedup import embedding as emb
+from evolforge.testing.dedup_decisions import BagOfWords
 from evolforge.testing.near_dup_corpus import make_corpus
-
-
-class _Stub:
-    """Both encoders: a hashed bag of words (no model)."""
-
-    dim, fingerprint = 64, "stub"
-
-    def encode(self, texts):
-        out = np.zeros((len(texts), self.dim), np.float32)
-        for i, t in enumerate(texts):
-            for w in t.lower().split():
-                out[i, zlib.crc32(w.encode()) % self.dim] += 1
-        return emb.normalize_rows(out)
 
 
 def _exchange(work: DedupWork) -> dict:
@@ -94,7 +80,7 @@ def test_arrays_past_the_budget_or_the_array_limit_go_to_files(tmp_path, monkeyp
 
 @pytest.mark.parametrize("shards", [1, 3])
 def test_the_same_decisions_in_memory_in_files_and_mixed(tmp_path, monkeypatch, shards):
-    monkeypatch.setattr(pipeline, "_encoder", lambda kind, s: _Stub())
+    monkeypatch.setattr(pipeline, "_encoder", lambda kind, s: BagOfWords(64, "stub"))
     c = make_corpus(400, seed=3)
     scores = [float(i % 7) for i in range(400)]
     s = DedupSettings(shards=shards, keep="best", score_field="score", static_candidate_cosine=0.7, static_accept_cosine=0.9,
@@ -112,7 +98,7 @@ def test_the_same_decisions_in_memory_in_files_and_mixed(tmp_path, monkeypatch, 
 
 
 def test_dedup_file_leaves_no_folder(tmp_path, monkeypatch):
-    monkeypatch.setattr(pipeline, "_encoder", lambda kind, s: _Stub())
+    monkeypatch.setattr(pipeline, "_encoder", lambda kind, s: BagOfWords(64, "stub"))
     inp = tmp_path / "in.jsonl"
     inp.write_text("".join(json.dumps({"text": t}) + "\n" for t in make_corpus(200, seed=1).texts))
     base = tmp_path / "work"
