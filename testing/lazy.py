@@ -48,15 +48,9 @@ def lazy_module(name: str) -> types.ModuleType:
 def needs(*modules: str):
     """A skip mark for tests that need `modules` installed, looked up without importing them (a module-level
     `pytest.importorskip` imports the package in every worker's collection)."""
-    import importlib.util
-
     import pytest
 
-    def found(name: str) -> bool:
-        try:
-            return importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            return False
+    from evolforge.tasks.core.extras import installed
 
-    missing = [m for m in modules if not found(m)]
+    missing = [m for m in modules if not installed(m)]
     return pytest.mark.skipif(bool(missing), reason=f"not installed: {', '.join(missing)}")
