@@ -16,7 +16,8 @@ usage: prompt_tokens about len(messages JSON) / 4, of which `cached` are reporte
 prompt_tokens_details.cached_tokens (2 by default); a stream sends it in a final chunk when
 stream_options.include_usage asks, its chunks `delay` seconds apart. `fault = "cut"` stops a stream after its third
 event without [DONE].
-Every request is kept (`received`: path, headers, body) and every response body (`sent`).
+Every request is kept (`received`: path, headers, body) and every response body sent whole (`sent`); `aborted`
+counts the streams the proxy hung up on before their end.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class ChatUpstream:
         self.fault: str | None = None
         self.sent: list[bytes] = []
         self.received: list[dict] = []
+        self.aborted = 0  # streams cut short because the other side hung up
         self.lock = threading.Lock()
         outer = self
 
@@ -146,6 +148,8 @@ class ChatUpstream:
                         self.wfile.write(f"{len(d):x}\r\n".encode() + d + b"\r\n")
                         self.wfile.flush()
                     except OSError:  # the proxy hung up (its client went away)
+                        with outer.lock:
+                            outer.aborted += 1
                         return
                     time.sleep(outer.delay)
                 with outer.lock:
