@@ -451,6 +451,17 @@ def test_no_module_imports_a_library_of_an_extra_at_module_level():
     assert not bad, f"module-level imports of an extra's library (import it where it is used): {bad}"
 
 
+# Loaded where a plot is drawn, never at module level: importing matplotlib.pyplot costs about 0.4 s, which every command
+# (and every test process) importing a stage's flow, and so its report module, would pay at start.
+DRAWN_LAZILY = ("matplotlib", "mpl_toolkits")
+
+
+def test_no_product_module_imports_matplotlib_at_module_level():
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {mod}" for name, path in FILES.items()
+           for mod, line, top, _ in imports_of(path) if top and mod.split(".")[0] in DRAWN_LAZILY]
+    assert not bad, f"module-level matplotlib imports (use tasks/report/plots.py's plt, drawn lazily): {bad}"
+
+
 def _heavy_loaded_by(argv: list[str]) -> tuple[int, list[str]]:
     """Run `evolforge ARGV` in a fresh interpreter (output discarded): its exit status and the HEAVY_FOR_HELP
     libraries it loaded."""

@@ -11,15 +11,13 @@ table artifact), the plot (pass@1 per benchmark and domain with its interval), t
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-
 from evolforge import __version__
 from evolforge.storage import eval_sets as store
 from evolforge.storage.ledger import read_ledger
 from evolforge.tasks.core.reporting import cost_summary, markdown_table
 from evolforge.tasks.eval.stage import EvalParams
 from evolforge.tasks.report.card import as_yaml, card_cost, card_models
-from evolforge.tasks.report.plots import COLORS, empty_plot, png
+from evolforge.tasks.report.plots import COLORS, empty_plot, plt, png
 
 CARD_KEYS = ("benchmarks", "samples", "k", "temperature", "top_p", "max_new_tokens", "limit", "seed", "math_file",
              "math_template", "humaneval_template")

@@ -19,9 +19,6 @@ from __future__ import annotations
 
 from statistics import mean
 
-import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
-
 from evolforge import __version__
 from evolforge.config.settings import Settings
 from evolforge.storage.fs import AnyPath
@@ -29,7 +26,7 @@ from evolforge.storage.module_sets import ModulesLayout, read_items
 from evolforge.tasks.core.reporting import markdown_table
 from evolforge.tasks.modules.graph import ModuleGraph
 from evolforge.tasks.report.card import as_yaml, card_cost, card_models, common_sections
-from evolforge.tasks.report.plots import COLORS, cost_and_tokens_by_stage, empty_plot, finite, png
+from evolforge.tasks.report.plots import COLORS, cost_and_tokens_by_stage, empty_plot, finite, integer_ticks, plt, png
 
 
 def _reason_key(reason: str) -> str:
@@ -202,7 +199,7 @@ def module_contributions(contributions: dict[str, list[float]]) -> bytes:
         else:
             ax.text(0.5, 0.5, "no contribution", ha="center", va="center", transform=ax.transAxes, color="gray")
             ax.set_title(f"{m[:28]} (n=0)", fontsize=9)
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        integer_ticks(ax.yaxis)
         ax.grid(axis="y", alpha=0.3)
     for k in range(len(mods), rows * cols):
         axes[k // cols][k % cols].set_axis_off()

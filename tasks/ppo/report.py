@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import logging
 
-import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
-
 from evolforge import __version__
 from evolforge.config.settings import RewardSettings
 from evolforge.storage import ppo as store
@@ -29,7 +26,7 @@ from evolforge.tasks.ppo.job import JobPlan
 from evolforge.tasks.ppo.stage import PPOParams
 from evolforge.tasks.ppo.training_health import health_markdown
 from evolforge.tasks.report.card import as_yaml, no_calls_cost
-from evolforge.tasks.report.plots import COLORS, empty_plot, finite, png
+from evolforge.tasks.report.plots import COLORS, empty_plot, finite, integer_ticks, plt, png
 
 
 def summarize(params: PPOParams, evolved, health: dict, counts: dict, job_plan: JobPlan, job: dict | None,
@@ -201,7 +198,7 @@ def grpo_training(steps: list[dict], health: dict | None = None) -> bytes:
         ax.set_title(name, pad=30)
     for ax in (ax_r, ax_k, ax_l):
         ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        integer_ticks(ax.xaxis)
         ax.grid(alpha=0.3)
     fig.suptitle(f"{title}" + (f" ({verdict})" if verdict else ""))
     return png(fig)
@@ -223,7 +220,7 @@ def policy_rewards(initial: list[float], trained: list[float], eval_split: str =
             m = sum(vals) / len(vals)
             ax.axvline(m, color=COLORS[k], lw=1.5, ls="--", label=f"{name} mean {m:.3f}")
     ax.set_xlim(-0.02, 1.02)
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    integer_ticks(ax.yaxis)
     ax.set_xlabel("reward r = rI * rA")
     ax.set_ylabel("prompts")
     ax.set_title(title, pad=34)  # above the two-row legend

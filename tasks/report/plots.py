@@ -7,19 +7,42 @@ from __future__ import annotations
 
 import io
 
-import matplotlib
-
-matplotlib.use("Agg")  # headless: no display, no GUI toolkit
-
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
 DPI = 110
-COLORS = plt.get_cmap("tab10").colors
+# matplotlib's "tab10" palette (the same colours, exactly: to_rgb of each is tab10's value)
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+          "#17becf")
 
 
-def png(fig: Figure) -> bytes:
+def pyplot():
+    """matplotlib.pyplot on the headless Agg backend, imported when the first plot is drawn: importing it takes
+    about 0.4 s, which every command that imports a report module (its stage's flow) would pay at start."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: no display, no GUI toolkit (a no-op once it is the backend)
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
+
+
+class _Pyplot:
+    """`plt` for the report modules: matplotlib.pyplot, imported on first use (see pyplot)."""
+
+    def __getattr__(self, name: str):
+        return getattr(pyplot(), name)
+
+
+plt = _Pyplot()
+
+
+def integer_ticks(axis) -> None:
+    """Whole-number ticks on one axis (ax.xaxis or ax.yaxis)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def png(fig) -> bytes:
+    """A matplotlib Figure as PNG bytes; the figure is closed."""
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png", dpi=DPI)
@@ -90,7 +113,7 @@ def score_histograms(scores: dict[str, list[float]], healthy: tuple[float, float
         else:
             ax.text(0.5, 0.5, "no scores", ha="center", va="center", transform=ax.transAxes, color="gray")
         ax.set_xlim(-0.02, 1.02)
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        integer_ticks(ax.yaxis)
         ax.set_title(f"{name} (n={len(vals)})", pad=24)
         ax.set_xlabel("score")
         ax.set_ylabel("count")
@@ -132,8 +155,8 @@ def hist(ax, values: list[float], name: str, xlabel: str, color, log: bool = Fal
         ax.axvline(mean, color="black", lw=1, ls="--", label=f"mean {mean:.3g}")
         ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
         if integer:
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            integer_ticks(ax.xaxis)
+    integer_ticks(ax.yaxis)
     ax.set_title(f"{name} (n={len(vals)})", pad=20)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("count")

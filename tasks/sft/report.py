@@ -10,15 +10,12 @@ step), the dataset card of data/, and the markdown artifact. Plain functions; fl
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
-
 from evolforge import __version__
 from evolforge.storage import sft_sets as store
 from evolforge.storage.ledger import read_ledger
 from evolforge.tasks.core.reporting import cost_summary, markdown_table
 from evolforge.tasks.report.card import as_yaml, card_cost, card_models
-from evolforge.tasks.report.plots import COLORS, empty_plot, png
+from evolforge.tasks.report.plots import COLORS, empty_plot, integer_ticks, plt, png
 from evolforge.tasks.sft.stage import SFTParams
 
 CARD_KEYS = ("require_steps", "min_steps", "trajectory_min_reward", "trajectory_min_turns", "max_rows", "decontaminate",
@@ -56,7 +53,7 @@ def _series(log: list[dict], key: str, title: str, ylabel: str) -> bytes:
     ax.set_xlabel("optimizer step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    integer_ticks(ax.xaxis)
     ax.grid(alpha=0.3)
     return png(fig)
 

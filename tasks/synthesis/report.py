@@ -10,14 +10,13 @@ markdown summary. Plain functions over the tasks table and the ledger (polars); 
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import polars as pl
 
 from evolforge import __version__
 from evolforge.storage.ledger import known_sum
 from evolforge.tasks.core.reporting import usd
 from evolforge.tasks.report.card import as_yaml, card_cost, card_models, common_sections
-from evolforge.tasks.report.plots import COLORS, cost_and_tokens_by_stage, empty_plot, png
+from evolforge.tasks.report.plots import COLORS, cost_and_tokens_by_stage, empty_plot, plt, png
 
 # ledger stage -> cost phase: the proposal, and the validator's repairs and final check (`validate`; folders written
 # before the validator charged them to `repair` and `solver`)

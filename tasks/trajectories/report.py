@@ -11,11 +11,9 @@ figures (storage/trajectory_sets.call_figures); flows/trajectories.py writes the
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-
 from evolforge import __version__
 from evolforge.tasks.report.card import as_yaml, cell, no_calls_cost
-from evolforge.tasks.report.plots import COLORS, empty_plot, finite, hist, png
+from evolforge.tasks.report.plots import COLORS, empty_plot, finite, hist, plt, png
 
 
 def summary_rows(summary: dict) -> list[dict]:
