@@ -12,6 +12,14 @@ store). The cost the store saves is per file (create, rename, remove: a small de
 files), not per byte: a large dedup in one process keeps its large arrays in memory-mapped files, as before (the
 page cache holds them, not the process), and only its small ones in memory, while a small dedup (an evolve
 round's) makes no file at all. Whether an array is kept or written never changes what is read back.
+
+A store opened with `transient=True` (a dedup without an index: no Index step reads a record's sketches or vectors
+again) also keeps a step's large *transient* arrays, those only the next step reads (save_array(...,
+transient=True): a record shard's MinHash sketches, read once by the Minhash step; its static vectors, read once
+by the Embedding step), within the budget, whatever their size; that reader `release`s them when it has copied
+them into its shared arrays. Such an array is in the process's memory from its making to that release, as its
+memory-mapped file was while the reader read it (the step that makes it holds it whole anyway): the peak is not
+raised, and the write, the page faults of the map and the removal of the file are saved.
 """
 
 from __future__ import annotations
@@ -35,26 +43,37 @@ class Strings(list):
 class MemoryStore:
     """The entries of one in-memory work folder, by path (a file name in the folder's own directory)."""
 
-    def __init__(self, root: str, budget: int):
-        self.root, self.budget, self.used = root, budget, 0
+    def __init__(self, root: str, budget: int, transient: bool = False):
+        self.root, self.budget, self.used, self.transient = root, budget, 0, transient
         self.entries: dict[str, np.ndarray | Strings] = {}
+        self.released: set[str] = set()   # transient entries: `release` drops them
 
-    def reserve(self, nbytes: int) -> bool:
-        """Room for an array of `nbytes` (taken when there is)."""
-        if nbytes > ARRAY_BYTES or self.used + nbytes > self.budget:
+    def reserve(self, nbytes: int, transient: bool = False) -> bool:
+        """Room for an array of `nbytes` (taken when there is); a transient one of any size in a transient store."""
+        if (nbytes > ARRAY_BYTES and not (transient and self.transient)) or self.used + nbytes > self.budget:
             return False
         self.used += nbytes
         return True
 
-    def put_array(self, path: str, a: np.ndarray) -> bool:
+    def put_array(self, path: str, a: np.ndarray, transient: bool = False) -> bool:
         """Keeps `a` (C order, read-only) under `path` when it fits the budget; False when it does not."""
         a = np.ascontiguousarray(a)
-        if not self.reserve(a.nbytes):
+        if not self.reserve(a.nbytes, transient):
             return False
         a = a.view()
         a.flags.writeable = False
         self.entries[path] = a
+        if transient and self.transient:
+            self.released.add(path)
         return True
+
+    def release(self, path: str) -> None:
+        """Drops a transient entry (its one reader is done with it); nothing for any other entry or a file."""
+        if path in self.released:
+            self.released.discard(path)
+            e = self.entries.pop(path, None)
+            if e is not None:
+                self.used -= e.nbytes
 
     def put_strings(self, path: str, strings: list[str]) -> bool:
         kept = Strings(strings)
@@ -69,9 +88,10 @@ class MemoryStore:
                 for p, e in self.entries.items()]
 
 
-def open_store(root: str, budget: int | None = None) -> MemoryStore:
-    """The store of a new in-memory work folder at `root` (a path no other folder uses)."""
-    store = MemoryStore(str(root), BUDGET if budget is None else budget)
+def open_store(root: str, budget: int | None = None, transient: bool = False) -> MemoryStore:
+    """The store of a new in-memory work folder at `root` (a path no other folder uses); `transient`: it keeps
+    transient arrays of any size (see the module docstring)."""
+    store = MemoryStore(str(root), BUDGET if budget is None else budget, transient)
     with _LOCK:
         _STORES[store.root] = store
     return store
@@ -93,6 +113,13 @@ def store_of(path) -> MemoryStore | None:
     if not _STORES:
         return None
     return _STORES.get(os.path.dirname(str(path)))
+
+
+def release(path) -> None:
+    """A transient array's reader is done with it: its store drops it (nothing for a file)."""
+    store = store_of(path)
+    if store is not None:
+        store.release(str(path))
 
 
 def entry(path) -> np.ndarray | Strings | None:

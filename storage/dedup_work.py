@@ -101,16 +101,18 @@ class DedupWork:
         return DedupWork(f"{str(base).rstrip('/')}/{name}" if is_url(base) else Path(base) / name)
 
     @staticmethod
-    def fresh(shard_dir: str, budget: int | None = None) -> "DedupWork":
+    def fresh(shard_dir: str, budget: int | None = None, transient: bool = False) -> "DedupWork":
         """A new, empty folder for one dedup in one process, its small arrays kept in memory up to `budget` bytes
-        (default storage/dedup_memory.py `BUDGET`; 0: files only). Its files (the large arrays, and any beyond the
-        budget) go under `dedup.shard_dir` when that is a local folder, else the system temporary folder; the
-        folder is made on disk only for them. Folders that a killed process left there are removed first."""
+        (default storage/dedup_memory.py `BUDGET`; 0: files only), and with `transient` (no Index step will read
+        the records' sketches or vectors again) its transient arrays of any size (released by their one reader).
+        Its files (the large arrays, and any beyond the budget) go under `dedup.shard_dir` when that is a local
+        folder, else the system temporary folder; the folder is made on disk only for them. Folders that a killed
+        process left there are removed first."""
         base = Path(shard_dir) if shard_dir and not is_url(shard_dir) else Path(tempfile.gettempdir()) / _BASE
         base.mkdir(parents=True, exist_ok=True)
         _remove_orphans(base)
         work = DedupWork(base / f"run-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-        memory.open_store(str(work.root), budget)
+        memory.open_store(str(work.root), budget, transient)
         return work
 
     def step(self, name: str) -> Path:
@@ -300,9 +302,11 @@ def read_json(path: str | Path):
     return json.loads(Path(mirror.local(path)).read_text())
 
 
-def save_array(path: str | Path, a: np.ndarray) -> str:
+def save_array(path: str | Path, a: np.ndarray, transient: bool = False) -> str:
+    """`a` to the .npy file `path` (an in-memory folder may keep it instead; `transient`: only the next step reads
+    it, and releases it: storage/dedup_memory.py)."""
     store = memory.store_of(path)
-    if store is not None and store.put_array(str(path), a):
+    if store is not None and store.put_array(str(path), a, transient):
         return str(path)
     return str(_written(Path(path), lambda tmp: np.save(tmp, np.ascontiguousarray(a), allow_pickle=False), ".npy"))
 
@@ -511,9 +515,16 @@ def load_grouped(folder: str | Path, receiver: int, names: tuple[str, ...],
     return out
 
 
-def save_arrays(folder: str | Path, arrays: dict[str, np.ndarray]) -> dict[str, str]:
+def save_arrays(folder: str | Path, arrays: dict[str, np.ndarray], transient: bool = False) -> dict[str, str]:
     """Each array to folder/<name>.npy; their paths by name."""
-    return {name: save_array(member(folder, name), a) for name, a in arrays.items()}
+    return {name: save_array(member(folder, name), a, transient) for name, a in arrays.items()}
+
+
+def release(*paths: str | Path) -> None:
+    """The one reader of these transient arrays is done with them: an in-memory folder drops them (files stay: a
+    resumed flow may run that reader again)."""
+    for p in paths:
+        memory.release(p)
 
 
 def load_arrays(paths: dict[str, str]) -> dict[str, np.ndarray]:

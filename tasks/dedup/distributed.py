@@ -33,6 +33,8 @@ from evolforge.storage.dedup_work import (
     load_array,
     load_arrays,
     load_named,
+    member,
+    release,
     save_array,
     save_arrays,
     save_grouped,
@@ -206,8 +208,8 @@ def step_prep(env: StepEnv, st: Prep) -> dict:
                                                "keys": keys}, gs.exact_buckets(keys, len(st.bounds)), len(st.bounds),
                      strings={"norms": norms})
     if s.minhash:
-        sk = mh.sketch_many(norms, s)
-        save_arrays(d, {name: getattr(sk, name) for name in SKETCH_ARRAYS})
+        sk = mh.sketch_many(norms, s)   # transient: read once, by the Minhash step (and by Index: not transient then)
+        save_arrays(d, {name: getattr(sk, name) for name in SKETCH_ARRAYS}, transient=True)
     return {"records": len(texts)}
 
 
@@ -230,17 +232,26 @@ def step_minhash(env: StepEnv, st: Minhash) -> dict:
             w[name].append(hist[name])
         w["values"].append(hist["values"][: int(hist["offsets"][-1])])
     block = 1 << 14
-    for p, r in zip(prep, rows):
-        off = p["offsets"]
-        w["signatures"].append(p["signatures"][r])
-        w["band_keys"].append(p["band_keys"][r])
-        keep = np.zeros(len(off) - 1, bool)
-        keep[r] = True
-        for a in range(0, len(keep), block):  # the shingles of the rows alive, a block of rows at a time
-            b = min(a + block, len(keep))
-            if keep[a:b].any():
-                w["values"].append(p["values"][off[a]: off[b]][np.repeat(keep[a:b], np.diff(off[a: b + 1]))])
+    # array by array, shard by shard, a block of rows at a time: no whole-array temporary, and each shard's array
+    # released (an in-memory folder's transient one dropped) as soon as it is copied
+    for name in ("signatures", "band_keys", "values"):
+        for k, (p, r) in enumerate(zip(prep, rows)):
+            a = p.pop(name)
+            if name != "values":
+                for j in range(0, len(r), block):
+                    w[name].append(a[r[j: j + block]])
+            else:
+                off = p["offsets"]
+                keep = np.zeros(len(off) - 1, bool)
+                keep[r] = True
+                for j in range(0, len(keep), block):  # the shingles of the rows alive
+                    b = min(j + block, len(keep))
+                    if keep[j:b].any():
+                        w[name].append(a[off[j]: off[b]][np.repeat(keep[j:b], np.diff(off[j: b + 1]))])
+            del a
+            release(member(work.prep(k), name))
     paths = {k: v.close() for k, v in w.items()}
+    release(*(member(work.prep(k), "offsets") for k in range(len(st.bounds))))
     sizes = np.concatenate([np.zeros(0, np.int64)] + sizes)
     paths.update(save_arrays(d, {"offsets": np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
                                  "is_new": np.arange(L) >= H}))
@@ -262,7 +273,8 @@ def step_embed(env: StepEnv, st: Embed) -> dict:
     r = _alive_rows(env.work, st.alive_step, st.shard)
     texts = env.work.record_strings(st.shard, "texts").take(r)
     E = env.encoder("static", env.s).encode(texts)
-    save_array(env.work.vectors(st.shard), E)
+    # transient when the Embedding step copies it into the shared array (more than one record shard)
+    save_array(env.work.vectors(st.shard), E, transient=len(st.bounds) > 1)
     return {"records": len(r), "dim": int(E.shape[1])}
 
 
@@ -274,10 +286,15 @@ def step_embedding(env: StepEnv, st: Embedding) -> dict:
         [load_array(work.vectors(k)) for k in range(len(st.bounds))]
     L = int(sum(len(v) for v in vec))
     d = work.shared("embedding")
-    w = ArrayWriter(d, "E", (L, st.dim), np.float32)
-    for v in vec:
-        w.append(v)
-    inputs = {"E": w.close()}
+    if not H and len(vec) == 1 and vec[0].dtype == np.float32 and vec[0].shape == (L, st.dim):
+        inputs = {"E": str(work.vectors(0))}   # one record shard, no index: its vectors are the array, as they are
+    else:
+        w = ArrayWriter(d, "E", (L, st.dim), np.float32)
+        for v in vec:
+            w.append(v)
+        inputs = {"E": w.close()}
+        release(*(work.vectors(k) for k in range(len(st.bounds))))
+    del vec
     E = load_array(inputs["E"])
     is_new = np.arange(L) >= H if H else None
     thr = s.static_candidate_cosine

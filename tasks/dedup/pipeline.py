@@ -83,7 +83,7 @@ def dedup(texts: Sequence[str] | Sequence[Mapping], ids: Sequence[str] | None = 
     texts, ids, sc = _inputs(texts, ids, s, scores, text_field)
     if index_dir is not None and s.embedding:
         _encoder("static", s)  # load (or build) the model before taking the lock: others need not wait for it
-    work = DedupWork.fresh(s.shard_dir)
+    work = DedupWork.fresh(s.shard_dir, transient=index_dir is None)  # no Index step: see dedup_memory
     try:
         bounds = write_records(work, ids, texts, sc, s.shards)
         job = DedupJob(records=(len(ids), bounds), index=None if index_dir is None else str(index_dir),
@@ -126,7 +126,7 @@ def dedup_file(path: str | Path, text_field: str, out_dir: str | Path, settings:
     s = settings or DedupSettings()
     if index_dir is not None and s.embedding:
         _encoder("static", s)  # load (or build) the model before taking the lock: others need not wait for it
-    work = DedupWork.fresh(s.shard_dir)
+    work = DedupWork.fresh(s.shard_dir, transient=index_dir is None)  # no Index step: see dedup_memory
     try:
         job = DedupJob(input=str(path), text_field=text_field, id_field=id_field, out=str(out_dir),
                        index=None if index_dir is None else str(index_dir))

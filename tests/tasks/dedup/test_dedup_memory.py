@@ -19,6 +19,7 @@ from evolforge.storage.dedup_work import (
     mapped,
     read_rows,
     read_strings,
+    release,
     save_array,
     save_grouped,
     save_strings,
@@ -105,3 +106,43 @@ def test_dedup_file_leaves_no_folder(tmp_path, monkeypatch):
     out = dedup_file(inp, "text", tmp_path / "out", DedupSettings(shard_dir=str(base), shards=2))
     assert out["kept"] + out["dropped"] == 200 and out["stats"]["work_files"]["prep"] > 0
     assert list(base.iterdir()) == [] and not dedup_memory._STORES
+
+
+def test_a_transient_array_is_kept_whatever_its_size_until_its_reader_releases_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(dedup_memory, "ARRAY_BYTES", 100)
+    work, plain = DedupWork.fresh(str(tmp_path), budget=1000, transient=True), DedupWork.fresh(str(tmp_path), budget=1000)
+    try:
+        big = np.arange(50, dtype=np.int64)   # 400 bytes > ARRAY_BYTES
+        save_array(work.data("t", "big.npy"), big, transient=True)
+        save_array(work.data("t", "small.npy"), big[:5])             # not transient: kept, never released
+        save_array(plain.data("t", "big.npy"), big, transient=True)   # a store without transient arrays: a file
+        assert not work.root.exists() and sorted(p.name for p in plain.root.iterdir()) == ["t.big.npy"]
+        assert load_array(work.data("t", "big.npy")).tolist() == big.tolist()
+        release(work.data("t", "big.npy"), work.data("t", "small.npy"), plain.data("t", "big.npy"))
+        assert dedup_memory.entry(work.data("t", "big.npy")) is None
+        assert load_array(work.data("t", "small.npy")).tolist() == list(range(5))
+        assert load_array(plain.data("t", "big.npy")).tolist() == big.tolist()   # a file stays
+        assert dedup_memory.store_at(work.root).used == 40
+        save_array(work.data("t", "past.npy"), np.zeros(200, np.int64), transient=True)   # past the budget: a file
+        assert work.root.exists() and dedup_memory.entry(work.data("t", "past.npy")) is None
+    finally:
+        work.remove()
+        plain.remove()
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_the_same_decisions_with_transient_arrays_in_memory_and_in_files(tmp_path, monkeypatch, shards):
+    """No index: the sketches and vectors are transient (kept in memory whatever their size, released by their
+    reader); the same decisions as with files only."""
+    monkeypatch.setattr(pipeline, "_encoder", lambda kind, s: BagOfWords(64, "stub"))
+    monkeypatch.setattr(dedup_memory, "ARRAY_BYTES", 64)
+    c = make_corpus(400, seed=5)
+    s = DedupSettings(shards=shards, static_candidate_cosine=0.7, static_accept_cosine=0.9, cosine_threshold=0.8,
+                      ann_exact_below=0)
+    got = []
+    for budget in (1 << 30, 0):
+        monkeypatch.setattr(dedup_memory, "BUDGET", budget)
+        r = dedup(c.texts, [f"r{i}" for i in range(400)], s)
+        got.append((r.kept_ids, r.dropped))
+        assert not dedup_memory._STORES
+    assert got[0] == got[1] and any(d["method"] == "embedding" for d in got[0][1])
