@@ -141,17 +141,19 @@ def decisions(work: DedupWork, ids: list[str], bounds: list, drop_steps: list[st
     """(the kept ids in record order, the dropped records with their reasons: phase by phase, in record order);
     `ids` name the records, the work folder's history the indexed ones."""
     kept = [ids[a + i] for k, (a, _) in enumerate(bounds) for i in _alive_rows(work, alive_step, k).tolist()]
-    drops = [(phase, r) for phase in drop_steps for k in range(len(bounds)) for r in gs.read_drops(work, phase, k)]
+    drops = [(phase, gs.read_drops(work, phase, k)) for phase in drop_steps for k in range(len(bounds))]
     # an indexed record (a negative row) is named from the history's ids, all of them in one take
-    wanted = sorted({-row - 1 for _, r in drops for row in (r["dup_row"], r["matched_row"]) if row < 0})
+    wanted = sorted({-row - 1 for _, c in drops for col in ("dup_row", "matched_row") for row in c[col] if row < 0})
     hist = dict(zip(wanted, PackedStrings(work.history, "ids").take(wanted))) if wanted else {}
 
     def name(row: int) -> str:
         return ids[row] if row >= 0 else hist[-row - 1]
 
-    dropped = [{"id": ids[r["row"]], "duplicate_of": name(r["dup_row"]), "method": phase,
-                "similarity": r["similarity"], "matched_id": name(r["matched_row"]),
-                "matched_similarity": r["matched_similarity"], "detail": r["detail"]} for phase, r in drops]
+    dropped = [{"id": ids[r], "duplicate_of": name(d), "method": phase, "similarity": sim, "matched_id": name(m),
+                "matched_similarity": msim, "detail": detail}
+               for phase, c in drops
+               for r, d, m, sim, msim, detail in zip(c["row"], c["dup_row"], c["matched_row"], c["similarity"],
+                                                     c["matched_similarity"], c["detail"])]
     return kept, dropped
 
 

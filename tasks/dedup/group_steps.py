@@ -304,11 +304,13 @@ def step_collect(env: StepEnv, st: Collect) -> dict:
     return {"dropped": len(t), "alive": int(alive.sum())}
 
 
-def read_drops(work: DedupWork, phase: str, shard: int) -> list[dict]:
-    """Record shard `shard`'s drops by `phase` in record order: row, dup_row, matched_row (record numbers),
-    similarity, matched_similarity, detail."""
+def read_drops(work: DedupWork, phase: str, shard: int) -> dict[str, list]:
+    """Record shard `shard`'s drops by `phase` in record order, by column: row, dup_row, matched_row (record
+    numbers), similarity, matched_similarity, detail. Flat lists of numbers, not a container per drop: a large
+    dedup's process holds many objects, which every collection of the garbage collector that a container per drop
+    set off would walk."""
     t = np.asarray(load_array(work.drops(phase, shard), mmap=False)).reshape(-1, len(_DROP_COLS))
-    ints = t[:, [0, 1, 2, 5]].astype(np.int64).tolist()
-    sims = t[:, [3, 4]].tolist()
-    return [{"row": r, "dup_row": d, "matched_row": m, "similarity": sim, "matched_similarity": msim,
-             "detail": DETAILS[c]} for (r, d, m, c), (sim, msim) in zip(ints, sims)]
+    ints = t[:, [0, 1, 2, 5]].astype(np.int64)
+    return {"row": ints[:, 0].tolist(), "dup_row": ints[:, 1].tolist(), "matched_row": ints[:, 2].tolist(),
+            "similarity": t[:, 3].tolist(), "matched_similarity": t[:, 4].tolist(),
+            "detail": [DETAILS[c] for c in ints[:, 3].tolist()]}
