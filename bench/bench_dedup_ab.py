@@ -13,9 +13,9 @@ what both trees have. Cases, on testing/near_dup_corpus.py's corpus (seed 0; wri
   rounds    10 dedup() calls of n / 100 records each against one growing index (an evolve run's rounds)
   flow-s4   the dedup flow, `dedup.shards` = 4, threads runner (2 workers), one standing Prefect server
 Models are loaded (and the full model run once) before the clock starts. Per run: wall and CPU seconds of the
-timed calls, records/s, and a digest of the decisions (kept ids, dropped rows with their reasons): the two trees
-must decide the same. Writes bench/results/dedup_ab.json with every run, the median per tree and case, and the
-load average before and after.
+timed calls, records/s, the child's peak resident set (VmHWM, MB: models and input included), and a digest of the
+decisions (kept ids, dropped rows with their reasons): the two trees must decide the same. Writes
+bench/results/dedup_ab.json with every run, the median per tree and case, and the load average before and after.
 """
 
 from __future__ import annotations
@@ -90,7 +90,13 @@ def _child(case: str, inp: str, work: Path) -> dict:
         digest, records = _digest(out), n
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"case": case, "records": records, "wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 3),
-            "records_per_s": round(records / wall, 1), "decisions": digest}
+            "records_per_s": round(records / wall, 1), "peak_rss_mb": _peak_rss_mb(), "decisions": digest}
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM), MB."""
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) / 1024 for line in fh if line.startswith("VmHWM:"))
 
 
 def main() -> None:
@@ -141,7 +147,7 @@ def main() -> None:
                     print(json.dumps(r), flush=True)
     runs = result["runs"]
     result["median"] = {case: {tree: {k: statistics.median(r[k] for r in runs if r["case"] == case and r["tree"] == tree)
-                                      for k in ("wall_seconds", "cpu_seconds", "records_per_s")}
+                                      for k in ("wall_seconds", "cpu_seconds", "records_per_s", "peak_rss_mb")}
                                for tree in ("ref", "head")} for case in a.cases.split(",")}
     result["same_decisions"] = {case: len({r["decisions"] for r in runs if r["case"] == case}) == 1
                                 for case in a.cases.split(",")}
