@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from datasketch import LeanMinHash, MinHash
 
 from evolforge.config.sections.dedup import DedupSettings
 
@@ -113,12 +112,16 @@ def empty_sketches(settings: DedupSettings) -> Sketches:
 
 
 def permutations(settings: DedupSettings) -> tuple[np.ndarray, np.ndarray]:
+    from datasketch import MinHash  # here, not at import: datasketch loads scipy and redis (0.4 s)
+
     a, b = MinHash(num_perm=settings.num_perm, seed=settings.seed, scheme="affine32").permutations
     return a.astype(np.uint32), b.astype(np.uint32)
 
 
-def to_lean_minhash(signature: np.ndarray, settings: DedupSettings) -> LeanMinHash:
+def to_lean_minhash(signature: np.ndarray, settings: DedupSettings):
     """A datasketch LeanMinHash of one signature (for interop with datasketch indexes)."""
+    from datasketch import LeanMinHash
+
     return LeanMinHash(seed=settings.seed, hashvalues=np.asarray(signature, dtype=np.uint32), scheme="affine32")
 
 
