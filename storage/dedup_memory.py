@@ -122,6 +122,22 @@ def release(path) -> None:
         store.release(str(path))
 
 
+def take(path) -> np.ndarray | None:
+    """A transient array taken out of its store (the taker is its one reader, and now its owner: writeable when its
+    memory is the step's that made it); None when `path` is not one (a file, or kept under the plain rules)."""
+    store = store_of(path)
+    if store is None or str(path) not in store.released:
+        return None
+    store.released.discard(str(path))
+    a = store.entries.pop(str(path))
+    store.used -= a.nbytes
+    try:
+        a.flags.writeable = True
+    except ValueError:
+        return None
+    return a
+
+
 def entry(path) -> np.ndarray | Strings | None:
     """What an in-memory folder keeps under `path`; None when it is a file (not in memory, or written out)."""
     store = store_of(path)

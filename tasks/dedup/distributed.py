@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from evolforge.config.sections.dedup import DedupSettings
+from evolforge.storage import dedup_memory as memory
 from evolforge.storage.dedup_work import (
     SKETCH_ARRAYS,
     ArrayWriter,
@@ -226,6 +227,13 @@ def step_minhash(env: StepEnv, st: Minhash) -> dict:
     sizes = ([np.diff(hist["offsets"])] if H else []) + [np.diff(p["offsets"])[r] for p, r in zip(prep, rows)]
     total = int(sum(int(z.sum()) for z in sizes))
     d = work.shared("minhash")
+    if not H and len(st.bounds) == 1:
+        own = _owned_sketches(work.prep(0), rows[0])
+        if own is not None:   # one shard, no index, its sketches in memory: they become the shared arrays in place
+            paths = save_arrays(d, {name: getattr(own, name) for name in SKETCH_ARRAYS} | {"is_new": np.ones(L, bool)},
+                                transient=True)
+            return {"records": L, "inputs": paths,
+                    "jobs": [{"bands": list(b)} for b in sh.band_ranges(s.bands, s.shards)]}
     w = {"signatures": ArrayWriter(d, "signatures", (L, s.num_perm), np.uint32),
          "band_keys": ArrayWriter(d, "band_keys", (L, s.bands), np.uint64),
          "values": ArrayWriter(d, "values", (total,), np.uint64)}
@@ -259,6 +267,21 @@ def step_minhash(env: StepEnv, st: Minhash) -> dict:
                                  "is_new": np.arange(L) >= H}))
     return {"records": L, "inputs": paths,
             "jobs": [{"bands": list(b)} for b in sh.band_ranges(s.bands, s.shards)]}
+
+
+def _owned_sketches(prep, rows: np.ndarray) -> mh.Sketches | None:
+    """A record shard's sketches, taken out of an in-memory folder (transient: this step is their one reader) and
+    compacted in place to `rows`, without a second copy; None when they are files (or not all transient)."""
+    taken = {name: memory.take(member(prep, name)) for name in SKETCH_ARRAYS}
+    if any(a is None for a in taken.values()):
+        for name, a in taken.items():   # put back as they were (cannot happen: all four are saved alike)
+            if a is not None:
+                save_array(member(prep, name), a, transient=True)
+        return None
+    sk = mh.Sketches(**taken)
+    del taken
+    sk.compact(rows, shrink=False)
+    return sk
 
 
 def _search_part(env: StepEnv, kind: str, step: str, part: int, inputs: dict, job: dict) -> dict[str, str]:

@@ -29,6 +29,7 @@ from evolforge.storage.dedup_work import (
     load_array,
     load_grouped,
     load_named,
+    release,
     save_array,
     save_arrays,
     save_grouped,
@@ -185,6 +186,9 @@ def step_minhash_group(env: StepEnv, st: MinhashGroup) -> dict:
     offsets, values = load_array(st.inputs["offsets"]), load_array(st.inputs["values"])
     rep_sim = mh.jaccard(offsets, values, np.stack([nodes[g[0]], nodes[g[1]]], 1)) if len(g[0]) else np.zeros(0)
     n = _save_drops(env.work, env.work.group("minhash", st.shard), recs, rec, *g, rep_sim, ["jaccard"] * len(g[0]))
+    if len(st.bounds) == 1:   # the one group step, the shared arrays' last reader: an in-memory folder drops them
+        del offsets, values
+        release(*st.inputs.values())
     return {"dropped": n, "pairs": len(pairs)}
 
 

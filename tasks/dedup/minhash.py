@@ -77,9 +77,10 @@ class Sketches:
                         np.concatenate([p.signatures for p in parts]),
                         np.concatenate([p.band_keys for p in parts]))
 
-    def compact(self, rows: np.ndarray, block: int = 1 << 14) -> None:
+    def compact(self, rows: np.ndarray, block: int = 1 << 14, shrink: bool = True) -> None:
         """Keep only `rows` (strictly ascending), in place: rows move front to back, block by block (a row never
-        moves later, so nothing is overwritten before it is read), then the arrays are shrunk: no second copy."""
+        moves later, so nothing is overwritten before it is read), then the arrays are shrunk (not `shrink`: cut to
+        views of their front): no second copy."""
         rows = np.asarray(rows, dtype=np.int64)
         m = len(rows)
         lens = self.offsets[rows + 1] - self.offsets[rows]
@@ -92,6 +93,9 @@ class Sketches:
             self.band_keys[s: s + len(r)] = self.band_keys[r]
         self.offsets = new_off
         for name, length in (("values", int(new_off[-1])), ("signatures", m), ("band_keys", m)):
+            if not shrink:
+                setattr(self, name, getattr(self, name)[:length])
+                continue
             a = getattr(self, name)
             setattr(self, name, None)  # `a` is now the only reference: ndarray.resize may shrink it in place
             try:
