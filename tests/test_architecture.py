@@ -8,6 +8,7 @@ layer or lower ones. testing/ is a helper for tests and bench and may import any
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -31,9 +32,16 @@ def module_files() -> dict[str, Path]:
     return files
 
 
-def imports_of(path: Path) -> list[tuple[str, int, bool, int]]:
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed once per test process (the checks below walk every file many times)."""
+    return ast.parse(path.read_text(), str(path))
+
+
+@functools.cache
+def imports_of(path: Path) -> tuple[tuple[str, int, bool, int], ...]:
     """(imported module, line, at module level, relative level) for every import in the file."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     top = {id(n) for n in tree.body}
     # a module-level `try: import x except ImportError` still counts as module level
     for node in tree.body:
@@ -48,7 +56,7 @@ def imports_of(path: Path) -> list[tuple[str, int, bool, int]]:
             out.append((mod, node.lineno, id(node) in top, node.level))
             # `from evolforge.tasks import x` imports the submodule x
             out += [(f"{mod}.{a.name}", node.lineno, id(node) in top, node.level) for a in node.names]
-    return out
+    return tuple(out)
 
 
 def layer_of(module: str) -> tuple[str, int]:
@@ -126,8 +134,7 @@ def test_every_stage_is_a_sub_package():
 def test_no_sys_path_edits(folder):
     bad = []
     for path in (ROOT / folder).rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
                     and node.value.id == "sys":
                 bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
@@ -217,7 +224,7 @@ def _names_in(path: Path, words: set[str], stage_modules: set[str]) -> list[str]
     that is a stage's word (split at underscores: check_evolve names evolve). Docstrings do not count."""
     text = path.read_text()
     exempt = {i for i, line in enumerate(text.splitlines(), 1) if "# not a stage" in line}  # a word that is
-    tree = ast.parse(text)                                            # something else there (a TRL metric name)
+    tree = parsed(path)                                               # something else there (a TRL metric name)
     docstrings = {id(n.body[0].value) for n in ast.walk(tree)
                   if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                   and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
@@ -257,7 +264,7 @@ def _flow_bodies() -> dict[str, int]:
     """Lines of every @flow function's body (its docstring left out), by file:function."""
     out = {}
     for path in sorted((ROOT / "flows").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.FunctionDef) and any(
                     (getattr(d, "func", d).id if isinstance(getattr(d, "func", d), ast.Name) else "") == "flow"
                     for d in node.decorator_list):
@@ -323,7 +330,7 @@ def test_quick_tier_is_held_to_a_cpu_budget_and_every_exception_says_why():
     bad = []
     for path in (ROOT / "tests").rglob("*.py"):
         marks, reasoned = {}, set()  # every pytest.mark.long (by node); those called with a reason
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Attribute) and node.attr == "long" and isinstance(node.value, ast.Attribute) \
                     and node.value.attr == "mark":
                 marks[id(node)] = node.lineno
