@@ -1601,17 +1601,26 @@ def serve(rfd, wfd, path):
         with ep.lock:
             cls, args, text, note = policy.error_record(e)
             try:
-                ep.send(("import_error", 0, cls, args, text, note))
-            except NotCrossable:
-                ep.send(("import_error", 0, cls, None, text, note))
+                try:
+                    ep.send(("import_error", 0, cls, args, text, note))
+                except NotCrossable:
+                    ep.send(("import_error", 0, cls, None, text, note))
+            except BrokenPipeError:
+                pass  # the runner is done already (see below)
         _idle(ep)
     names = [n for n in list(vars(module)) if type(n) is str]
     star = getattr(module, "__all__", None)
     if not (isinstance(star, (list, tuple)) and all(type(n) is str for n in star)):
         star = [n for n in names if not n.startswith("_")]
     policy.flush_output()
-    with ep.lock:
-        ep.send(("hello", 0, _AsHandle(module), list(star), names))
+    try:
+        with ep.lock:
+            ep.send(("hello", 0, _AsHandle(module), list(star), names))
+    except BrokenPipeError:
+        # the runner ended before the hello (a test that never used the solution, e.g. a script that only reads
+        # files): it is done, as at EOF; ending here (status 1) failed a correct check whenever the worker looked
+        # at the solution after this and before it was killed
+        _idle(ep)
     try:
         ep.serve_forever()
     except OSError:

@@ -1,0 +1,86 @@
+"""A runner that ends before the solution process said hello (issue 41).
+
+A test that never uses the solution (a script that only reads files, as in test_host_secrets_are_not_readable) can
+end before the solution process has imported solution.py. Its hello then went to a closed pipe, BrokenPipeError
+ended the solution process with status 1, and when the worker looked at it after that (and before killing it) a
+correct check failed: "the solution process ended before the tests were done (exit status 1)", or "(unknown
+status)" when the worker saw it as a zombie. About 1 check in 100 on warm workers at tree 227dd0d and at the
+reverted faster worker (3b9a901), quiet machine. The solution process now waits to be killed, as at EOF.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from evolforge.config.sections.sandbox import SandboxSettings
+from evolforge.tasks.sandbox.run import run_python_tests
+
+HAS_BWRAP = os.access("/usr/bin/bwrap", os.X_OK)
+needs_bwrap = pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap not installed (apt-get install -y bubblewrap)")
+
+READS_FILES = (  # a correct check that never uses the solution: it can end before the solution's hello
+    "import json\nseen = {}\nfor path in ['/proc/1/environ', '/etc/shadow']:\n"
+    "    try:\n        seen[path] = open(path).read()\n    except OSError as e:\n        seen[path] = type(e).__name__\n"
+    "print(json.dumps(seen))\n"
+)
+
+
+def test_solution_process_outlives_a_runner_gone_before_its_hello(tmp_path):
+    """The cause, without the race: bridge.serve with the runner's end of the channel already closed."""
+    (tmp_path / "solution.py").write_text("def add(a, b):\n    return a + b\n")
+    to_solution, to_runner = os.pipe(), os.pipe()
+    os.close(to_runner[0])  # the runner is gone: the hello hits a closed pipe
+    code = ("import sys\nfrom evolforge.tasks.sandbox import bridge\n"
+            f"bridge.serve({to_solution[0]}, {to_runner[1]}, sys.argv[1])\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "solution.py")],
+                            pass_fds=(to_solution[0], to_runner[1]), stderr=subprocess.PIPE)
+    os.close(to_solution[0])
+    os.close(to_runner[1])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None:  # wait until it has imported and said hello
+            try:
+                with open(f"/proc/{proc.pid}/wchan") as f:
+                    if "nanosleep" in f.read():
+                        break
+            except OSError:
+                pass
+            time.sleep(0.02)
+        time.sleep(0.3)
+        assert proc.poll() is None, f"the solution process ended by itself ({proc.returncode}): " \
+                                    f"{proc.stderr.read().decode()[-500:]}"
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(to_solution[1])
+
+
+def _checks(settings, n: int) -> list[str]:
+    failed = []
+    for _ in range(n):
+        r = run_python_tests("", READS_FILES, settings)
+        if not r.passed:
+            failed.append(r.verdict_error or r.stderr[-200:])
+    return failed
+
+
+@needs_bwrap
+@pytest.mark.slow("600 warm-worker checks, half of them under a busy loop per core")
+def test_a_check_that_never_uses_the_solution_passes_every_time():
+    """The race itself: 300 such checks on warm workers on a quiet machine (where it was most frequent) and 300
+    with a busy process per core; every one passes."""
+    settings = SandboxSettings(max_output_bytes=200_000, max_parallel=4, reuse_workers=True)
+    failed = _checks(settings, 300)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        failed += _checks(settings, 300)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert not failed, f"{len(failed)} of 600 correct checks failed: {failed[:3]}"
