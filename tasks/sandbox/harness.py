@@ -77,11 +77,21 @@ def _writer(fd: int, nonce: str):
 
 def _undumpable() -> None:
     try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        _prctl()(PR_SET_DUMPABLE, 0, 0, 0, 0)
     except Exception:  # noqa: BLE001 - best effort: the solution is another uid and PID namespace in bwrap mode
         pass
+
+
+def _prctl():
+    """libc's prctl, looked up once (a warm worker looks it up before forking its checks: worker._preload)."""
+    if not _PRCTL:
+        import ctypes
+
+        _PRCTL.append(ctypes.CDLL(None, use_errno=True).prctl)
+    return _PRCTL[0]
+
+
+_PRCTL: list = []
 
 
 def channel_state(ep) -> dict:
@@ -147,6 +157,37 @@ class Verdict:
                    **channel_state(self.ep)})
 
 
+def _iter_tree(node):
+    """Every node of an AST, `node` first (a list, built without recursion or generators): what pytest's
+    assertion rewriter's `traverse_node` yields, in another order, which its one use (filling in missing locations
+    node by node) does not depend on."""
+    import ast
+
+    AST, nodes, stack = ast.AST, [], [node]
+    while stack:
+        n = stack.pop()
+        nodes.append(n)
+        for name in n._fields:
+            v = getattr(n, name, None)
+            if isinstance(v, AST):
+                stack.append(v)
+            elif isinstance(v, list):
+                stack.extend(x for x in v if isinstance(x, AST))
+    return nodes
+
+
+def fast_assertion_rewrite() -> None:
+    """pytest's assertion rewriting walks each rewritten assert with nested generators (most of the ~3.5 ms it takes
+    per HumanEval test file); the same walk without them. Only where pytest has that helper: another pytest keeps
+    its own."""
+    try:
+        from _pytest.assertion import rewrite
+    except ImportError:  # pragma: no cover
+        return
+    if callable(getattr(rewrite, "traverse_node", None)):
+        rewrite.traverse_node = _iter_tree
+
+
 def _hooks(plugin: Verdict):
     """Mark the plugin's hooks for pluggy (done lazily: pytest is imported only when needed)."""
     import pytest
@@ -172,6 +213,7 @@ class PytestTemplate:
         from _pytest.main import Session
 
         os.environ["PYTEST_VERSION"] = pytest.__version__
+        fast_assertion_rewrite()
         args = [*options, test_file]
         self.plugin = _hooks(Verdict())
         initial = get_config(args)
@@ -241,6 +283,7 @@ def main(argv: list, template: PytestTemplate | None = None) -> int:
             return template.run(emit, ep)
         import pytest
 
+        fast_assertion_rewrite()
         plugin = _hooks(Verdict())
         plugin.start(emit, ep)
         return int(pytest.main([*options, test_file], plugins=[plugin]))

@@ -20,10 +20,11 @@ the descriptors of the check: stdin, stdout, stderr, the harness's nonce pipe an
 A test check is TWO processes, joined only by two pipes the worker creates (bridge.py):
 - the runner (the tests: harness.main, pytest or a script) gets the test file, the nonce and result pipes;
 - the solution (bridge.serve: imports solution.py, answers calls) gets solution.py and its ends of the two
-  pipes only, in a new PID namespace of its own (it is its init: it sees no other process, and every
-  process it forks dies with it) and a new network namespace of its own (no interface but a down loopback:
-  no abstract, unix-in-netns or TCP socket of the runner is reachable; the bridge's pipes are its only link),
-  with its own uid when root.
+  pipes only, forked straight from the worker into a new PID namespace of its own (it is its init: it sees no
+  other process, and every process it forks dies with it), in a network namespace that is not the runner's (no
+  interface but a down loopback: no abstract, unix-in-netns or TCP socket of the runner is reachable; the
+  bridge's pipes are its only link; the worker makes it once for its solutions, which run one at a time, and
+  no process of a check outlives it), with its own uid when root.
 Each of them, in a child forked from the worker:
 1. starts a new session (its own process group);
 2. unshares a mount and an IPC namespace and mounts fresh size-capped tmpfs on /sandbox, /tmp and
@@ -71,6 +72,10 @@ SOLUTION_FILE = "solution.py"
 PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 4, 24, 38, 36
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _libc = ctypes.CDLL(None, use_errno=True)
+for _name in ("mount", "unshare", "setns", "prctl", "capset"):  # looked up once here, not in every child
+    getattr(_libc, _name)
+_PID_NS_FD = -1  # the worker's own PID namespace (opened in main): its children's is set back to it
+_SOLUTION_NET_FD = -1  # the network namespace the worker made for its solution processes (main)
 
 
 class _CapHeader(ctypes.Structure):
@@ -117,7 +122,9 @@ def _preload() -> object:
             pass
     for name in ("_pytest.assertion.rewrite", "_pytest.python_api", "_pytest.outcomes", "runpy", "traceback",
                  "unittest", "doctest", "pdb", "argparse", "inspect", "typing", "dataclasses", "collections",
-                 "re", "json", "math", "itertools", "functools", "threading", "subprocess", "tempfile", "readline"):
+                 "re", "json", "math", "itertools", "functools", "threading", "subprocess", "tempfile", "readline",
+                 "resource", "symtable", "pkgutil"):  # every child uses resource (rlimits), every runner symtable
+        # (the bridge's star import), every script runner pkgutil (runpy): ~1.5 ms, ~0.5 ms, ... in each child
         try:
             importlib.import_module(name)
         except ImportError:
@@ -128,6 +135,7 @@ def _preload() -> object:
         sys.modules[f"_evolforge_{name}"] = module
         spec.loader.exec_module(module)
     harness = sys.modules["_evolforge_harness"]
+    harness._prctl()
     gc.collect()
     gc.freeze()  # children neither scan nor copy (on write) what the worker loaded
     return harness
@@ -274,7 +282,12 @@ def _isolate(job: dict, files: dict, proc: bool = False) -> None:
         _copy_file(fd, os.path.join(WORKDIR, name))
     os.chdir(WORKDIR)
     sys.path[0] = WORKDIR
-    sys.path_importer_cache.clear()
+    # the worker's cached finders for the directories a child sees anew (its fresh tmpfs, relative paths); the
+    # rest of the view is the worker's own read-only one (clearing the whole cache cost ~1 ms per child)
+    fresh = tuple(d + "/" for d in FRESH_TMPFS)
+    for key in [k for k in sys.path_importer_cache
+                if not (isinstance(k, str) and k.startswith("/")) or k in FRESH_TMPFS or k.startswith(fresh)]:
+        del sys.path_importer_cache[key]
 
 
 def _drop(job: dict, uid) -> None:
@@ -338,19 +351,36 @@ def _runner_child(job: dict, fds: list[int], files: dict, channel: tuple, harnes
     _finish(lambda: harness.main(harness_args, template))
 
 
-def _solution_child(job: dict, fds: list[int], solution_fd: int, channel: tuple, pid_w: int) -> None:
-    """Forks the solution process as the init of a new PID namespace, reports its pid on pid_w, exits."""
+def _fork_solution(job: dict, fds: list[int], solution_fd: int, channel: tuple) -> int:
+    """Fork the solution process straight from the worker as the init of a new PID namespace: the worker sets its
+    namespace for children (unshare CLONE_NEWPID), forks, and sets it back to its own at once (setns), so no
+    intermediate process is needed. Returns the solution's pid (in the worker's namespace)."""
+    new_pid_ns = _libc.unshare(CLONE_NEWPID) == 0  # else it still has its own uid, tmpfs, session and network
     try:
-        # its own network namespace (required: no socket of the runner, abstract, unix or TCP, is reachable from it)
-        _check(_libc.unshare(CLONE_NEWNET), "unshare network")
-        new_pid_ns = _libc.unshare(CLONE_NEWPID) == 0  # else it still has its own uid, tmpfs and session
         pid = os.fork()
-    except BaseException as e:  # noqa: BLE001
-        _setup_failed(e)
-    if pid:
-        os.write(pid_w, str(pid).encode())
-        os._exit(0)
+    except BaseException:
+        _own_pid_ns(new_pid_ns)
+        raise
+    if pid == 0:
+        _solution_child(job, fds, solution_fd, channel, new_pid_ns)
+    _own_pid_ns(new_pid_ns)
+    return pid
+
+
+def _own_pid_ns(changed: bool) -> None:
+    """The worker's next children (runners, raw runs) in the worker's own PID namespace again (the worker dies,
+    and the host replaces it, if that fails)."""
+    if changed:
+        _check(_libc.setns(_PID_NS_FD, CLONE_NEWPID), "setns back to the worker's PID namespace")
+
+
+def _solution_child(job: dict, fds: list[int], solution_fd: int, channel: tuple, new_pid_ns: bool) -> None:
+    """The solution process (the init of its own PID namespace). Never returns."""
     try:
+        # not the runner's network namespace (required: no socket of the runner, abstract, unix or TCP, is reachable
+        # from it) but the one the worker made for its solutions: no interface but a down loopback, and no process
+        # of an earlier check left in it (a socket dies with its process); made once, not per check (~1 ms each)
+        _check(_libc.setns(_SOLUTION_NET_FD, CLONE_NEWNET), "enter the solutions' network namespace")
         _isolate(job, {job.get("solution_file", SOLUTION_FILE): solution_fd}, proc=new_pid_ns)
         _arrange_fds(fds[:3] + list(channel))
         sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "AssertionRewritingHook"]
@@ -401,24 +431,17 @@ def _run_check(job: dict, fds: list[int], harness, template) -> tuple[int, dict]
         return 125, {"alive": False, "status": None, "threads": 0, "children": 0}
     files = dict(zip(names, fds[5:]))
     solution_fd = files.pop(solution_file)
-    to_solution, to_runner, pid_pipe = os.pipe(), os.pipe(), os.pipe()
+    to_solution, to_runner = os.pipe(), os.pipe()
+    solution = None
     try:
         runner = os.fork()
         if runner == 0:
             _runner_child(job, fds, files, (to_runner[0], to_solution[1]), harness, template)
-        middle = os.fork()
-        if middle == 0:
-            _solution_child(job, fds, solution_fd, (to_solution[0], to_runner[1]), pid_pipe[1])
+        solution = _fork_solution(job, fds, solution_fd, (to_solution[0], to_runner[1]))
     finally:
-        for fd in [*fds, *to_solution, *to_runner, pid_pipe[1]]:
+        for fd in [*fds, *to_solution, *to_runner]:
             os.close(fd)
-    solution, runner_raw, solution_status = None, None, None
-    try:
-        os.waitpid(middle, 0)
-        text = os.read(pid_pipe[0], 32)
-        solution = int(text) if text.isdigit() else None
-    finally:
-        os.close(pid_pipe[0])
+    runner_raw, solution_status = None, None
     while runner_raw is None:
         try:
             pid, raw = os.waitpid(-1, 0)
@@ -433,6 +456,20 @@ def _run_check(job: dict, fds: list[int], harness, template) -> tuple[int, dict]
     else:
         state = _solution_state(solution, solution_status)
     return (_status(runner_raw) if runner_raw is not None else 255), state
+
+
+def _solution_network() -> int:
+    """A new network namespace for the solution processes (they join it with setns); the worker stays in its own."""
+    own = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _check(_libc.unshare(CLONE_NEWNET), "unshare network")
+        made = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        _check(_libc.setns(own, CLONE_NEWNET), "setns back to the worker's network namespace")
+    finally:
+        os.close(own)
+    if os.stat("/proc/self/ns/net").st_ino == os.fstat(made).st_ino:
+        raise RuntimeError("the solutions' network namespace is the worker's")
+    return made
 
 
 def _sweep(me: int) -> bool:
@@ -466,6 +503,9 @@ def main(argv: list) -> int:
     _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")
     harness = _preload()
     me = os.getpid()
+    global _PID_NS_FD, _SOLUTION_NET_FD
+    _PID_NS_FD = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    _SOLUTION_NET_FD = _solution_network()
     _send(sock, {"ready": True, "pid": me})
     buf, templates = bytearray(), {}
     while True:
