@@ -15,10 +15,9 @@ round's) makes no file at all. Whether an array is kept or written never changes
 
 A store opened with `transient=True` (a dedup without an index: no Index step reads a record's sketches or vectors
 again) also keeps a step's large *transient* arrays, those only the next step reads (save_array(...,
-transient=True): the MinHash sketches of a dedup with one record shard, read once by the Minhash step, which takes
-them and compacts them in place into its shared arrays; the one MinhashGroup step releases those), within the
-budget, whatever their size. (With several record shards the sketches stay files: kept in memory from their Prep
-step to the Minhash step, they raised the 4-shard case's peak by 30-60 MB at 100k records.) Such an array is in the process's memory from its making to that release, as its
+transient=True): a record shard's MinHash sketches, read once by the Minhash step; its static vectors, read once
+by the Embedding step), within the budget, whatever their size; that reader `release`s them when it has copied
+them into its shared arrays. Such an array is in the process's memory from its making to that release, as its
 memory-mapped file was while the reader read it (the step that makes it holds it whole anyway): the peak is not
 raised, and the write, the page faults of the map and the removal of the file are saved.
 """

@@ -43,8 +43,8 @@ its steps read and write, uploading what it writes before the step's marker (sto
 way the arrays are memory-mapped local .npy files. A dedup in one process uses a fresh folder of its own
 (`DedupWork.fresh`), removed when it returns, whose small arrays are kept in memory (storage/dedup_memory.py:
 its steps all run in this process, so they exchange those as arrays, not files; its large ones are files as
-above), and with one record shard and no index its transient arrays too, whatever their size (the sketches, which
-become the Minhash step's shared arrays in place, released by their last reader).
+above), and without an index its transient arrays too, whatever their size (a shard's sketches and vectors, read
+by one step, which releases them; with one shard the sketches become the Minhash step's shared arrays in place).
 """
 
 from __future__ import annotations

@@ -211,10 +211,8 @@ def step_prep(env: StepEnv, st: Prep) -> dict:
                                                "keys": keys}, gs.exact_buckets(keys, len(st.bounds)), len(st.bounds),
                      strings={"norms": norms})
     if s.minhash:
-        sk = mh.sketch_many(norms, s)
-        # with one record shard, transient: read once, by the Minhash step (and by Index: not transient then); with
-        # several, files (kept in memory from their Prep step to the Minhash step, they raised the 4-shard peak)
-        save_arrays(d, {name: getattr(sk, name) for name in SKETCH_ARRAYS}, transient=len(st.bounds) == 1)
+        sk = mh.sketch_many(norms, s)   # transient: read once, by the Minhash step (and by Index: not transient then)
+        save_arrays(d, {name: getattr(sk, name) for name in SKETCH_ARRAYS}, transient=True)
     return {"records": len(texts)}
 
 
@@ -300,7 +298,8 @@ def step_embed(env: StepEnv, st: Embed) -> dict:
     r = _alive_rows(env.work, st.alive_step, st.shard)
     texts = env.work.record_strings(st.shard, "texts").take(r)
     E = env.encoder("static", env.s).encode(texts)
-    save_array(env.work.vectors(st.shard), E)
+    # transient when the Embedding step copies it into the shared array (more than one record shard)
+    save_array(env.work.vectors(st.shard), E, transient=len(st.bounds) > 1)
     return {"records": len(r), "dim": int(E.shape[1])}
 
 
@@ -319,6 +318,7 @@ def step_embedding(env: StepEnv, st: Embedding) -> dict:
         for v in vec:
             w.append(v)
         inputs = {"E": w.close()}
+        release(*(work.vectors(k) for k in range(len(st.bounds))))
     del vec
     E = load_array(inputs["E"])
     is_new = np.arange(L) >= H if H else None

@@ -132,8 +132,9 @@ def test_a_transient_array_is_kept_whatever_its_size_until_its_reader_releases_i
 
 @pytest.mark.parametrize("shards", [1, 3])
 def test_the_same_decisions_with_transient_arrays_in_memory_and_in_files(tmp_path, monkeypatch, shards):
-    """No index: with one shard the sketches are transient (kept in memory whatever their size, compacted in place
-    into the shared arrays, released by their last reader); the same decisions as with files only."""
+    """No index: the sketches and vectors are transient (kept in memory whatever their size, released by their
+    reader; with one shard the sketches become the shared arrays in place); the same decisions as with files
+    only."""
     monkeypatch.setattr(pipeline, "_encoder", lambda kind, s: BagOfWords(64, "stub"))
     monkeypatch.setattr(dedup_memory, "ARRAY_BYTES", 64)
     c = make_corpus(400, seed=5)
