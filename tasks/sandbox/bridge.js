@@ -218,12 +218,23 @@ function loadSolution(file) {
   return { m, lookup };
 }
 
+// A frame to the runner; when the runner is gone (a test that never used the solution can end before its hello),
+// wait to be killed as at EOF: a solution process that ends by itself is judged to have ended early.
+function send(wfd, msg) {
+  try {
+    writeFrame(wfd, msg);
+  } catch (e) {
+    if (e.code === 'EPIPE' || e.code === 'EBADF') idle(wfd);
+    throw e;
+  }
+}
+
 function serve(rfd, wfd, file) {
   let loaded;
   try {
     loaded = loadSolution(file);
   } catch (e) {
-    writeFrame(wfd, { import_error: errorRecord(e) });
+    send(wfd, { import_error: errorRecord(e) });
     idle(wfd);
   }
   const { m, lookup } = loaded;
@@ -243,7 +254,7 @@ function serve(rfd, wfd, file) {
   const mod = exportsOf();
   const kind = typeof mod === 'function' ? 'function' : 'object';
   const keys = mod !== null && typeof mod === 'object' ? keysOf(mod) : [];
-  writeFrame(wfd, { hello: true, kind, keys });
+  send(wfd, { hello: true, kind, keys });
   for (;;) {
     let req;
     try {
@@ -278,7 +289,7 @@ function serve(rfd, wfd, file) {
     } catch (e) {
       answer = errorRecord(e);
     }
-    writeFrame(wfd, answer);
+    send(wfd, answer);
   }
   idle(wfd);
 }

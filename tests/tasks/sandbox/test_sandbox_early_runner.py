@@ -11,6 +11,7 @@ reverted faster worker (3b9a901), quiet machine. The solution process now waits 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -84,3 +85,37 @@ def test_a_check_that_never_uses_the_solution_passes_every_time():
             p.kill()
             p.wait()
     assert not failed, f"{len(failed)} of 600 correct checks failed: {failed[:3]}"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_js_solution_process_outlives_a_runner_gone_before_its_hello(tmp_path):
+    """The same for JavaScript (tasks/sandbox/bridge.js): node throws EPIPE at the hello to a closed pipe, which ended
+    the solution process with status 1; it now waits to be killed, as at EOF."""
+    from importlib.resources import files
+
+    bridge = str(files("evolforge.tasks.sandbox") / "bridge.js")
+    (tmp_path / "solution.js").write_text("function add(a, b) { return a + b; }\nmodule.exports = { add };\n")
+    to_solution, to_runner = os.pipe(), os.pipe()
+    os.close(to_runner[0])  # the runner is gone: the hello hits a closed pipe
+    proc = subprocess.Popen(["node", bridge, "serve", str(to_solution[0]), str(to_runner[1]),
+                             str(tmp_path / "solution.js")],
+                            pass_fds=(to_solution[0], to_runner[1]), stderr=subprocess.PIPE)
+    os.close(to_solution[0])
+    os.close(to_runner[1])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None:  # wait until it has loaded and said hello
+            try:
+                with open(f"/proc/{proc.pid}/wchan") as f:
+                    if "futex" in f.read():
+                        break
+            except OSError:
+                pass
+            time.sleep(0.02)
+        time.sleep(0.5)
+        assert proc.poll() is None, f"the solution process ended by itself ({proc.returncode}): " \
+                                    f"{proc.stderr.read().decode()[-500:]}"
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(to_solution[1])
