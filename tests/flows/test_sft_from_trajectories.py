@@ -72,6 +72,7 @@ def _agent_sessions(url: str) -> dict[str, list[dict]]:
     return sent
 
 
+@pytest.mark.long("trains a tiny policy with torch (the worker's first torch import may land here): 7-11 s of CPU")
 def test_recorded_sessions_train_a_policy_on_their_assistant_turns(tmp_path, capsys):
     rec, traj, sft = tmp_path / "rec", tmp_path / "traj", tmp_path / "sft"
     with AgentUpstream() as up, running_proxy(make_settings(), up.base_url, str(rec)) as url:

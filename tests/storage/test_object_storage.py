@@ -416,6 +416,7 @@ def test_evolve_run_lives_on_s3_resumes_and_matches_a_local_run(tmp_path, server
 
 
 @pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.long("a flow run whose batches fail on S3 and are retried from their checkpoints: 8-10 s of CPU")
 def test_failed_batches_are_retried_from_s3_checkpoints(tmp_path, server, s3):
     url = "s3://evolforge/nightly/run-b"
     server.script("400", "400")  # two records' first call is rejected: their batch holds status=error
