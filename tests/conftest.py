@@ -72,14 +72,14 @@ LONG_FIRST = ("test_object_storage.py", "test_deployment_server.py", "test_sandb
               "test_report.py", "test_cards_stages.py", "test_dedup_retry.py", "test_dedup_flow.py",
               "test_resume_kill.py", "test_prefect_server_reuse.py", "test_progress_steps.py", "test_ray_cluster.py")
 
-# The two tiers. `make test` runs the quick tier: every test that is not marked `slow`, aimed at 5 minutes of wall
-# and 8 of CPU on the 2-core reference machine (BENCHMARKS.md has the measured runs): the unit tests and the
-# integration tests that guard the product's promises (resume without repeated calls, ledger = calls, the sandbox
-# verdict's forgeries, the trust boundaries of the proxy and the sandbox service, the CLI's error table).
-# `make test-all` (EVOLFORGE_SLOW=1) runs both tiers: everything, as CI does. A test leaves the quick tier by `@pytest.mark.slow` in its module or by an entry
-# here: a test module, or a module and a test name (its parametrized cases included), with the reason. What stays
-# in the quick tier is held to a CPU budget per test (evolforge.testing.durations; `@pytest.mark.long("why")` for
-# an exception); tests/test_architecture.py checks that every entry names a test that exists.
+# The two tiers. `make test` runs the quick tier: every test that is not marked `slow`, aimed at 5 minutes of wall and 8
+# of CPU on the 2-core reference machine (BENCHMARKS.md has the measured runs): the unit tests and the integration tests
+# that guard the product's promises (resume without repeated calls, ledger = calls, the sandbox verdict's forgeries, the
+# trust boundaries of the proxy and the sandbox service, the CLI's error table). `make test-all` (EVOLFORGE_SLOW=1) runs
+# both tiers: everything, as CI does. A test leaves the quick tier by `@pytest.mark.slow` in its module or by an entry
+# here: a test module, or a module and a test name (its parametrized cases included), with the reason. What stays in the
+# quick tier is held to a CPU budget per test (evolforge.testing.durations; `@pytest.mark.long("why")` for an
+# exception); tests/test_architecture.py checks that every entry names a test that exists.
 FULL_TIER: dict[str, str] = {
     # CPU seconds: measured on a loaded 2-core machine (BENCHMARKS.md, issue 38)
     "tests/deployments/test_deployment_server.py": "a real Prefect server, deploy and a process worker (~120 s CPU)",
