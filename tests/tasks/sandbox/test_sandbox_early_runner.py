@@ -31,34 +31,41 @@ READS_FILES = (  # a correct check that never uses the solution: it can end befo
 )
 
 
-def test_solution_process_outlives_a_runner_gone_before_its_hello(tmp_path):
-    """The cause, without the race: bridge.serve with the runner's end of the channel already closed."""
-    (tmp_path / "solution.py").write_text("def add(a, b):\n    return a + b\n")
+def _outlives_a_runner_gone_before_its_hello(argv: list[str], waits_in: str, settle: float) -> None:
+    """Start a solution process (`argv`, its "{rfd}" and "{wfd}" filled with the channel's descriptors) whose runner
+    end is already closed, wait until it blocks in `waits_in` (its wait to be killed) and check it is still alive
+    `settle` seconds later."""
     to_solution, to_runner = os.pipe(), os.pipe()
     os.close(to_runner[0])  # the runner is gone: the hello hits a closed pipe
-    code = ("import sys\nfrom evolforge.tasks.sandbox import bridge\n"
-            f"bridge.serve({to_solution[0]}, {to_runner[1]}, sys.argv[1])\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "solution.py")],
-                            pass_fds=(to_solution[0], to_runner[1]), stderr=subprocess.PIPE)
+    argv = [a.format(rfd=to_solution[0], wfd=to_runner[1]) for a in argv]
+    proc = subprocess.Popen(argv, pass_fds=(to_solution[0], to_runner[1]), stderr=subprocess.PIPE)
     os.close(to_solution[0])
     os.close(to_runner[1])
     try:
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and proc.poll() is None:  # wait until it has imported and said hello
+        while time.monotonic() < deadline and proc.poll() is None:  # wait until it has loaded and said hello
             try:
                 with open(f"/proc/{proc.pid}/wchan") as f:
-                    if "nanosleep" in f.read():
+                    if waits_in in f.read():
                         break
             except OSError:
                 pass
             time.sleep(0.02)
-        time.sleep(0.3)
+        time.sleep(settle)
         assert proc.poll() is None, f"the solution process ended by itself ({proc.returncode}): " \
                                     f"{proc.stderr.read().decode()[-500:]}"
     finally:
         proc.kill()
         proc.wait()
         os.close(to_solution[1])
+
+
+def test_solution_process_outlives_a_runner_gone_before_its_hello(tmp_path):
+    """The cause, without the race: bridge.serve with the runner's end of the channel already closed."""
+    (tmp_path / "solution.py").write_text("def add(a, b):\n    return a + b\n")
+    code = "import sys\nfrom evolforge.tasks.sandbox import bridge\nbridge.serve({rfd}, {wfd}, sys.argv[1])\n"
+    _outlives_a_runner_gone_before_its_hello([sys.executable, "-c", code, str(tmp_path / "solution.py")],
+                                             "nanosleep", 0.3)
 
 
 def _checks(settings, n: int) -> list[str]:
@@ -95,27 +102,5 @@ def test_js_solution_process_outlives_a_runner_gone_before_its_hello(tmp_path):
 
     bridge = str(files("evolforge.tasks.sandbox") / "bridge.js")
     (tmp_path / "solution.js").write_text("function add(a, b) { return a + b; }\nmodule.exports = { add };\n")
-    to_solution, to_runner = os.pipe(), os.pipe()
-    os.close(to_runner[0])  # the runner is gone: the hello hits a closed pipe
-    proc = subprocess.Popen(["node", bridge, "serve", str(to_solution[0]), str(to_runner[1]),
-                             str(tmp_path / "solution.js")],
-                            pass_fds=(to_solution[0], to_runner[1]), stderr=subprocess.PIPE)
-    os.close(to_solution[0])
-    os.close(to_runner[1])
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and proc.poll() is None:  # wait until it has loaded and said hello
-            try:
-                with open(f"/proc/{proc.pid}/wchan") as f:
-                    if "futex" in f.read():
-                        break
-            except OSError:
-                pass
-            time.sleep(0.02)
-        time.sleep(0.5)
-        assert proc.poll() is None, f"the solution process ended by itself ({proc.returncode}): " \
-                                    f"{proc.stderr.read().decode()[-500:]}"
-    finally:
-        proc.kill()
-        proc.wait()
-        os.close(to_solution[1])
+    _outlives_a_runner_gone_before_its_hello(["node", bridge, "serve", "{rfd}", "{wfd}", str(tmp_path / "solution.js")],
+                                             "futex", 0.5)
