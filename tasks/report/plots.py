@@ -5,6 +5,7 @@ Every plot is drawn even without data (a figure saying so), so a stage always wr
 
 from __future__ import annotations
 
+import functools
 import io
 
 DPI = 110
@@ -13,12 +14,13 @@ COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e3
           "#17becf")
 
 
+@functools.cache
 def pyplot():
     """matplotlib.pyplot on the headless Agg backend, imported when the first plot is drawn: importing it takes
     about 0.4 s, which every command that imports a report module (its stage's flow) would pay at start."""
     import matplotlib
 
-    matplotlib.use("Agg")  # headless: no display, no GUI toolkit (a no-op once it is the backend)
+    matplotlib.use("Agg")  # headless: no display, no GUI toolkit
     import matplotlib.pyplot
 
     return matplotlib.pyplot
