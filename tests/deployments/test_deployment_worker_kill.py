@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,13 +40,42 @@ LATENCY = 0.4
 MIN_JOURNALED = 4  # kill once unfinished batches hold this many journaled calls (and one batch is finished)
 
 
-def _unique_replies(srv: ScriptedServer) -> None:
+class _Gate:
+    """Holds the server's replies while the test looks at (and kills) the run, so no batch can finish between
+    the check and the kill. `release(drop=True)` closes the held connections unanswered (their client is dead)."""
+
+    def __init__(self):
+        self._open = threading.Event()
+        self._open.set()
+        self.drop = False
+
+    def hold(self) -> None:
+        self.drop = False
+        self._open.clear()
+
+    def release(self, drop: bool = False) -> None:
+        self.drop = drop
+        self._open.set()
+
+    def wait(self) -> bool:
+        """Block while held; True when the held reply is to be dropped."""
+        if self._open.is_set():
+            return False
+        self._open.wait()
+        return self.drop
+
+
+def _unique_replies(srv: ScriptedServer, gate: _Gate) -> None:
     """Make every reply text unique per prompt (the judge's 'Not Equal' gets the prompt's hash), and log it
-    on the request entry, so a journaled response can be matched to the request that produced it."""
+    on the request entry, so a journaled response can be matched to the request that produced it. Replies
+    wait at `gate` while it is held."""
     base = srv.httpd.RequestHandlerClass
 
     class Handler(base):
         def _act(self, action, body, entry):
+            if gate.wait():
+                entry["action"] = "dropped"
+                return super()._act("close", body, entry)
             if action == "ok":
                 msgs = body.get("messages") or [{}]
                 prompt = str(msgs[-1].get("content", ""))
@@ -151,28 +181,38 @@ def test_worker_sigkill_mid_batch_then_rerun(prefect_server, tmp_path):  # noqa:
     lay = RunLayout(out)
     wlog = tmp_path / "worker.log"
     workers: list[subprocess.Popen] = []
+    gate = _Gate()
     try:
         with ScriptedServer(latency=LATENCY) as srv:
-            _unique_replies(srv)
+            _unique_replies(srv, gate)
             params = {"seeds": str(seeds), "out": str(out), "rounds": 1, "base_url": srv.base_url,
                       "overrides": {"evol_instruct": {"batch_size": BATCH, "concurrency": 2},
                                     "runner": {"max_workers": 2}, "gateway": {"concurrency": 8}}}
             workers.append(_start_worker(env, wlog))
             run_id = _deployment_run(env, params)
 
-            # wait until the run is mid-round: a batch finished and an unfinished batch has journaled calls
-            deadline = time.time() + 400
-            while True:
+            def mid_round() -> bool:
                 done = _finished_batches(lay) if (lay.round_dir(1) / "parts").exists() else set()
                 journal = _journal_texts(lay) if (lay.round_dir(1) / "journal").exists() else {}
-                if done and sum(len(t) for b, t in journal.items() if b not in done) >= MIN_JOURNALED:
-                    break
+                return bool(done) and sum(len(t) for b, t in journal.items() if b not in done) >= MIN_JOURNALED
+
+            # wait until the run is mid-round: a batch finished and an unfinished batch has journaled calls. Then
+            # hold the server's replies, let the replies already sent land, and check again: with nothing
+            # answered, no batch can finish between this check and the kill.
+            deadline = time.time() + 400
+            while True:
+                if mid_round():
+                    gate.hold()
+                    time.sleep(1.0)
+                    if mid_round():
+                        break
+                    gate.release()
                 st = _state(api, run_id)
                 assert st not in TERMINAL, \
                     f"run ended ({st}) before it could be killed:\n" + wlog.read_text()[-4000:]
                 assert workers[0].poll() is None, "worker died on its own:\n" + wlog.read_text()[-4000:]
                 assert time.time() < deadline, (f"no finished batch with journaled work in flight after 400 s "
-                                                f"(run {st}, parts {sorted(done)}):\n" + wlog.read_text()[-4000:])
+                                                f"(run {st}):\n" + wlog.read_text()[-4000:])
                 time.sleep(0.1)
 
             # SIGKILL the worker mid-batch, with the flow-run process it spawned. Prefect's process worker starts
@@ -195,6 +235,7 @@ def test_worker_sigkill_mid_batch_then_rerun(prefect_server, tmp_path):  # noqa:
                 os.kill(p, signal.SIGKILL)
             assert not left, f"processes survived the SIGKILL of the worker's process groups {groups}: {left}"
 
+            gate.release(drop=True)  # the held requests' client is dead: close them unanswered
             before = srv.posts()
             done_at_kill = _finished_batches(lay)
             journal_at_kill = _journal_texts(lay)
@@ -223,6 +264,7 @@ def test_worker_sigkill_mid_batch_then_rerun(prefect_server, tmp_path):  # noqa:
             assert final_state == "COMPLETED", f"rerun {final_state}:\n" + wlog.read_text()[-5000:]
             after = srv.posts()[len(before):]
     finally:
+        gate.release(drop=True)
         for w in workers:
             _stop(w)
 
