@@ -25,6 +25,7 @@
 - plots:           where a stage's PNG plots go (OUT/plots/<name>.png).
 - cards:           dataset cards (README.md: configs, features, sizes, lineage, settings, models, cost) and the
                    SFT view of an evolved dataset.
+- hf_features:     a parquet schema's `features` for a card, by the rules of `datasets.Features` (without importing it).
 - chain:         the nightly chain's folders: where each downstream stage of a night writes when the deployments chain
                  it.
 - dedup_memory:  a dedup work folder kept in memory, up to a budget (a dedup in one process).

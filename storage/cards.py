@@ -20,9 +20,9 @@ file is ignored, whatever its name. That holds for the synthesis (tasks), reward
 and trajectories (transitions) folders; an evolve run's dataset/ holds only tables and its SFT view
 sft/train.parquet, the PPO data/ train.parquet and test.parquet (both by the second rule). The other tables
 load by config name: `datasets` reads the card's configs when given the folder itself.
-The header also carries `dataset_info` (each config's features and row count, from the parquet schema through
-`datasets.Features`, so it always matches the files), `size_categories`, and an `evolforge:` block with the
-lineage, generation settings, models and cost the body shows.
+The header also carries `dataset_info` (each config's features and row count, from the parquet schema by the
+rules of `datasets.Features` (storage/hf_features.py), so it always matches the files), `size_categories`, and
+an `evolforge:` block with the lineage, generation settings, models and cost the body shows.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import yaml
 
 from evolforge.storage.fs import AnyPath, exists, parquet_file, read_parquet, read_text, write_text_atomic
+from evolforge.storage.hf_features import features_yaml
 
 CARD = "README.md"
 MAIN_TABLE = ("data", "train-00000-of-00001.parquet")  # what data_dir loads as split "train" (see above)
@@ -55,17 +56,14 @@ def _size_category(n: int) -> str:
 
 def _config_info(name: str, splits: dict[str, AnyPath]) -> tuple[dict, dict]:
     """(the table's `dataset_info` entry, its size facts) from the parquet footers of its split files."""
-    from datasets import Features  # lazy: datasets imports in ~1 s
-
     schema = parquet_file(next(iter(splits.values()))).schema_arrow
-    features = Features.from_arrow_schema(schema)
     split_infos = []
     for split, path in splits.items():
         meta = parquet_file(path).metadata
         n_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         split_infos.append({"name": split, "num_bytes": n_bytes, "num_examples": meta.num_rows})
     n_bytes = sum(s["num_bytes"] for s in split_infos)
-    info = {"config_name": name, "features": features._to_yaml_list(), "splits": split_infos, "dataset_size": n_bytes}
+    info = {"config_name": name, "features": features_yaml(schema), "splits": split_infos, "dataset_size": n_bytes}
     return info, {"rows": sum(s["num_examples"] for s in split_infos), "bytes": n_bytes, "columns": schema.names,
                   "splits": {s["name"]: s["num_examples"] for s in split_infos}}
 

@@ -189,8 +189,8 @@ def test_ruff_finds_no_unused_or_undefined_names_and_sorted_imports():
 
 # The shared code names no stage: the CLI, status, the deployments and the pipeline iterate over the stage registry
 # (tasks/core/stages.py). Storage modules outside this list are some stage's own (layout/rounds: evolve, ...).
-SHARED_STORAGE = {"fs", "folder", "status", "cards", "datasets", "inputs", "journal", "ledger", "locks", "logs",
-                  "parts", "plots", "schemas", "__init__"}
+SHARED_STORAGE = {"fs", "folder", "status", "cards", "hf_features", "datasets", "inputs", "journal", "ledger", "locks",
+                  "logs", "parts", "plots", "schemas", "__init__"}
 
 
 def _stage_words() -> set[str]:
