@@ -1,7 +1,10 @@
 """Whole-command throughput: `evolforge run` against distilabel's EvolInstruct, side by side, same endpoint.
 
     flock /tmp/evolforge-bench.lock .venv/bin/python bench/bench_distilabel.py [--sizes 2000,10000] [--repeat 2]
-        [--concurrency 50]                                                   # bench/results/distilabel.json
+        [--concurrency 50] [--ref COMMIT] [--out bench/results/distilabel.json]
+
+With `--ref`, a third side runs the same command from another commit (testing/ref_tree.py), in the same
+rotation: this checkout against its past and against distilabel in one run.
 
 Both sides evolve every item once (one evolution per item), with no answers and no judge, against the same
 testing/instant_server.py (answers at once, so the pipelines themselves are measured), and are timed from
@@ -14,6 +17,11 @@ spawning the command to its exit (start-up, reading the input and writing the ou
               line per HTTP request).
   evolforge   `evolforge run --rounds 1` with evol_instruct.answer = false, equal_check = false,
               dedup_each_round = false: one evolve call per item, plus the run's one pre-flight probe call.
+
+Each evolforge run also reports where its time went, from its own ledger's timestamps: `to_first_call_s`
+(process start to the pre-flight probe: imports, settings, the Prefect server, the flow run), `calls_s` (the
+first to the last call's end) and `after_last_call_s` (the last call to the process's exit: the final datasets,
+card, plots, summary, the flow run's end). `cpu_s` is the command's user + system CPU (its process tree).
 
 Concurrency is the same on both sides: `--concurrency` calls in flight. distilabel's OpenAILLM sends a whole
 input batch at once (asyncio.gather), so its input_batch_size (and the loader's batch_size) is the concurrency;
@@ -28,8 +36,10 @@ also has one unmeasured 20-item run first (bytecode caches). The server is stopp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -39,6 +49,7 @@ import time
 from pathlib import Path
 
 from evolforge.testing.net import free_port, wait_up
+from evolforge.testing.ref_tree import ref_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,22 +134,39 @@ def run_distilabel(python: str, script: Path, seeds: Path, base_url: str, concur
     return {"wall_s": round(wall, 3), "rows": out["rows"], "evolved": out["evolved"]}
 
 
-def run_evolforge(seeds: Path, base_url: str, config: Path, home: Path, work: Path, tag: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "OPENAI_API_KEY", "EVOLFORGE_API_KEY")}
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_evolforge(seeds: Path, base_url: str, config: Path, home: Path, work: Path, tag: str,
+                  pythonpath: str | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PREFECT_API_URL", "OPENAI_API_KEY", "EVOLFORGE_API_KEY", "PYTHONPATH")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    if pythonpath:  # another commit's tree shadows this checkout's editable install
+        env["PYTHONPATH"] = pythonpath
     out = work / f"evolforge-{tag}"
     log = work / f"evolforge-{tag}.log"
+    cpu0 = _children_cpu()
     t0 = time.time()
     with open(log, "w") as f:
         r = subprocess.run([str(ROOT / ".venv" / "bin" / "evolforge"), "run", "--seeds", str(seeds), "--out", str(out),
                             "--rounds", "1", "--base-url", base_url, "--config", str(config)],
                            env=env, stdout=f, stderr=subprocess.STDOUT, cwd=work)
-    wall = time.time() - t0
+    t1 = time.time()
+    cpu = _children_cpu() - cpu0
     if r.returncode != 0:
         sys.exit(f"evolforge failed ({log}):\n{log.read_text()[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())
     rnd = summary["rounds"][0]
-    return {"wall_s": round(wall, 3), "rows": rnd["attempts"], "evolved": rnd["accepted"]}
+    calls = sorted((row["ts"], row["latency_s"]) for f in (out / "ledger").rglob("*.jsonl")
+                   for line in f.read_bytes().splitlines() if line.strip() for row in [json.loads(line)])
+    first = calls[0][0] - calls[0][1]  # ts is when a call ended
+    last = max(ts for ts, _ in calls)
+    return {"wall_s": round(t1 - t0, 3), "cpu_s": round(cpu, 2), "rows": rnd["attempts"], "evolved": rnd["accepted"],
+            "to_first_call_s": round(first - t0, 2), "calls_s": round(last - first, 2),
+            "after_last_call_s": round(t1 - last, 2)}
 
 
 def main() -> None:
@@ -146,6 +174,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="2000,10000")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=50)
+    ap.add_argument("--ref", help="also run evolforge from this commit (side 'evolforge-ref'), in the same rotation")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "distilabel.json"))
     a = ap.parse_args()
     from evolforge.testing.distilabel_env import ensure_distilabel_env
 
@@ -165,48 +195,63 @@ def main() -> None:
     base_url = f"http://127.0.0.1:{port}/v1"
     counter = Counter(server, count_file)
     sizes = [int(x) for x in a.sizes.split(",")]
-    runs: dict[int, dict[str, list[dict]]] = {n: {"distilabel": [], "evolforge": []} for n in sizes}
-    try:
-        wait_up(f"{base_url}/models")
-        warm = work / "seeds-20.jsonl"
-        write_seeds(warm, 20)
-        run_evolforge(warm, base_url, config, home, work, "warmup")  # starts the reused Prefect server (unmeasured)
-        run_distilabel(dl_env.python, script, warm, base_url, a.concurrency, work, "warmup")
-        turn = 0
-        for n in sizes:
-            seeds = work / f"seeds-{n}.jsonl"
-            write_seeds(seeds, n)
-            for i in range(a.repeat):
-                order = ("distilabel", "evolforge") if turn % 2 == 0 else ("evolforge", "distilabel")
-                turn += 1
-                for side in order:
-                    before = counter.read()
-                    load = os.getloadavg()[0]
-                    if side == "distilabel":
-                        r = run_distilabel(dl_env.python, script, seeds, base_url, a.concurrency, work, f"{n}-{i}")
-                    else:
-                        r = run_evolforge(seeds, base_url, config, home, work, f"{n}-{i}")
-                    r.update(calls=counter.read() - before, items_per_s=round(n / r["wall_s"], 1),
-                             load_1m_at_start=round(load, 2))
-                    runs[n][side].append(r)
-                    print(json.dumps({"items": n, "side": side, "repeat": i, **r}), flush=True)
-    finally:
-        subprocess.run([str(ROOT / ".venv" / "bin" / "evolforge"), "server", "stop"],
-                       env={**os.environ, "PREFECT_HOME": str(home)}, capture_output=True)
-        server.terminate()
+    sides = ["distilabel", "evolforge"] + (["evolforge-ref"] if a.ref else [])
+    runs: dict[int, dict[str, list[dict]]] = {n: {side: [] for side in sides} for n in sizes}
+    head_rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()
+    with contextlib.ExitStack() as stack:
+        ref_path = stack.enter_context(ref_tree(a.ref, work))[1] if a.ref else None
+        try:
+            wait_up(f"{base_url}/models")
+            warm = work / "seeds-20.jsonl"
+            write_seeds(warm, 20)
+            run_evolforge(warm, base_url, config, home, work, "warmup")  # starts the reused Prefect server
+            if ref_path:
+                run_evolforge(warm, base_url, config, home, work, "warmup-ref", ref_path)
+            run_distilabel(dl_env.python, script, warm, base_url, a.concurrency, work, "warmup")
+            turn = 0
+            for n in sizes:
+                seeds = work / f"seeds-{n}.jsonl"
+                write_seeds(seeds, n)
+                for i in range(a.repeat):
+                    order = sides[turn % len(sides):] + sides[:turn % len(sides)]  # the first side rotates
+                    turn += 1
+                    for side in order:
+                        before = counter.read()
+                        load = os.getloadavg()[0]
+                        if side == "distilabel":
+                            r = run_distilabel(dl_env.python, script, seeds, base_url, a.concurrency, work,
+                                               f"{n}-{i}")
+                        else:
+                            r = run_evolforge(seeds, base_url, config, home, work, f"{n}-{i}-{side}",
+                                              ref_path if side == "evolforge-ref" else None)
+                        r.update(calls=counter.read() - before, items_per_s=round(n / r["wall_s"], 1),
+                                 load_1m_at_start=round(load, 2))
+                        runs[n][side].append(r)
+                        print(json.dumps({"items": n, "side": side, "repeat": i, **r}), flush=True)
+        finally:
+            subprocess.run([sys.executable, "-m", "evolforge.cli", "server", "stop"],
+                           env={**os.environ, "PREFECT_HOME": str(home)}, capture_output=True)
+            server.terminate()
     table = []
     for n in sizes:
         med = {side: statistics.median(r["wall_s"] for r in v) for side, v in runs[n].items()}
-        table.append({"items": n, **{f"{side}_wall_s": round(s, 2) for side, s in med.items()},
-                      **{f"{side}_items_per_s": round(n / s, 1) for side, s in med.items()},
-                      **{f"{side}_calls": runs[n][side][0]["calls"] for side in med},
-                      "ratio_evolforge_over_distilabel": round(med["distilabel"] / med["evolforge"], 2)})
-    result = {"distilabel": dl_env.version, "concurrency": a.concurrency, "repeat": a.repeat, "table": table,
-              "runs": {str(n): v for n, v in runs.items()}, "load_avg_start": load_start,
-              "load_avg_end": os.getloadavg()}
+        row = {"items": n, **{f"{side}_wall_s": round(s, 2) for side, s in med.items()},
+               **{f"{side}_items_per_s": round(n / s, 1) for side, s in med.items()},
+               **{f"{side}_calls": runs[n][side][0]["calls"] for side in med},
+               "ratio_evolforge_over_distilabel": round(med["distilabel"] / med["evolforge"], 2)}
+        for side in sides[1:]:
+            for k in ("cpu_s", "to_first_call_s", "calls_s", "after_last_call_s"):
+                row[f"{side}_{k}"] = round(statistics.median(r[k] for r in runs[n][side]), 2)
+        if a.ref:
+            row["ratio_ref_over_distilabel"] = round(med["distilabel"] / med["evolforge-ref"], 2)
+        table.append(row)
+    result = {"distilabel": dl_env.version, "head": head_rev, "ref": a.ref, "concurrency": a.concurrency,
+              "repeat": a.repeat, "table": table, "runs": {str(n): v for n, v in runs.items()},
+              "load_avg_start": load_start, "load_avg_end": os.getloadavg()}
     print(json.dumps(table, indent=2))
-    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "bench" / "results" / "distilabel.json").write_text(json.dumps(result, indent=2))
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
