@@ -16,4 +16,5 @@
 - hub_server:       a scripted Hugging Face Hub on loopback (repo create, card check, commit of small files).
 - proxy_records:    wait_for_records(layout, n): the recording proxy's records once written (after the reply).
 - ref_tree:         another commit's code importable as evolforge (a git worktree), for side-by-side benchmarks.
+- tokenizer_share:  the embedded model's tokenizer converted from its GGUF once per machine for test processes.
 """

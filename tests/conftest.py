@@ -299,6 +299,25 @@ def pytest_xdist_make_scheduler(config, log):
     return GroupsFileScheduling(config, log)
 
 
+_TOKENIZER: list = []  # the embedded model's tokenizer, shared per machine (evolforge.testing.tokenizer_share)
+
+
+def pytest_runtest_setup(item):
+    """Before a process's first test: its temporary folder gets the embedded model's tokenizer as converted by an
+    earlier test process (the product caches the conversion in the temporary folder, one per test process here)."""
+    if not _TOKENIZER:
+        from evolforge.testing.tokenizer_share import TokenizerShare
+
+        _TOKENIZER.append(TokenizerShare())
+        _TOKENIZER[0].fill()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """After a test that converted the tokenizer: the conversion is kept for the next test processes."""
+    if _TOKENIZER and _TOKENIZER[0].keep():
+        _TOKENIZER[0].shared = None  # kept: not checked again
+
+
 @pytest.fixture
 def server():
     with ScriptedServer(hang_seconds=3.0) as srv:
