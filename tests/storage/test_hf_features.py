@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from datasets import Features
 
 from evolforge.storage.hf_features import features_yaml
+from evolforge.testing.lazy import lazy_module
+
+datasets = lazy_module("datasets")  # imported by the first test, not by every worker's collection (~1.2 s of CPU)
 
 PRIMITIVES = [pa.null(), pa.bool_(), pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(),
               pa.uint32(), pa.uint64(), pa.float16(), pa.float32(), pa.float64(), pa.string(), pa.large_string(),
@@ -28,7 +30,7 @@ TYPES = PRIMITIVES + [n for t in (pa.string(), pa.int64(), pa.float32(), pa.bool
 @pytest.mark.parametrize("t", TYPES, ids=str)
 def test_same_as_datasets(t):
     schema = pa.schema([("col", t), ("id", pa.string())])
-    assert features_yaml(schema) == Features.from_arrow_schema(schema)._to_yaml_list()
+    assert features_yaml(schema) == datasets.Features.from_arrow_schema(schema)._to_yaml_list()
 
 
 def test_every_table_schema_of_a_card_matches():
@@ -36,7 +38,7 @@ def test_every_table_schema_of_a_card_matches():
     schema = pa.schema([("id", pa.large_string()), ("reward", pa.float64()), ("round", pa.int64()),
                         ("steps", pa.list_(pa.struct([("text", pa.string()), ("label", pa.int8())]))),
                         ("meta", pa.struct([("model", pa.string()), ("tokens", pa.list_(pa.int32()))]))])
-    assert features_yaml(schema) == Features.from_arrow_schema(schema)._to_yaml_list()
+    assert features_yaml(schema) == datasets.Features.from_arrow_schema(schema)._to_yaml_list()
 
 
 @pytest.mark.parametrize("t", [pa.map_(pa.string(), pa.int64()), pa.string_view(),
@@ -45,7 +47,7 @@ def test_types_it_does_not_know_go_to_datasets(t):
     """A type outside its table is never guessed: datasets decides (here: the same error datasets raises)."""
     schema = pa.schema([("col", t)])
     try:
-        expected = Features.from_arrow_schema(schema)._to_yaml_list()
+        expected = datasets.Features.from_arrow_schema(schema)._to_yaml_list()
     except Exception as e:  # noqa: BLE001 - whatever datasets raises, features_yaml raises too
         with pytest.raises(type(e)):
             features_yaml(schema)
@@ -55,11 +57,11 @@ def test_types_it_does_not_know_go_to_datasets(t):
 
 def test_stored_huggingface_features_are_used():
     """A table written by `datasets` carries its own features (e.g. a ClassLabel): those win, as in datasets."""
-    feats = Features.from_dict({"label": {"_type": "ClassLabel", "names": ["bad", "good"]}, "t": {"_type": "Value",
-                                                                                                "dtype": "string"}})
+    feats = datasets.Features.from_dict({"label": {"_type": "ClassLabel", "names": ["bad", "good"]},
+                                         "t": {"_type": "Value", "dtype": "string"}})
     schema = feats.arrow_schema
     assert b"huggingface" in schema.metadata
-    assert features_yaml(schema) == Features.from_arrow_schema(schema)._to_yaml_list()
+    assert features_yaml(schema) == datasets.Features.from_arrow_schema(schema)._to_yaml_list()
     assert features_yaml(schema)[0]["dtype"]["class_label"]["names"] == {"0": "bad", "1": "good"}
 
 
