@@ -46,20 +46,19 @@ class TokenizerShare:
             return
         root = Path(os.environ.get("EVOLFORGE_CACHE") or Path.home() / ".cache" / "evolforge")
         self.shared = root / "test-tokenizers" / _versions() / self.local.name
+        # bound now: a test may hide modules from imports (sys.modules[name] = None) while these run
+        from evolforge.storage.trajectory_sets import cached_tokenizer_ready, filling_tokenizer_cache
 
-    @staticmethod
-    def _ready(folder: Path | None) -> bool:
-        from evolforge.storage.trajectory_sets import cached_tokenizer_ready
+        self._is_ready, self._filling = cached_tokenizer_ready, filling_tokenizer_cache
 
-        return folder is not None and cached_tokenizer_ready(folder)
+    def _ready(self, folder: Path | None) -> bool:
+        return folder is not None and self._is_ready(folder)
 
     def fill(self) -> bool:
         """Copy the machine's copy into the worker's cache folder, if there is one and the folder is empty."""
         if self.local is None or self._ready(self.local) or not self._ready(self.shared):
             return False
-        from evolforge.storage.trajectory_sets import filling_tokenizer_cache
-
-        with filling_tokenizer_cache(self.local) as tmp:  # whole or nothing, as the product fills it
+        with self._filling(self.local) as tmp:  # whole or nothing, as the product fills it
             shutil.copytree(self.shared, tmp, dirs_exist_ok=True)
         return True
 

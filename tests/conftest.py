@@ -299,23 +299,35 @@ def pytest_xdist_make_scheduler(config, log):
     return GroupsFileScheduling(config, log)
 
 
-_TOKENIZER: list = []  # the embedded model's tokenizer, shared per machine (evolforge.testing.tokenizer_share)
+_TOKENIZER: dict = {}  # the embedded model's tokenizer, shared per machine (evolforge.testing.tokenizer_share)
 
 
+def _share_tokenizer() -> None:
+    """Before a process's first test, its temporary folder gets the embedded model's tokenizer as converted by an
+    earlier test process (the product caches the conversion in the temporary folder, one per test process here);
+    before each later test and at the end, a conversion made by a test is kept for the next processes. Run before
+    the test's fixtures (which may hide modules from imports) and never failing a test: a cache, not a check."""
+    try:
+        if "share" not in _TOKENIZER:
+            from evolforge.testing.tokenizer_share import TokenizerShare
+
+            _TOKENIZER["share"] = None  # a failure below: not tried again
+            _TOKENIZER["share"] = TokenizerShare()
+            _TOKENIZER["share"].fill()
+        elif _TOKENIZER["share"] is not None and _TOKENIZER["share"].keep():
+            _TOKENIZER["share"] = None  # kept: not checked again
+    except Exception:  # noqa: BLE001
+        _TOKENIZER["share"] = None
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    """Before a process's first test: its temporary folder gets the embedded model's tokenizer as converted by an
-    earlier test process (the product caches the conversion in the temporary folder, one per test process here)."""
-    if not _TOKENIZER:
-        from evolforge.testing.tokenizer_share import TokenizerShare
-
-        _TOKENIZER.append(TokenizerShare())
-        _TOKENIZER[0].fill()
+    _share_tokenizer()
 
 
-def pytest_runtest_teardown(item, nextitem):
-    """After a test that converted the tokenizer: the conversion is kept for the next test processes."""
-    if _TOKENIZER and _TOKENIZER[0].keep():
-        _TOKENIZER[0].shared = None  # kept: not checked again
+def pytest_sessionfinish(session):
+    if _TOKENIZER:
+        _share_tokenizer()
 
 
 @pytest.fixture
