@@ -23,8 +23,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -126,34 +127,66 @@ def is_rejected_record(err: BaseException) -> bool:
     return isinstance(err, GatewayError) and not err.fatal and not err.retryable
 
 
+_LANES: dict[int, ThreadPoolExecutor] = {}  # pid -> the process's record threads (a forked child makes its own)
+_LANES_LOCK = threading.Lock()
+LANE_THREADS_MAX = 4096  # threads are made on demand: as many as lanes were ever in flight at once
+
+
+def _lane_pool() -> ThreadPoolExecutor:
+    """The threads every batch of this process runs its records on. They outlive a batch: a batch of 128
+    records at 50 in flight used to start 50 threads of its own, a cost that grew with the GIL's contention."""
+    pid = os.getpid()
+    with _LANES_LOCK:
+        pool = _LANES.get(pid)
+        if pool is None:
+            _LANES.clear()
+            pool = _LANES[pid] = ThreadPoolExecutor(LANE_THREADS_MAX, thread_name_prefix="records")
+        return pool
+
+
 def run_records(fn: Callable, rows: list, workers: int, name: str,
                 progress: Progress | None = None, progress_step: int = 1) -> list:
     """`fn(row)` for every row with `workers` in flight; results in row order.
 
+    `workers` lanes on the process's record threads each take the next row not started, until none is left.
     Every row finishes (and journals its calls) before a failure is raised; the
     error raised is a stop (RunStopped: a row not started yet starts no work), else the first fatal one, else
     the first one.
     """
     results: list = []
     first_error: BaseException | None = None
+    futures = [Future() for _ in rows]
+    order = iter(range(len(rows)))
+    take = threading.Lock()
 
-    def guarded(row):
-        stopping.check()
-        return fn(row)
-
-    with ThreadPoolExecutor(max(1, min(workers, len(rows))), thread_name_prefix=name) as pool:
-        futures = [pool.submit(guarded, r) for r in rows]
-        for i, fut in enumerate(futures, 1):
+    def lane() -> None:
+        threading.current_thread().name = f"{name}-records"  # the batch it works for, in tracebacks and py-spy
+        while True:
+            with take:
+                i = next(order, None)
+            if i is None:
+                return
             try:
-                results.append(fut.result())
-                if progress and (i % progress_step == 0 or i == len(rows)):
-                    progress(i, len(rows))
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                if isinstance(first_error, stopping.RunStopped):
-                    continue
-                if first_error is None or isinstance(e, stopping.RunStopped) or (
-                        is_fatal(e) and not is_fatal(first_error)):
-                    first_error = e
+                stopping.check()
+                futures[i].set_result(fn(rows[i]))
+            except BaseException as e:  # noqa: BLE001 - the row's error, raised to the batch below
+                futures[i].set_exception(e)
+
+    if rows:
+        pool = _lane_pool()
+        for _ in range(max(1, min(workers, len(rows)))):
+            pool.submit(lane)
+    for i, fut in enumerate(futures, 1):
+        try:
+            results.append(fut.result())
+            if progress and (i % progress_step == 0 or i == len(rows)):
+                progress(i, len(rows))
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            if isinstance(first_error, stopping.RunStopped):
+                continue
+            if first_error is None or isinstance(e, stopping.RunStopped) or (
+                    is_fatal(e) and not is_fatal(first_error)):
+                first_error = e
     if first_error is not None:
         raise first_error
     return results

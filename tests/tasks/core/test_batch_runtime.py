@@ -106,3 +106,34 @@ def test_synthesis_keeps_a_rejected_record_as_an_error_row(tmp_path, server):
     rows = {r["task_id"]: r for r in parts.read_part(lay.seeds.part(0)).to_pylist()}
     assert rows["t-m1-math"]["status"] == "error" and "rejected" in rows["t-m1-math"]["reject_reason"]
     assert rows["t-m2-math"]["status"] in ("kept", "rejected") and stats["by_status"]["error"] == 1
+
+
+def test_records_run_workers_at_a_time_in_row_order_on_threads_that_outlive_the_batch():
+    """`workers` rows in flight, never more; results in row order; a second batch reuses the first one's
+    threads instead of starting its own."""
+    import threading
+    import time
+
+    lock = threading.Lock()
+    state = {"now": 0, "max": 0}
+    threads: list[set[threading.Thread]] = [set(), set()]  # the objects, not idents (an ident is reused)
+
+    def work(batch: int):
+        def fn(row: int) -> int:
+            with lock:
+                state["now"] += 1
+                state["max"] = max(state["max"], state["now"])
+                threads[batch].add(threading.current_thread())
+            time.sleep(0.01)
+            with lock:
+                state["now"] -= 1
+            return row * row
+        return fn
+
+    rows = list(range(40))
+    assert run_records(work(0), rows, 4, "b0") == [r * r for r in rows]
+    assert state["max"] == 4
+    assert run_records(work(1), rows, 4, "b1") == [r * r for r in rows]
+    assert state["max"] == 4
+    assert len(threads[0]) <= 4 and len(threads[1]) <= 4
+    assert threads[0] & threads[1], "the second batch started threads of its own"
