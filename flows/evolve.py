@@ -46,8 +46,13 @@ __all__ = ["EvolveParams", "evolve_flow"]
 def evolve_batch_task(out_dir: str, round_no: int, batch: int, settings_json: str, base_url: str, run_id: str) -> dict:
     logger = get_run_logger()
 
+    said = [0]  # the run's log gets a batch's halfway mark and its end (the live progress sees every tenth)
+
     def progress(done: int, total: int) -> None:
-        logger.info("round %d batch %d: %d/%d records evolved", round_no, batch, done, total)
+        mark = 2 if done >= total else 1 if 2 * done >= total else 0
+        if mark > said[0]:
+            said[0] = mark
+            logger.info("round %d batch %d: %d/%d records evolved", round_no, batch, done, total)
 
     return run_evolve_batch(out_dir, round_no, batch, settings_from_json(settings_json), base_url, run_id, progress)
 
