@@ -38,6 +38,8 @@ def _flow(corpus_file, out, runner, **dedup):
                                   overrides={"dedup": {**SMALL, **dedup}, "runner": runner}))
 
 
+@pytest.mark.long("the module's first test pays its fixtures: the one-process reference dedup with the embedding "
+                  "model loaded, then the flow on threads (4 to 15 s of CPU by load)")
 def test_threads_runner_decides_as_one_process(corpus_file, one_process, tmp_path):
     summary = _flow(corpus_file, tmp_path / "out", {"kind": "threads", "max_workers": 2})
     _same(_decisions(tmp_path / "out"), one_process)
