@@ -188,6 +188,14 @@ def pytest_unconfigure(config):
         meter.close()
 
 
+def share_processes(pids: set[int]) -> None:
+    """Charge the processes `pids` (and what they start later) to no test: a server that a test process starts
+    for all its tests outside a session fixture (the Prefect test server, started after collection)."""
+    SHARED_PIDS.update(pids)
+    if _METER:
+        _METER[0].share(pids)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef, request):
     """The setup of a session-scoped fixture is charged to no test (it serves every later test of the worker)."""

@@ -1,5 +1,5 @@
 """Real Prefect servers for tests: one for the deployment tests (`prefect_server`: a free loopback port, its own
-PREFECT_HOME) and the test harness of every test process (`prefect_test_harness_from_template`)."""
+PREFECT_HOME) and the test server of every test process (`TestServer`, `test_server_settings`)."""
 
 from __future__ import annotations
 
@@ -69,58 +69,142 @@ def wait_for_run(api: str, run_id: str, timeout: float = 300) -> str:
     raise AssertionError(f"flow run {run_id} still {st} after {timeout}s")
 
 
-# ---------------------------------------------------------------- the test harness, from a migrated database
+# ---------------------------------------------------------------- the test server of a test process
 def _template_path() -> Path:
-    import prefect
+    from importlib.metadata import version  # not `import prefect`: a worker may start its server before that
 
     root = Path(os.environ.get("EVOLFORGE_CACHE") or Path.home() / ".cache" / "evolforge")
-    return root / "prefect-test-db" / f"prefect-{prefect.__version__}.db"
+    return root / "prefect-test-db" / f"prefect-{version('prefect')}.db"
 
 
-@contextlib.contextmanager
-def prefect_test_harness_from_template(startup_timeout: float = 600) -> Iterator[None]:
-    """Prefect's `prefect_test_harness` (a server on a free port with a database of its own), whose database starts
-    as a copy of one already migrated: a test worker's server then starts in about 6 s of CPU instead of 9
-    (measured: 5.5 to 6.1 s against 8.7 to 10.6 s for the server process on this 2-core machine).
-
-    The copy is kept per Prefect version under `$EVOLFORGE_CACHE or ~/.cache/evolforge/prefect-test-db/`, taken
-    (sqlite's online backup) from the first server started without it, before any test ran on it. The server
-    still migrates on start, so a copy from an older schema costs time, never correctness; delete the folder to
-    take a new one."""
+def _keep_template(db_path: Path) -> None:
+    """Copy the migrated database `db_path` (no run in it yet) to the template, by sqlite's online backup."""
     import sqlite3
     import tempfile
 
-    import prefect.settings
-    import prefect.testing.utilities as harness
-
     template = _template_path()
-    make_temp = harness.mkdtemp
-
-    def temp_dir_with_the_copy() -> str:
-        folder = make_temp()
-        if template.is_file():
-            shutil.copyfile(template, Path(folder) / "prefect-test.db")
-        return folder
-
-    harness.mkdtemp = temp_dir_with_the_copy  # the harness names its database <mkdtemp()>/prefect-test.db
+    template.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=template.parent, suffix=".part")
+    os.close(fd)
     try:
-        with harness.prefect_test_harness(server_startup_timeout=startup_timeout):
-            harness.mkdtemp = make_temp
-            if not template.is_file():
-                url = prefect.settings.PREFECT_SERVER_DATABASE_CONNECTION_URL.value()
-                if url.startswith("sqlite") and "///" in url:
-                    template.parent.mkdir(parents=True, exist_ok=True)
-                    fd, tmp = tempfile.mkstemp(dir=template.parent, suffix=".part")
-                    os.close(fd)
-                    try:
-                        with contextlib.closing(sqlite3.connect(url.split("///", 1)[1])) as src, \
-                                contextlib.closing(sqlite3.connect(tmp)) as dst:
-                            src.backup(dst)
-                            dst.execute("pragma journal_mode=delete")  # one file, whole: no -wal beside it
-                        os.replace(tmp, template)  # several workers may take one at once: the last one stays
-                    finally:
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(tmp)
-            yield
+        with contextlib.closing(sqlite3.connect(db_path)) as src, contextlib.closing(sqlite3.connect(tmp)) as dst:
+            src.backup(dst)
+            dst.execute("pragma journal_mode=delete")  # one file, whole: no -wal beside it
+        os.replace(tmp, template)  # several workers may take one at once: the last one stays
     finally:
-        harness.mkdtemp = make_temp
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _die_with_parent() -> None:  # in the child, before exec: SIGTERM when the test process dies
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+# The server as Prefect's `prefect_test_harness` starts it (Prefect's temporary server: uvicorn with Prefect's app,
+# its services in the process, no UI), less the vacuum of events older than 90 days, which a test database never
+# holds (0.8 s of CPU at each start, measured).
+_SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+               "PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED": "false"}
+
+
+class TestServer:
+    """The Prefect server of one test process (a pytest-xdist worker's session): the server Prefect's
+    `prefect_test_harness` starts, on a free loopback port with a database of its own in `folder`, started by this
+    class so that it starts in the background (the worker collects and runs its first tests meanwhile; `api()`
+    waits for it) and so that the test process never imports Prefect's server code (1.7 s of CPU per process).
+
+    Its database starts as a copy of one already migrated (about 6 s of CPU to start instead of 9, measured), kept
+    per Prefect version under `$EVOLFORGE_CACHE or ~/.cache/evolforge/prefect-test-db/` and taken (sqlite's online
+    backup) from the first server started without it, before any test ran on it. The server still migrates on
+    start, so a copy from an older schema costs time, never correctness; delete the folder to take a new one."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, folder: Path):
+        from importlib.util import find_spec
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self.db = folder / "prefect-test.db"
+        self.fresh = not _template_path().is_file()  # no template yet: this server's database becomes it
+        if not self.fresh:
+            shutil.copyfile(_template_path(), self.db)
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}/api"
+        self.log = folder / "server.log"
+        env = {**os.environ, **_SERVER_ENV, "PREFECT_HOME": str(folder / "home"),
+               "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{self.db}"}
+        env.pop("PREFECT_API_URL", None)
+        site = Path(find_spec("prefect").origin).parent.parent
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "--app-dir", str(site), "--factory",
+                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+                 "--log-level", "error", "--lifespan", "on"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent)
+        self._up = False
+
+    def api(self, timeout: float = 600) -> str:
+        """The API URL once the server answers its health check (the template kept first, on a machine's first
+        run); RuntimeError with the end of its log if it exited or has not answered after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while not self._up:
+            try:
+                self._up = httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                pass
+            if not self._up:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    what = "exited" if self.proc.poll() is not None else f"did not answer in {timeout:.0f} s"
+                    raise RuntimeError(f"the Prefect test server {what}:\n"
+                                       + self.log.read_text(errors="replace")[-3000:])
+                time.sleep(0.1)
+            elif self.fresh:
+                _keep_template(self.db)
+                self.fresh = False
+        return self.url
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@contextlib.contextmanager
+def test_server_settings(api: str) -> Iterator[None]:
+    """What `prefect_test_harness` does in the test process for its server: points this process's Prefect
+    settings at `api` (and the process-wide settings context, which threads started before read), and at the end
+    sends what the process's log and event workers still hold."""
+    import inspect
+
+    import prefect.context
+    import prefect.settings
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    with prefect.settings.temporary_settings(updates={prefect.settings.PREFECT_API_URL: api}), \
+            prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+        yield
+
+        async def drain() -> None:
+            try:
+                result = APILogWorker.instance().drain()
+                if inspect.isawaitable(result):
+                    await result
+            except RuntimeError:  # never started
+                pass
+            result = EventsWorker.drain_all()
+            if inspect.isawaitable(result):
+                await result
+
+        run_coro_as_sync(drain())
+
+
+test_server_settings.__test__ = False  # not a pytest test function

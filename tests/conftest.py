@@ -145,6 +145,17 @@ FULL_TIER: dict[str, str] = {
         "a recorded session exported to a card (~13 s CPU)",
     "tests/cli/test_progress_steps.py::test_train_reward_command_shows_optimizer_steps":
         "reward training through the CLI (~19 s CPU)",
+    "tests/cli/test_progress_steps.py::test_ppo_command_shows_grpo_steps":
+        "real GRPO steps through the ppo command for its progress lines (~7 s CPU); the quick tier keeps the step "
+        "progress's own tests and GRPO's (tests/tasks/ppo/test_ppo_local_checkpoints.py)",
+    "tests/cli/test_progress_steps.py::test_trajectories_command_shows_sessions_and_token_samples":
+        "the trajectories command with its token sampling, for its progress lines (~3 s CPU)",
+    "tests/tasks/report/test_report_stages.py::test_ppo_plots_grpo_steps_and_held_out_rewards":
+        "real GRPO steps for the PPO plots (~4.4 s CPU); the plots' drawing on odd data stays",
+    "tests/tasks/report/test_cards_stages.py::test_ppo_card_lists_the_prompts_with_train_and_test_splits":
+        "a PPO stage run for its dataset card (~3.6 s CPU)",
+    "tests/tasks/report/test_report.py::test_pipeline_shows_every_stage_plots":
+        "a whole pipeline run for its plots (~3 s CPU); each stage's plots stay",
     "tests/tasks/trajectories/test_trajectories.py::test_cli_exports_a_recorded_folder_with_unfinished_sessions":
         "the export CLI in a subprocess (~14 s CPU)",
     "tests/cli/test_portable_resume.py::test_a_moved_run_and_seed_file_resume_round_two_without_repeating_a_call":
@@ -336,19 +347,49 @@ def server():
         yield srv
 
 
+_TEST_SERVER: dict = {}  # the Prefect test server of this test process, once started
+
+
+def _test_server():
+    if "server" not in _TEST_SERVER:
+        from pathlib import Path
+
+        from evolforge.testing.durations import share_processes
+        from evolforge.testing.prefect_server import TestServer
+
+        _TEST_SERVER["server"] = server = TestServer(Path(_TMP) / "prefect-test-server")
+        share_processes({server.proc.pid})  # it serves every later test of the process: charged to none
+    return _TEST_SERVER["server"]
+
+
+def pytest_collection_finish(session):
+    """A test process that will run a test of the Prefect harness starts its server now, in the background: it
+    comes up while the process runs its other tests (or while an xdist worker waits for its first ones), and the
+    first test that needs it waits for it."""
+    if session.config.option.collectonly:
+        return
+    if any("prefect_harness" in item.fixturenames and not item.get_closest_marker("skip") for item in session.items):
+        _test_server()
+
+
+def pytest_unconfigure(config):
+    if _TEST_SERVER:
+        _TEST_SERVER.pop("server").stop()
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
-    """One Prefect server per test process (a worker's session), started by the first test that asks for it, for
-    its flows and for the `evolforge` commands that tests start in subprocesses from then on: PREFECT_API_URL
-    points them at it, so a command does not start Prefect's temporary server of its own (10 to 25 s of CPU each,
-    measured). A test that wants a command's own server removes PREFECT_API_URL from the command's environment."""
-    from prefect.settings import PREFECT_API_URL
+    """One Prefect server per test process (a worker's session; testing/prefect_server.py `TestServer`, started
+    after collection), for its flows and for the `evolforge` commands that tests start in subprocesses from the
+    first test that asks for it on: PREFECT_API_URL points them at it, so a command does not start Prefect's
+    temporary server of its own (10 to 25 s of CPU each, measured). A test that wants a command's own server
+    removes PREFECT_API_URL from the command's environment."""
+    from evolforge.testing.prefect_server import test_server_settings
 
-    from evolforge.testing.prefect_server import prefect_test_harness_from_template
-
+    api = _test_server().api(timeout=600)
     before = os.environ.get("PREFECT_API_URL")
-    with prefect_test_harness_from_template(startup_timeout=600):
-        os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
+    with test_server_settings(api):
+        os.environ["PREFECT_API_URL"] = api
         try:
             yield
         finally:
