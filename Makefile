@@ -1,7 +1,7 @@
 # evolforge: set up, run the sample job on the embedded model, run the tests.
 #   make run     set up (first time: compiles llama.cpp's llama-server once per machine) and evolve the sample
 #                seeds, 2 rounds
-#   make test      set up and run the quick tier of the tests, what to run on every change (about 5 to 6 minutes on
+#   make test      set up and run the quick tier of the tests, what to run on every change (about 4.5 to 5 minutes on
 #                  2 cores): unit tests and the integration tests that guard the product's promises
 #   make test-all  set up and run every test, the full tier too (agent CLIs, Ray, worker kills, the embedded model
 #                  end to end; installs the agent CLIs first): what CI runs (.ci/run)
