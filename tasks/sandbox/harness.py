@@ -290,12 +290,49 @@ def _hooks(plugin: Verdict):
     return plugin
 
 
+# The warm worker's cache of rewritten test files (PytestTemplate.precompile). In evolution one task's tests check
+# many solutions: their runners then skip pytest's parse, assertion rewrite and compile of the file (3-5 ms each).
+MAX_PRECOMPILED_FILE_BYTES = 256 * 1024  # a larger test file is rewritten by its runner, as without the cache
+MAX_PRECOMPILED_FILES = 256  # test files kept per template; the least recently checked one is dropped first
+MAX_PRECOMPILED_BYTES = 2 * 1024 * 1024  # and at most this much of their source in all (their code is a few times that)
+# What the cache did, for tests: the worker counts `compiled` (test files it rewrote) and `reused` (checks whose file
+# it had rewritten for an earlier check); a runner inherits those and counts `served` (its pytest took the code from
+# the cache) or `rewritten` (its pytest rewrote the file itself).
+REWRITE_STATS = {"compiled": 0, "reused": 0, "served": 0, "rewritten": 0}
+
+
+def _compile_rewritten(source: bytes, path: str, config):
+    """What pytest's `_rewrite_test` makes of `source` at `path` (parse, rewrite the asserts, compile), or None if
+    that fails or warns (the runner's pytest then does it again and reports the error or the warnings)."""
+    import ast
+    import warnings
+
+    from _pytest.assertion.rewrite import rewrite_asserts
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            tree = ast.parse(source, filename=path)
+            rewrite_asserts(tree, source, path, config)
+            code = compile(tree, path, "exec", dont_inherit=True)
+    except Exception:  # noqa: BLE001 - SyntaxError, RecursionError, MemoryError, ...
+        return None
+    return None if caught else code
+
+
 class PytestTemplate:
     """pytest configured and its session started for one set of options and test file name, with the verdict
     plugin registered, BEFORE any check's file exists (built once in a warm worker; each check's child then
-    only collects and runs: `run`). Nothing of a check is involved in building it."""
+    only collects and runs: `run`). Nothing of a check is involved in building it.
+
+    `precompile` (in the worker, before a check's runner is forked) rewrites and compiles the check's test file as
+    pytest's import of it would, WITHOUT running any of it, and keeps the code keyed by the sha256 of the file's
+    bytes. The runner's pytest takes that code instead of parsing, rewriting and compiling the file again, but only
+    for a file whose bytes it read itself hash to that key; anything else is pytest's own rewrite."""
 
     def __init__(self, options: list, test_file: str) -> None:
+        import collections
+
         import pytest
         from _pytest.config import get_config
         from _pytest.main import Session
@@ -312,6 +349,65 @@ class PytestTemplate:
         self.session.exitstatus = 0
         self.config._do_configure()
         self.config.hook.pytest_sessionstart(session=self.session)
+        # where the runner's pytest finds the test file: the worker's and the runner's cwd is the rootdir
+        self.test_path = str(self.config.invocation_params.dir / test_file)
+        self.compiled: collections.OrderedDict = collections.OrderedDict()  # sha256 of the file -> (size, code)
+        self.compiled_bytes = 0
+        self._serve_compiled()
+
+    def precompile(self, fd: int) -> None:
+        """In the worker: the test file open at `fd` (the host's memfd of it) rewritten and compiled as pytest's
+        `_rewrite_test` would, kept in `compiled`; never executed here. A file that is too large, does not parse or
+        compile, or whose rewrite warns is left to its runner."""
+        import hashlib
+
+        size = os.fstat(fd).st_size
+        if size > MAX_PRECOMPILED_FILE_BYTES:
+            return
+        source = os.pread(fd, size + 1, 0)
+        if len(source) != size:
+            return
+        key = hashlib.sha256(source).digest()
+        if key in self.compiled:
+            self.compiled.move_to_end(key)
+            REWRITE_STATS["reused"] += 1
+            return
+        code = _compile_rewritten(source, self.test_path, self.config)
+        if code is None:
+            return
+        self.compiled[key] = (size, code)
+        self.compiled_bytes += size
+        REWRITE_STATS["compiled"] += 1
+        while len(self.compiled) > MAX_PRECOMPILED_FILES or self.compiled_bytes > MAX_PRECOMPILED_BYTES:
+            self.compiled_bytes -= self.compiled.popitem(last=False)[1][0]
+
+    def _serve_compiled(self) -> None:
+        """pytest's `_rewrite_test(fn, config) -> (source hash, code)` replaced (in the worker, so in every runner
+        forked from it) by one that returns the code kept in `compiled` when `config` is this template's, `fn` its
+        test file and the bytes it reads from `fn` hash to a key there; otherwise pytest's own."""
+        try:
+            from _pytest.assertion import rewrite
+        except ImportError:  # pragma: no cover
+            return
+        original = getattr(rewrite, "_rewrite_test", None)
+        if not callable(original):  # another pytest: no cache
+            return
+        template = self
+
+        def _rewrite_test(fn, config):
+            if config is template.config and str(fn) == template.test_path and template.compiled:
+                import hashlib
+                import importlib.util
+
+                source = fn.read_bytes()
+                hit = template.compiled.get(hashlib.sha256(source).digest())
+                if hit is not None:
+                    REWRITE_STATS["served"] += 1
+                    return importlib.util.source_hash(source), hit[1]
+            REWRITE_STATS["rewritten"] += 1
+            return original(fn, config)
+
+        rewrite._rewrite_test = _rewrite_test
 
     def run(self, emit, ep) -> int:
         """In the check's child: collect, run, report (what wrap_session does after pytest_sessionstart)."""

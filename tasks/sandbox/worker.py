@@ -12,10 +12,13 @@ check is re-parented to it), imports pytest, its built-in plugins, the bridge an
 For pytest checks it also builds, once per option set, a pytest configured with its session started
 (harness.PytestTemplate): each check's runner then only collects and runs the test file.
 
-The worker never imports, reads or runs anything of a check. Per check the host sends one message on
-the control socket: a small JSON header (runner, options, file names, limits, uids) plus, as SCM_RIGHTS,
-the descriptors of the check: stdin, stdout, stderr, the harness's nonce pipe and result pipe (not for
-"raw" runs) and one memfd per file (the file contents; the worker never reads them).
+The worker never imports or runs anything of a check. Per check the host sends one message on the
+control socket: a small JSON header (runner, options, file names, limits, uids) plus, as SCM_RIGHTS, the
+descriptors of the check: stdin, stdout, stderr, the harness's nonce pipe and result pipe (not for "raw"
+runs) and one memfd per file (the file contents). The one file the worker reads is a pytest check's test
+file, which it parses, assertion-rewrites and compiles (never runs) before forking the runner, and keeps
+by the sha256 of its bytes, so that the runners of later checks of the same tests skip that work
+(harness.PytestTemplate.precompile; a file that fails to compile is left to the runner's pytest).
 
 A test check is TWO processes, joined only by two pipes the worker creates (bridge.py):
 - the runner (the tests: harness.main, pytest or a script) gets the test file, the nonce and result pipes;
@@ -431,6 +434,11 @@ def _run_check(job: dict, fds: list[int], harness, template) -> tuple[int, dict]
         return 125, {"alive": False, "status": None, "threads": 0, "children": 0}
     files = dict(zip(names, fds[5:]))
     solution_fd = files.pop(solution_file)
+    if template is not None and job["args"][0] in files:
+        try:  # parse, rewrite and compile only: nothing of the file runs here
+            template.precompile(files[job["args"][0]])
+        except Exception as e:  # noqa: BLE001 - the runner's pytest then rewrites the file itself
+            os.write(2, f"evolforge sandbox worker: test file not precompiled ({e!r})\n".encode())
     to_solution, to_runner = os.pipe(), os.pipe()
     solution = None
     try:
