@@ -30,9 +30,7 @@ RESULTS = ROOT / "bench" / "results" / "sandbox_repeat.json"
 
 def one_run(solutions: int, parallel: int) -> dict:
     """In a child process whose `evolforge` is the tree under test: one timed run, after starting the workers."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_sandbox import humaneval_jobs, humaneval_problems, run_checks
-
+    from evolforge.bench.bench_sandbox import humaneval_jobs, humaneval_problems, run_checks  # the tree's own
     from evolforge.config.sections.sandbox import SandboxSettings
     from evolforge.tasks.sandbox.pool import close_workers
 
