@@ -206,9 +206,7 @@ def pytest_fixture_setup(fixturedef, request):
         return (yield)
     finally:
         _SESSION_SETUP_CPU[0] += _METER[0].since(before)
-        started = _descendants(set(_children(os.getpid())) - kids)  # its servers: their later work is shared
-        SHARED_PIDS.update(started)
-        _METER[0].share(started)
+        share_processes(_descendants(set(_children(os.getpid())) - kids))  # its servers: their later work is shared
 
 
 @pytest.hookimpl(wrapper=True)
