@@ -7,6 +7,8 @@
 - host:    what run and pool share: SandboxResult, the result channel's pipes, uids, kills, exit classification.
 - harness: the in-sandbox runner (written into the sandbox per run): nonce from a private pipe, audit hook,
            pytest plugin reporting the real outcomes on a private result channel.
+- direct:  in a warm worker's runner, the tests of a plain pytest file (module-level `def test_*():` only) called
+           directly after pytest's own import of the file, with pytest's verdict (sandbox.pytest_direct).
 - verdict: the host's judgement of a run from that channel (never from the tested code's output).
 - pool:    warm workers (sandbox.reuse_workers, the default in bwrap mode): the host side, one bwrap sandbox per
            worker, descriptors of each check handed over a control socket, retirement after N checks or an anomaly.

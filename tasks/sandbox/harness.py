@@ -351,6 +351,10 @@ class PytestTemplate:
         self.config.hook.pytest_sessionstart(session=self.session)
         # where the runner's pytest finds the test file: the worker's and the runner's cwd is the rootdir
         self.test_path = str(self.config.invocation_params.dir / test_file)
+        self.test_file = test_file
+        direct = sys.modules.get("_evolforge_direct")  # the worker preloads it
+        self.direct_usable = direct is not None and direct.usable(self.config, self.session)
+        self.direct = False  # set per check in the runner (worker._runner_child): the job allows it
         self.compiled: collections.OrderedDict = collections.OrderedDict()  # sha256 of the file -> (size, code)
         self.compiled_bytes = 0
         self._serve_compiled()
@@ -410,14 +414,22 @@ class PytestTemplate:
         rewrite._rewrite_test = _rewrite_test
 
     def run(self, emit, ep) -> int:
-        """In the check's child: collect, run, report (what wrap_session does after pytest_sessionstart)."""
+        """In the check's child: collect, run, report (what wrap_session does after pytest_sessionstart), or with
+        `direct` (a plain test file, the job allows it) the tests called directly (tasks/sandbox/direct.py)."""
+        self.plugin.start(emit, ep)
+        if self.direct:
+            check = sys.modules["_evolforge_direct"].Direct(self.config, self.test_path, self.test_file)
+            return check.run(lambda counts: emit({"runner": "pytest", **counts, **channel_state(ep)}), self._run)
+        return self._run()
+
+    def _run(self) -> int:
+        """pytest's own collection and run of the check's file."""
         import _pytest._code
         from _pytest import timing
         from _pytest.config import ExitCode, UsageError
         from _pytest.main import _main
         from _pytest.outcomes import Exit, Failed
 
-        self.plugin.start(emit, ep)
         config, session = self.config, self.session
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None and hasattr(reporter, "_session_start"):

@@ -83,7 +83,7 @@ class Worker:
         privileged = os.geteuid() == 0
         caps = ("CAP_KILL", "CAP_SYS_ADMIN") if privileged else ("CAP_SYS_ADMIN",)
         binds = {f"{WORKER_DIR}/{name}": os.path.join(_HERE, name)
-                 for name in ("worker.py", "harness.py", "bridge.py", BRIDGE_JS)}
+                 for name in ("worker.py", "harness.py", "direct.py", "bridge.py", BRIDGE_JS)}
         opts, python = bwrap_argv(settings, {}, inner_env(run), privileged, caps, binds)  # run: its hash seed
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         info_r, info_w = os.pipe()
@@ -328,7 +328,8 @@ def run_in_worker(settings: SandboxSettings, files: dict[str, str], args: list[s
             fds.append(fd)
         header = {"id": next(_ids), "runner": runner, "args": args, "files": list(files), "uid": uid,
                   "solution_uid": solution_uid, "rlimits": _rlimits(settings, lang),
-                  "tmpfs_bytes": settings.tmpfs_size_mb * 1024 * 1024, **_commands(settings, lang, runner, args)}
+                  "tmpfs_bytes": settings.tmpfs_size_mb * 1024 * 1024,
+                  "pytest_direct": bool(settings.pytest_direct), **_commands(settings, lang, runner, args)}
         return _check(settings, header, fds, ours, out_r, err_r, channel, runner, declared, run, lang.one_thread)
     finally:
         for fd in ours + keep:

@@ -132,7 +132,7 @@ def _preload() -> object:
             importlib.import_module(name)
         except ImportError:
             pass
-    for name in ("bridge", "harness"):  # the harness imports the bridge as _evolforge_bridge
+    for name in ("bridge", "direct", "harness"):  # the harness imports the bridge as _evolforge_bridge
         spec = importlib.util.spec_from_file_location(f"_evolforge_{name}", os.path.join(_HERE, f"{name}.py"))
         module = importlib.util.module_from_spec(spec)
         sys.modules[f"_evolforge_{name}"] = module
@@ -349,6 +349,9 @@ def _runner_child(job: dict, fds: list[int], files: dict, channel: tuple, harnes
         _exec(job.get("runner_exec"))
     except BaseException as e:  # noqa: BLE001
         _setup_failed(e)
+    if template is not None:  # only the job's two files, so no conftest.py or package can change collection
+        template.direct = template.direct_usable and job.get("pytest_direct") is True \
+            and sorted(job["files"]) == sorted({job["args"][0], job.get("solution_file", SOLUTION_FILE)})
     harness_args = ["3", "4", "5", "6", job["runner"], *job["args"]]
     sys.argv = ["_evolforge_harness.py", *harness_args]  # what the per-run modes' harness sees
     _finish(lambda: harness.main(harness_args, template))

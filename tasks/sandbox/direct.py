@@ -1,0 +1,305 @@
+"""The tests of a plain pytest file called directly, with pytest's verdict but without its runner (warm workers).
+
+Not imported by evolforge: tasks/sandbox/worker.py preloads it as `_evolforge_direct`, and the pytest template of
+tasks/sandbox/harness.py uses it in a check's runner. Stdlib and pytest only.
+
+Most generated test files are a few module-level `def test_*():` functions. For them pytest's collection tree,
+reports, hooks and terminal output cost about as much CPU as the tests themselves. `run` imports the test module
+exactly as pytest's collection does (pytest's own `importtestmodule`: the same module name, sys.path entry,
+assertion rewriting, captured output and warning filters), then looks at every name the module defines as
+pytest's collector would. It goes on by itself only if pytest would collect nothing but plain functions:
+
+- every name pytest would collect as a test (a `test*` name, or an object whose `__test__` is True) is a plain
+  Python function with no parameters, not async, not a generator, with no attributes of its own (so no marks,
+  no parametrize, no `__test__`, no wrapper);
+- no class pytest would collect (`Test*`, `__test__ = True`, a unittest.TestCase), no fixture (an autouse one
+  would run around the tests), no `pytestmark`, `__test__`, `setup_module`/`setUpModule`, `teardown_module`/
+  `tearDownModule`, `setup_function`, `teardown_function`, `pytest_generate_tests` or `pytest_plugins`.
+
+Anything else goes to pytest's own run (`fallback`) on the module already imported: pytest finds it in
+sys.modules and does not run it again, so nothing of the file or the solution runs twice. The per-run settings
+that could change this (ini options, plugins beyond pytest's own, autouse fixtures) are checked once per template
+(`usable`).
+
+Each test is then called as pytest's runner calls it: inside pytest's warning filters for the item (a test that
+triggers a warning pytest turns into an error fails), with its output captured (`--capture=sys`: stdin reads
+fail, nothing printed reaches the output unless the test fails), with PYTEST_CURRENT_TEST set, with pytest's
+assertion-comparison hooks in place, through pytest's own `pytest_pyfunc_call` (a test returning an awaitable
+fails; another return value warns). A test passes only if that call returns; anything raised fails it
+(pytest.skip and xfail are counted as skipped, which does not pass a check either). The final record has the
+fields and meaning of the pytest plugin's (harness.Verdict). What is not reproduced: pytest's logging capture
+(log records a test emits go to the logging module's own handlers, so to the captured stderr) and the frames
+pytest's runner adds below each test. On a failure the report is a short one in pytest's format (the failing
+test, its traceback as `--tb=short` shows it, its captured output), not pytest's full terminal report.
+"""
+
+import os
+import sys
+import types
+
+_SPECIAL = frozenset({"pytestmark", "__test__", "setup_module", "setUpModule", "teardown_module", "tearDownModule",
+                      "setup_function", "teardown_function", "pytest_generate_tests", "pytest_plugins"})
+_FLAGS = 0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200  # varargs, varkeywords, generator, coroutine, async gen, ...
+_NO_FIXTURES = types.SimpleNamespace(argnames=())
+# ExitCode values (pytest's), bound here so the record does not depend on the test's view of pytest
+_OK, _TESTS_FAILED, _INTERRUPTED, _NO_TESTS = 0, 1, 2, 5
+
+
+def usable(config, session) -> bool:
+    """Whether this template's settings leave collection to the defaults `run` reproduces: pytest's own plugins
+    only (and the harness's), default name patterns, prepend imports, no autouse fixture, no selection."""
+    try:
+        import pytest
+
+        for plugin in config.pluginmanager.get_plugins():
+            owner = getattr(plugin, "__name__", None) if isinstance(plugin, types.ModuleType) \
+                else type(plugin).__module__
+            if not (owner or "").startswith(("_pytest.", "pytest", "_evolforge_harness", "evolforge.")) \
+                    and not isinstance(plugin, (type(config), type(session))):
+                return False
+        option = config.option
+        return (config.getini("python_functions") == ["test"] and config.getini("python_classes") == ["Test"]
+                and config.getini("collect_imported_tests") is True and not config.getini("usefixtures")
+                and str(config.getoption("--import-mode")) in ("prepend", "ImportMode.prepend")
+                and not getattr(option, "keyword", "") and not getattr(option, "markexpr", "")
+                and not getattr(option, "deselect", None) and not getattr(option, "exitfirst", False)
+                and not getattr(option, "usepdb", False) and not config.getini("xfail_strict")
+                and not list(session._fixturemanager._getautousenames(session))
+                and callable(getattr(pytest, "Item", None)))
+    except Exception:  # noqa: BLE001 - another pytest: its own runner
+        return False
+
+
+class _Item:
+    """What pytest_pyfunc_call, catch_warnings_for_item and the assertion plugin read of a test item."""
+
+    def __init__(self, name: str, obj, nodeid: str, config) -> None:
+        self.name = self.originalname = name
+        self.obj, self.nodeid, self.config, self.ihook = obj, nodeid, config, config.hook
+        self.funcargs: dict = {}
+        self._fixtureinfo = _NO_FIXTURES
+
+    def iter_markers(self, name=None):
+        return iter(())
+
+
+def _plain_test(obj) -> bool:
+    if type(obj) is not types.FunctionType:
+        return False
+    code = obj.__code__
+    return (code.co_argcount == 0 and code.co_kwonlyargcount == 0 and code.co_posonlyargcount == 0
+            and not code.co_flags & _FLAGS and not obj.__dict__)
+
+
+def plain_tests(module) -> list | None:
+    """The (name, function) pairs pytest would collect from `module`, in its order, if they are all plain
+    functions and nothing else of the module changes how they run; None otherwise."""
+    import inspect
+
+    from _pytest.compat import safe_getattr, safe_isclass
+    from _pytest.fixtures import getfixturemarker
+    from _pytest.python import IGNORED_ATTRIBUTES
+
+    unittest = sys.modules.get("unittest")
+    tests = []
+    for name, obj in list(module.__dict__.items()):
+        if name in _SPECIAL:
+            return None
+        if name in IGNORED_ATTRIBUTES:
+            continue
+        if getfixturemarker(obj) is not None:
+            return None
+        if safe_isclass(obj):
+            if name.startswith("Test") or safe_getattr(obj, "__test__", False) is True:
+                return None
+            try:
+                if unittest is not None and issubclass(obj, unittest.TestCase) and not inspect.isabstract(obj):
+                    return None
+            except Exception:  # noqa: BLE001 - what pytest's unittest plugin does with such a class: skip it
+                pass
+        elif name.startswith("test") or safe_getattr(obj, "__test__", False) is True:
+            if isinstance(obj, (staticmethod, classmethod)):
+                return None
+            if not callable(obj):
+                continue
+            if not _plain_test(obj):
+                return None
+            tests.append((name, obj))
+    return tests
+
+
+def _report(info, path: str | None, out: str, err: str) -> str:
+    """A failure as pytest's --tb=short shows it (from the first frame in the test file at `path`), and the
+    test's captured output."""
+    text = ""
+    try:
+        if path is not None:
+            from pathlib import Path
+
+            info.traceback = info.traceback.cut(path=Path(path))
+        info.traceback = info.traceback.filter(info)
+        text = str(info.getrepr(style="short", funcargs=False, chain=True))
+    except Exception:  # noqa: BLE001 - a report that cannot be formatted still names the exception
+        try:
+            text = info.exconly()
+        except Exception:  # noqa: BLE001
+            text = "(the exception could not be formatted)"
+    for title, captured in (("stdout", out), ("stderr", err)):
+        if captured:
+            text += f"\n{'-' * 30} Captured {title} call {'-' * 30}\n{captured[-4000:]}"
+    return text
+
+
+def _first_line(info) -> str:
+    """The failure's line in pytest's short summary (an assert's message without "AssertionError: ")."""
+    try:
+        return (info.exconly(tryshort=True).splitlines() or [""])[0]
+    except Exception:  # noqa: BLE001
+        return type(info.value).__name__
+
+
+def _banner(title: str, fill: str = "=") -> str:
+    pad = max(2, 80 - len(title) - 2)
+    return f"{fill * (pad // 2)} {title} {fill * (pad - pad // 2)}"
+
+
+class Direct:
+    """One check's run: `run(config, path, relpath, emit_final, fallback)`; see the module's docstring."""
+
+    def __init__(self, config, path: str, relpath: str) -> None:
+        self.config, self.path, self.relpath = config, path, relpath
+        self.capman = config.pluginmanager.getplugin("capturemanager")
+
+    def _import(self):
+        """The test module as pytest's collection imports it: (module, None) or (None, (kind, report))."""
+        from pathlib import Path
+
+        from _pytest._code import ExceptionInfo
+        from _pytest.nodes import Collector
+        from _pytest.outcomes import Skipped
+        from _pytest.python import importtestmodule
+        from _pytest.warnings import catch_warnings_for_item
+
+        capman, config = self.capman, self.config
+        capman.resume_global_capture()
+        failure = None
+        try:
+            with catch_warnings_for_item(config=config, ihook=config.hook, when="collect", item=None):
+                module = importtestmodule(Path(self.path), config)
+        except BaseException as e:  # noqa: BLE001 - a collection error, as pytest reports it
+            module = None
+            if isinstance(e, Skipped):
+                failure = ("skipped", f"module skipped: {e.msg}")
+            elif isinstance(e, Collector.CollectError):
+                failure = ("error", str(e.args[0]) if e.args else repr(e))
+            else:
+                info = ExceptionInfo.from_exception(e)
+                failure = ("interrupted" if isinstance(e, KeyboardInterrupt) else "error", _report(info, None, "", ""))
+        finally:
+            capman.suspend_global_capture()
+            out, err = capman.read_global_capture()
+        if failure is not None and (out or err):
+            failure = (failure[0], failure[1] + "".join(f"\n{'-' * 30} Captured {t} {'-' * 30}\n{c[-4000:]}"
+                                                        for t, c in (("stdout", out), ("stderr", err)) if c))
+        return module, failure
+
+    def _call(self, item) -> tuple:
+        """One test as pytest's runner calls it: (None, out, err) if it returned, else (exception, out, err)."""
+        from _pytest.assertion import pytest_runtest_protocol as assertion_hooks
+        from _pytest.python import pytest_pyfunc_call
+        from _pytest.runner import _update_current_test_var
+        from _pytest.warnings import catch_warnings_for_item
+
+        capman, config, exc = self.capman, self.config, None
+        with catch_warnings_for_item(config=config, ihook=config.hook, when="runtest", item=item):
+            hooks = assertion_hooks(item)
+            next(hooks)
+            try:
+                _update_current_test_var(item, "setup")
+                _update_current_test_var(item, "call")
+                capman.resume_global_capture()
+                try:
+                    pytest_pyfunc_call(item)
+                except BaseException as e:  # noqa: BLE001 - the test's outcome
+                    exc = e
+                finally:
+                    capman.suspend_global_capture(in_=False)
+                    out, err = capman.read_global_capture()
+                _update_current_test_var(item, "teardown")
+            finally:
+                hooks.close()
+                os.environ.pop("PYTEST_CURRENT_TEST", None)
+        return exc, out, err
+
+    def _warnings_summary(self) -> None:
+        """The warnings recorded in collection and in the tests, as pytest's terminal summary lists them."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        try:
+            reporter.summary_warnings()
+        except Exception:  # noqa: BLE001 - another pytest: no summary
+            pass
+        sys.stdout.flush()
+
+    def run(self, emit_final, fallback) -> int:
+        """`emit_final(counts)`: the record (the harness adds the channel's state); `fallback()`: pytest's own run."""
+        import time
+
+        from _pytest._code import ExceptionInfo
+        from _pytest.outcomes import Exit, Skipped, XFailed
+
+        start = time.perf_counter()
+        module, failure = self._import()
+        if failure is not None:
+            kind, text = failure
+            print(f"{_banner('ERRORS')}\n{_banner('ERROR collecting ' + self.relpath, '_')}\n{text}" if kind != "skipped"
+                  else text, flush=True)
+            errors = 0 if kind == "skipped" else 1
+            status = _NO_TESTS if kind == "skipped" else _INTERRUPTED
+            emit_final({"collected": 0, "passed": 0, "failed": 0, "errors": errors, "skipped": 0, "exitstatus": status})
+            return status
+        tests = plain_tests(module)
+        if tests is None:
+            return fallback()
+        unittest = sys.modules.get("unittest")
+        counts = {"collected": len(tests), "passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+        failures, interrupted, marks, xfailed = [], False, [], 0
+        for name, obj in tests:
+            item = _Item(name, obj, f"{self.relpath}::{name}", self.config)
+            exc, out, err = self._call(item)
+            if exc is None:
+                counts["passed"] += 1
+                marks.append(".")
+                continue
+            if isinstance(exc, Skipped) or (unittest is not None and isinstance(exc, unittest.SkipTest)):
+                counts["skipped"] += 1
+                marks.append("s")
+            elif isinstance(exc, XFailed):  # the harness's plugin counts it failed; pytest's exit status stays 0
+                counts["failed"] += 1
+                xfailed += 1
+                marks.append("x")
+            else:
+                counts["failed"] += 1
+                marks.append("F")
+                failures.append((name, ExceptionInfo.from_exception(exc), out, err))
+            if isinstance(exc, (KeyboardInterrupt, Exit)):
+                interrupted = True
+                break
+        status = _INTERRUPTED if interrupted else _TESTS_FAILED if counts["failed"] > xfailed else \
+            _NO_TESTS if not tests else _OK
+        lines = ["".join(marks)]
+        if failures:
+            lines.append(_banner("FAILURES"))
+            for name, info, out, err in failures:
+                lines += [_banner(name, "_"), _report(info, self.path, out, err)]
+            lines.append(_banner("short test summary info"))
+            lines += [f"FAILED {self.relpath}::{name} - {_first_line(info)}" for name, info, _, _ in failures]
+        shown = {"failed": counts["failed"] - xfailed, "passed": counts["passed"], "skipped": counts["skipped"],
+                 "xfailed": xfailed}
+        summary = ", ".join(f"{n} {k}" for k, n in shown.items() if n) or "no tests ran"
+        print("\n".join(lines), flush=True)
+        self._warnings_summary()
+        print(f"{summary} in {time.perf_counter() - start:.2f}s", flush=True)
+        emit_final({**counts, "exitstatus": status})
+        return status
