@@ -128,6 +128,67 @@ def plain_tests(module) -> list | None:
     return tests
 
 
+def _defines_test_or_yields(node) -> bool:
+    """A function node that takes parameters, or has a yield or await of its own (not in a nested def)."""
+    import ast
+
+    a = node.args
+    if a.args or a.posonlyargs or a.kwonlyargs or a.vararg or a.kwarg:
+        return True
+    stack = list(node.body)
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await)):
+            return True
+        if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            stack.extend(ast.iter_child_nodes(n))
+    return False
+
+
+def plain_source(tree) -> bool:
+    """Whether a parsed test file looks plain before it runs (the worker's guess, so it can compile the file
+    without pytest's assertion rewriting; `plain_tests` decides after the import): no decorator, async def,
+    `Test*` class or class with bases at the top level, no test function with parameters or a yield, none of
+    the names that change pytest's collection bound at the top level, and no assert pytest's rewriter warns
+    about (a non-empty tuple)."""
+    import ast
+
+    for node in tree.body:
+        if isinstance(node, ast.AsyncFunctionDef):
+            return False
+        if isinstance(node, ast.ClassDef) and (node.decorator_list or node.bases or node.keywords
+                                               or node.name.startswith("Test")):
+            return False
+        if isinstance(node, ast.FunctionDef) and (node.decorator_list or node.name in _SPECIAL or (
+                node.name.startswith("test") and _defines_test_or_yields(node))):
+            return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assert) and isinstance(node.test, ast.Tuple) and node.test.elts:
+            return False
+        if isinstance(node, ast.Name) and node.id in _SPECIAL or isinstance(node, ast.alias) and \
+                (node.asname or node.name) in _SPECIAL:
+            return False
+        if isinstance(node, ast.ClassDef) and node.name in _SPECIAL:
+            return False
+    return True
+
+
+def compile_plain(source: bytes, path: str):
+    """The test file's code without pytest's assertion rewriting (about a tenth of the cost), if `plain_source`
+    says it looks plain; else None. Asserts are kept whatever the interpreter's -O (optimize=0). Rewriting
+    changes what a failing assert reports, never whether it fails: a file run from this code that fails a test
+    gets its report from running that test again, rewritten, after the verdict is written (Direct._rerun)."""
+    import ast
+
+    try:
+        tree = ast.parse(source, filename=path)
+        if not plain_source(tree):
+            return None
+        return compile(tree, path, "exec", dont_inherit=True, optimize=0)
+    except Exception:  # noqa: BLE001 - SyntaxError, RecursionError, ...: pytest's own rewrite reports it
+        return None
+
+
 def _report(info, path: str | None, out: str, err: str) -> str:
     """A failure as pytest's --tb=short shows it (from the first frame in the test file at `path`), and the
     test's captured output."""
@@ -166,9 +227,70 @@ def _banner(title: str, fill: str = "=") -> str:
 class Direct:
     """One check's run: `run(config, path, relpath, emit_final, fallback)`; see the module's docstring."""
 
-    def __init__(self, config, path: str, relpath: str) -> None:
+    def __init__(self, config, path: str, relpath: str, cached_code=None) -> None:
         self.config, self.path, self.relpath = config, path, relpath
         self.capman = config.pluginmanager.getplugin("capturemanager")
+        self.cached_code = cached_code  # source bytes -> (code, plain) the worker compiled of them, or None
+        self.plain = False  # the module runs code compiled without pytest's assertion rewriting
+        self.source = b""
+
+    def _load(self):
+        """What pytest's importtestmodule does for a module file in the rootdir (prepend mode: the directory
+        first on sys.path, the module named after the file, registered in sys.modules), with the code the worker
+        compiled of exactly these bytes; None if there is none (pytest's import then). Exceptions are
+        importtestmodule's: an ImportError or a skip without allow_module_level becomes its CollectError."""
+        import importlib.util
+
+        from _pytest._code import ExceptionInfo
+        from _pytest.assertion.rewrite import assertstate_key
+        from _pytest.nodes import Collector
+        from _pytest.outcomes import skip
+        from _pytest.pathlib import ImportMode
+        from _pytest.python import filter_traceback
+
+        config = self.config
+        name, ext = os.path.splitext(os.path.basename(self.path))
+        root = os.path.dirname(self.path)
+        if self.cached_code is None or ext != ".py" or name in sys.modules or not name.isidentifier() \
+                or os.path.exists(os.path.join(root, "__init__.py")) \
+                or config.getoption("--import-mode") not in (ImportMode.prepend, "prepend"):
+            return None
+        with open(self.path, "rb") as f:
+            self.source = f.read()
+        found = self.cached_code(self.source, True)
+        if found is None:
+            return None
+        code, self.plain = found
+        if sys.path[0] != root:
+            sys.path.insert(0, root)
+        hook = config.stash[assertstate_key].hook
+        spec = importlib.util.spec_from_file_location(name, self.path, loader=hook)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            exec(code, module.__dict__)
+        except skip.Exception as e:
+            sys.modules.pop(name, None)
+            if e.allow_module_level:
+                raise
+            raise Collector.CollectError(
+                "Using pytest.skip outside of a test will skip the entire module. If that's your intention, pass "
+                "`allow_module_level=True`. If you want to skip a specific test or an entire class, use the "
+                "@pytest.mark.skip or @pytest.mark.skipif decorators.") from e
+        except ImportError as e:
+            sys.modules.pop(name, None)
+            info = ExceptionInfo.from_current()
+            if config.get_verbosity() < 2:
+                info.traceback = info.traceback.filter(filter_traceback)
+            shown = str(info.getrepr(style="short")) if info.traceback else info.exconly()
+            raise Collector.CollectError(
+                f"ImportError while importing test module '{self.path}'.\n"
+                "Hint: make sure your test modules/packages have valid Python names.\n"
+                f"Traceback:\n{shown}") from e
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        return module
 
     def _import(self):
         """The test module as pytest's collection imports it: (module, None) or (None, (kind, report))."""
@@ -185,7 +307,9 @@ class Direct:
         failure = None
         try:
             with catch_warnings_for_item(config=config, ihook=config.hook, when="collect", item=None):
-                module = importtestmodule(Path(self.path), config)
+                module = self._load()
+                if module is None:
+                    module = importtestmodule(Path(self.path), config)
         except BaseException as e:  # noqa: BLE001 - a collection error, as pytest reports it
             module = None
             if isinstance(e, Skipped):
@@ -288,6 +412,9 @@ class Direct:
                 break
         status = _INTERRUPTED if interrupted else _TESTS_FAILED if counts["failed"] > xfailed else \
             _NO_TESTS if not tests else _OK
+        emit_final({**counts, "exitstatus": status})  # the verdict is written before any report is made
+        if failures and self.plain:
+            failures = self._rerun(failures)
         lines = ["".join(marks)]
         if failures:
             lines.append(_banner("FAILURES"))
@@ -301,5 +428,44 @@ class Direct:
         print("\n".join(lines), flush=True)
         self._warnings_summary()
         print(f"{summary} in {time.perf_counter() - start:.2f}s", flush=True)
-        emit_final({**counts, "exitstatus": status})
         return status
+
+    def _rerun(self, failures: list) -> list:
+        """The module ran without pytest's assertion rewriting: after the verdict, for the report only, the file
+        rewritten as pytest would and run again (in a module of its own), and each failed test called again, so
+        its report shows the values as pytest's would. A test that passes when run again keeps its first report,
+        with a line saying so. Anything that goes wrong here keeps the first reports."""
+        import ast
+        import types
+
+        from _pytest._code import ExceptionInfo
+        from _pytest.assertion.rewrite import rewrite_asserts
+
+        try:
+            tree = ast.parse(self.source, filename=self.path)
+            rewrite_asserts(tree, self.source, self.path, self.config)
+            code = compile(tree, self.path, "exec", dont_inherit=True)
+            module = types.ModuleType(os.path.splitext(os.path.basename(self.path))[0])
+            module.__file__ = self.path
+            self.capman.resume_global_capture()
+            try:
+                exec(code, module.__dict__)
+            finally:
+                self.capman.suspend_global_capture()
+                self.capman.read_global_capture()
+        except BaseException:  # noqa: BLE001 - the first reports stand
+            return failures
+        again = []
+        for name, info, out, err in failures:
+            obj = module.__dict__.get(name)
+            if type(obj) is not types.FunctionType:
+                again.append((name, info, out, err))
+                continue
+            exc, out2, err2 = self._call(_Item(name, obj, f"{self.relpath}::{name}", self.config))
+            if exc is None:
+                note = ("\n(this test failed, then passed when run again to show the values in this report: the "
+                        "code under test did not give the same answers twice)")
+                again.append((name, info, out, err + note))
+            else:
+                again.append((name, ExceptionInfo.from_exception(exc), out2, err2))
+        return again

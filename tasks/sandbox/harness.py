@@ -359,7 +359,7 @@ class PytestTemplate:
         self.compiled_bytes = 0
         self._serve_compiled()
 
-    def precompile(self, fd: int) -> None:
+    def precompile(self, fd: int, plain: bool = False) -> None:
         """In the worker: the test file open at `fd` (the host's memfd of it) rewritten and compiled as pytest's
         `_rewrite_test` would, kept in `compiled`; never executed here. A file that is too large, does not parse or
         compile, or whose rewrite warns is left to its runner."""
@@ -371,12 +371,17 @@ class PytestTemplate:
         source = os.pread(fd, size + 1, 0)
         if len(source) != size:
             return
-        key = hashlib.sha256(source).digest()
-        if key in self.compiled:
-            self.compiled.move_to_end(key)
-            REWRITE_STATS["reused"] += 1
-            return
-        code = _compile_rewritten(source, self.test_path, self.config)
+        digest = hashlib.sha256(source).digest()
+        for key in ((digest, True), (digest, False)) if plain else ((digest, False),):
+            if key in self.compiled:
+                self.compiled.move_to_end(key)
+                REWRITE_STATS["reused"] += 1
+                return
+        direct = sys.modules.get("_evolforge_direct") if plain else None
+        code = direct.compile_plain(source, self.test_path) if direct is not None else None
+        key = (digest, code is not None)
+        if code is None:
+            code = _compile_rewritten(source, self.test_path, self.config)
         if code is None:
             return
         self.compiled[key] = (size, code)
@@ -384,6 +389,21 @@ class PytestTemplate:
         REWRITE_STATS["compiled"] += 1
         while len(self.compiled) > MAX_PRECOMPILED_FILES or self.compiled_bytes > MAX_PRECOMPILED_BYTES:
             self.compiled_bytes -= self.compiled.popitem(last=False)[1][0]
+
+    def cached_code(self, source: bytes, plain_ok: bool = False):
+        """(code, plain) `precompile` made of exactly these bytes (counted as served), or None. `plain_ok`: code
+        compiled without assertion rewriting will do (the direct path's; pytest's own import never gets it)."""
+        import hashlib
+
+        if not self.compiled:
+            return None
+        digest = hashlib.sha256(source).digest()
+        for plain in (True, False) if plain_ok else (False,):
+            hit = self.compiled.get((digest, plain))
+            if hit is not None:
+                REWRITE_STATS["served"] += 1
+                return hit[1], plain
+        return None
 
     def _serve_compiled(self) -> None:
         """pytest's `_rewrite_test(fn, config) -> (source hash, code)` replaced (in the worker, so in every runner
@@ -400,14 +420,12 @@ class PytestTemplate:
 
         def _rewrite_test(fn, config):
             if config is template.config and str(fn) == template.test_path and template.compiled:
-                import hashlib
                 import importlib.util
 
                 source = fn.read_bytes()
-                hit = template.compiled.get(hashlib.sha256(source).digest())
+                hit = template.cached_code(source)
                 if hit is not None:
-                    REWRITE_STATS["served"] += 1
-                    return importlib.util.source_hash(source), hit[1]
+                    return importlib.util.source_hash(source), hit[0]
             REWRITE_STATS["rewritten"] += 1
             return original(fn, config)
 
@@ -418,8 +436,17 @@ class PytestTemplate:
         `direct` (a plain test file, the job allows it) the tests called directly (tasks/sandbox/direct.py)."""
         self.plugin.start(emit, ep)
         if self.direct:
-            check = sys.modules["_evolforge_direct"].Direct(self.config, self.test_path, self.test_file)
-            return check.run(lambda counts: emit({"runner": "pytest", **counts, **channel_state(ep)}), self._run)
+            check = sys.modules["_evolforge_direct"].Direct(self.config, self.test_path, self.test_file,
+                                                            self.cached_code)
+
+            def final(counts: dict) -> None:
+                emit({"runner": "pytest", **counts, **channel_state(ep)})
+                try:  # check_quiet's last look left the channel non-blocking; a report's rerun still calls over it
+                    os.set_blocking(ep.rfd, True)
+                except (AttributeError, OSError):
+                    pass
+
+            return check.run(final, self._run)
         return self._run()
 
     def _run(self) -> int:

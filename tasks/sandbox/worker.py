@@ -349,9 +349,6 @@ def _runner_child(job: dict, fds: list[int], files: dict, channel: tuple, harnes
         _exec(job.get("runner_exec"))
     except BaseException as e:  # noqa: BLE001
         _setup_failed(e)
-    if template is not None:  # only the job's two files, so no conftest.py or package can change collection
-        template.direct = template.direct_usable and job.get("pytest_direct") is True \
-            and sorted(job["files"]) == sorted({job["args"][0], job.get("solution_file", SOLUTION_FILE)})
     harness_args = ["3", "4", "5", "6", job["runner"], *job["args"]]
     sys.argv = ["_evolforge_harness.py", *harness_args]  # what the per-run modes' harness sees
     _finish(lambda: harness.main(harness_args, template))
@@ -437,9 +434,12 @@ def _run_check(job: dict, fds: list[int], harness, template) -> tuple[int, dict]
         return 125, {"alive": False, "status": None, "threads": 0, "children": 0}
     files = dict(zip(names, fds[5:]))
     solution_fd = files.pop(solution_file)
+    if template is not None:  # direct calls only for the job's two files: no conftest.py or package beside them
+        template.direct = template.direct_usable and job.get("pytest_direct") is True \
+            and sorted(job["files"]) == sorted({job["args"][0], solution_file})
     if template is not None and job["args"][0] in files:
         try:  # parse, rewrite and compile only: nothing of the file runs here
-            template.precompile(files[job["args"][0]])
+            template.precompile(files[job["args"][0]], plain=template.direct)
         except Exception as e:  # noqa: BLE001 - the runner's pytest then rewrites the file itself
             os.write(2, f"evolforge sandbox worker: test file not precompiled ({e!r})\n".encode())
     to_solution, to_runner = os.pipe(), os.pipe()

@@ -92,6 +92,13 @@ DIRECT = {  # name: (solution, test body, passes); each must take the direct pat
     "pytest.raises still works": ("def add(a, b):\n    raise ValueError('no')\n",
                                   "import pytest\ndef test_a():\n    _which_path()\n"
                                   "    with pytest.raises(ValueError):\n        add(1, 2)\n", True),
+    "asserts with side effects run as rewritten ones": (
+        ADD, "CALLS = []\ndef f(x):\n    CALLS.append(x)\n    return x\n"
+             "def test_a():\n    _which_path()\n    assert f(1) < f(2) < f(3)\n    assert f(0) or f(5)\n"
+             "    assert (y := f(4)) == 4 and y\n    assert not f(0) and all(f(i) for i in (6, 7))\n"
+             "    assert CALLS == [1, 2, 3, 0, 5, 4, 0, 6, 7], CALLS\n", True),
+    "a chained comparison fails as rewritten": (ADD, "def test_a():\n    _which_path()\n"
+                                                     "    assert 1 < add(1, 1) < 2\n", False),
     "helpers and data beside the tests": (ADD, "import math\nLIMIT = {'a': [1, 2]}\nclass Helper:\n    pass\n"
                                                "def check(f):\n    assert f(1, 2) == 3\n"
                                                "def test_a():\n    _which_path()\n    check(add)\n", True),
@@ -135,6 +142,11 @@ FALLBACK = {  # name: (solution, test body, passes); each must go to pytest's ru
     "__test__ = False": (ADD, "__test__ = False\ndef test_a():\n    _which_path()\n", False),
     "a helper marked __test__": (ADD, "def helper():\n    _which_path()\n    assert add(1, 2) == 4\n"
                                       "helper.__test__ = True\ndef test_a():\n    assert add(1, 2) == 3\n", False),
+    "a mark bound by globals()": (ADD, "import pytest\nglobals()['pytest' + 'mark'] = pytest.mark.skip\n"
+                                       "def test_a():\n    _which_path()\n", False),
+    "a TestCase subclass through an alias": (ADD, "import unittest\nBase = unittest.TestCase\nclass Cases(Base):\n"
+                                                  "    def test_a(self):\n        _which_path()\n"
+                                                  "def test_b():\n    assert add(1, 2) == 3\n", True),
     "pytest_generate_tests": (ADD, "def pytest_generate_tests(metafunc):\n"
                                    "    if 'x' in metafunc.fixturenames:\n        metafunc.parametrize('x', [1, 2])\n"
                                    "def test_a(x):\n    _which_path()\n    assert add(x, 0) == x\n", True),
@@ -215,3 +227,23 @@ def test_a_job_with_other_files_runs_under_pytest():
     assert on.passed and off.passed, (on.stdout, off.stdout)
     assert _path(on) == _path(off) == "pytest"
     _same(on, off)
+
+
+def test_a_failure_is_reported_with_the_values_even_when_the_tests_ran_unrewritten():
+    """A plain file runs without pytest's assertion rewriting; its failed tests are run again, rewritten, after the
+    verdict is written, for the report only."""
+    tests = _tests("def test_a():\n    _which_path()\n    assert add(2, 2) == 5\n")
+    on = run_python_tests(ADD, tests, _settings(True))
+    assert not on.passed and on.tests_failed == 1 and _path(on) == "direct"
+    assert "assert 4 == 5" in on.stdout and "where 4 = add(2, 2)" in on.stdout, on.stdout
+
+
+def test_a_solution_that_passes_the_run_for_the_report_still_fails():
+    """The second run (for the report) comes after the verdict: a solution right only on its second call fails,
+    and the report says the test passed when run again."""
+    flaky = "CALLS = [0]\ndef add(a, b):\n    CALLS[0] += 1\n    return a + b + (CALLS[0] == 1)\n"
+    tests = _tests("def test_a():\n    _which_path()\n    assert add(2, 2) == 4\n")
+    on, off = _both(flaky, tests)
+    assert not on.passed and not off.passed
+    _same(on, off)
+    assert "passed when run again" in on.stdout + on.stderr, (on.stdout, on.stderr)
