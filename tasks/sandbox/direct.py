@@ -4,10 +4,11 @@ Not imported by evolforge: tasks/sandbox/worker.py preloads it as `_evolforge_di
 tasks/sandbox/harness.py uses it in a check's runner. Stdlib and pytest only.
 
 Most generated test files are a few module-level `def test_*():` functions. For them pytest's collection tree,
-reports, hooks and terminal output cost about as much CPU as the tests themselves. `run` imports the test module
-exactly as pytest's collection does (pytest's own `importtestmodule`: the same module name, sys.path entry,
-assertion rewriting, captured output and warning filters), then looks at every name the module defines as
-pytest's collector would. It goes on by itself only if pytest would collect nothing but plain functions:
+reports, hooks and terminal output cost more CPU than the tests themselves. `Direct.run` imports the test module
+as pytest's collection does (the module named after the file, its directory first on sys.path, registered in
+sys.modules, inside pytest's output capture and warning filters; a failing import is reported as pytest's
+collection error), then looks at every name the module defines as pytest's collector would (`plain_tests`). It
+goes on by itself only if pytest would collect nothing but plain functions:
 
 - every name pytest would collect as a test (a `test*` name, or an object whose `__test__` is True) is a plain
   Python function with no parameters, not async, not a generator, with no attributes of its own (so no marks,
@@ -17,20 +18,28 @@ pytest's collector would. It goes on by itself only if pytest would collect noth
   `tearDownModule`, `setup_function`, `teardown_function`, `pytest_generate_tests` or `pytest_plugins`.
 
 Anything else goes to pytest's own run (`fallback`) on the module already imported: pytest finds it in
-sys.modules and does not run it again, so nothing of the file or the solution runs twice. The per-run settings
-that could change this (ini options, plugins beyond pytest's own, autouse fixtures) are checked once per template
-(`usable`).
+sys.modules and does not run it again, so nothing of the file or the solution runs twice. The settings that
+could change this (ini options, plugins beyond pytest's own, autouse fixtures) are checked once per template
+(`usable`), and the worker allows the direct path only for a job of exactly the solution and the test file.
 
-Each test is then called as pytest's runner calls it: inside pytest's warning filters for the item (a test that
+The code comes from the worker (harness.PytestTemplate.precompile), never from the runner's own compile: a file
+that looks plain before it runs (`plain_source`) is compiled WITHOUT pytest's assertion rewriting (a tenth of
+the cost); any other, as pytest rewrites it. Rewriting changes what a failing assert reports, never whether it
+fails (the asserts are kept whatever -O says). So a test of unrewritten code that fails is run again after the
+verdict is written, from the file rewritten as pytest would, for its report only (`_rerun`): nothing that run
+does can change the verdict, and a test that passes the second time is reported as such.
+
+Each test is called as pytest's runner calls it: inside pytest's warning filters for the item (a test that
 triggers a warning pytest turns into an error fails), with its output captured (`--capture=sys`: stdin reads
 fail, nothing printed reaches the output unless the test fails), with PYTEST_CURRENT_TEST set, with pytest's
 assertion-comparison hooks in place, through pytest's own `pytest_pyfunc_call` (a test returning an awaitable
 fails; another return value warns). A test passes only if that call returns; anything raised fails it
-(pytest.skip and xfail are counted as skipped, which does not pass a check either). The final record has the
-fields and meaning of the pytest plugin's (harness.Verdict). What is not reproduced: pytest's logging capture
-(log records a test emits go to the logging module's own handlers, so to the captured stderr) and the frames
-pytest's runner adds below each test. On a failure the report is a short one in pytest's format (the failing
-test, its traceback as `--tb=short` shows it, its captured output), not pytest's full terminal report.
+(pytest.skip is counted as skipped and xfail as failed, as the harness's plugin counts them; neither passes a
+check). The final record has the fields and meaning of the pytest plugin's (harness.Verdict). What is not
+reproduced: pytest's logging capture (log records a test emits go to the logging module's own handlers, so to
+the captured stderr) and the frames pytest's runner adds below each test. The report is a short one in
+pytest's format (the failing tests, their traceback as `--tb=short` shows it, their captured output, the
+warnings summary), not pytest's full terminal report.
 """
 
 import os
