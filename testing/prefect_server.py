@@ -21,6 +21,23 @@ TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 POLL_SECONDS = 0.25  # how often the server's health and a run's state are asked for
 
 
+def wait_healthy(api: str, proc: subprocess.Popen, log: Path, timeout: float, what: str,
+                 poll: float = POLL_SECONDS) -> None:
+    """Return once `api`/health answers 200; RuntimeError naming `what`, with the end of `log`, if `proc` exited
+    or `timeout` seconds passed first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            how = "exited" if proc.poll() is not None else f"did not answer in {timeout:.0f} s"
+            raise RuntimeError(f"{what} {how}:\n" + log.read_text(errors="replace")[-3000:])
+        time.sleep(poll)
+
+
 @contextlib.contextmanager
 def prefect_server(home: Path, startup_timeout: float = 180) -> Iterator[tuple[dict, str]]:
     """Start `prefect server start` in `home`; yields (environment for clients and workers, API URL)."""
@@ -34,18 +51,7 @@ def prefect_server(home: Path, startup_timeout: float = 180) -> Iterator[tuple[d
                                  "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
-            deadline = time.time() + startup_timeout
-            while True:
-                try:
-                    if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None:
-                    raise RuntimeError("Prefect server exited: " + log_path.read_text()[-3000:])
-                if time.time() > deadline:
-                    raise RuntimeError(f"Prefect server did not start in {startup_timeout}s")
-                time.sleep(POLL_SECONDS)
+            wait_healthy(api, proc, log_path, startup_timeout, "the Prefect server")
             yield env, api
         finally:
             with contextlib.suppress(ProcessLookupError):
@@ -151,19 +157,10 @@ class TestServer:
     def api(self, timeout: float = 600) -> str:
         """The API URL once the server answers its health check (the template kept first, on a machine's first
         run); RuntimeError with the end of its log if it exited or has not answered after `timeout` s."""
-        deadline = time.monotonic() + timeout
-        while not self._up:
-            try:
-                self._up = httpx.get(f"{self.url}/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                pass
-            if not self._up:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    what = "exited" if self.proc.poll() is not None else f"did not answer in {timeout:.0f} s"
-                    raise RuntimeError(f"the Prefect test server {what}:\n"
-                                       + self.log.read_text(errors="replace")[-3000:])
-                time.sleep(0.1)
-            elif self.fresh:
+        if not self._up:
+            wait_healthy(self.url, self.proc, self.log, timeout, "the Prefect test server", poll=0.1)
+            self._up = True
+            if self.fresh:
                 _keep_template(self.db)
                 self.fresh = False
         return self.url

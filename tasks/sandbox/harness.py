@@ -189,23 +189,13 @@ def _copied(assert_) -> list:
 def _locate(node, copied: list) -> None:
     """What visit_Assert's last loop does to the statements of one assert (every node of `node` without a lineno gets
     the assert's location, as ast.copy_location gives it), in one walk, without a call per node."""
-    import ast
-
-    AST, stack = ast.AST, [node]
-    while stack:
-        n = stack.pop()
+    for n in _iter_tree(node):
         if getattr(n, "lineno", None) is None:
             attributes = n._attributes
             if attributes:
                 for a, v in copied:
                     if a in attributes:
                         setattr(n, a, v)
-        for name in n._fields:
-            v = getattr(n, name, None)
-            if isinstance(v, AST):
-                stack.append(v)
-            elif isinstance(v, list):
-                stack.extend(x for x in v if isinstance(x, AST))
 
 
 def _walk(node):
