@@ -83,11 +83,10 @@ class SandboxSettings(Section):
         True,
         description="reuse_workers: a pytest file whose tests are plain module-level `def test_*():` functions (no "
         "fixtures, marks, classes or module setup) has them called directly after importing the file as pytest "
-        "would, with pytest's capture, warning filters and return-value rules, instead of through pytest's "
-        "collection tree and runner (the same verdict, less CPU per check; see docs/sandbox.md). A failed test is "
-        "run again after the verdict for a report with pytest's assertion details, in pytest's short form; log "
-        "records are not captured. Any other test file runs under pytest's runner. false: every pytest file runs "
-        "under pytest's runner.",
+        "would, inside pytest's capture, warning filters, logging handlers and assertion hooks, instead of through "
+        "pytest's collection tree and runner (the same verdict, less CPU per check; see docs/sandbox.md). A failed "
+        "test is run again after the verdict for a report with pytest's assertion details, in pytest's short form. "
+        "Any other test file runs under pytest's runner. false: every pytest file runs under pytest's runner.",
     )
     confirm_runs: int = Field(
         2, ge=1, le=16,

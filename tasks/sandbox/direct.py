@@ -24,30 +24,49 @@ could change this (ini options, plugins beyond pytest's own, autouse fixtures) a
 
 The code comes from the worker (harness.PytestTemplate.precompile), never from the runner's own compile: a file
 that looks plain before it runs (`plain_source`) is compiled WITHOUT pytest's assertion rewriting (a tenth of
-the cost); any other, as pytest rewrites it. Rewriting changes what a failing assert reports, never whether it
-fails (the asserts are kept whatever -O says). So a test of unrewritten code that fails is run again after the
+the cost); any other, as pytest rewrites it. For the asserts such a file may hold (`_plain_assert`: no `and`/`or`,
+no comparison chain, no walrus, no tuple, not deeply nested) rewriting changes what a failing assert reports,
+never whether it fails: pytest's rewriter asks an `and`/`or` operand for its truth twice, evaluates every link
+of a chain, and recurses over the expression (a RecursionError in its import for a very deep one), so asserts
+with those keep its rewriting and its behaviour. A test of unrewritten code that fails is run again after the
 verdict is written, from the file rewritten as pytest would, for its report only (`_rerun`): nothing that run
 does can change the verdict, and a test that passes the second time is reported as such.
 
 Each test is called as pytest's runner calls it: inside pytest's warning filters for the item (a test that
 triggers a warning pytest turns into an error fails), with its output captured (`--capture=sys`: stdin reads
-fail, nothing printed reaches the output unless the test fails), with PYTEST_CURRENT_TEST set, with pytest's
-assertion-comparison hooks in place, through pytest's own `pytest_pyfunc_call` (a test returning an awaitable
-fails; another return value warns). A test passes only if that call returns; anything raised fails it
-(pytest.skip is counted as skipped and xfail as failed, as the harness's plugin counts them; neither passes a
-check). The final record has the fields and meaning of the pytest plugin's (harness.Verdict). What is not
-reproduced: pytest's logging capture (log records a test emits go to the logging module's own handlers, so to
-the captured stderr) and the frames pytest's runner adds below each test. The report is a short one in
-pytest's format (the failing tests, their traceback as `--tb=short` shows it, their captured output, the
-warnings summary), not pytest's full terminal report.
+fail, nothing printed reaches the output unless the test fails), with pytest's logging plugin's handlers on the
+root logger (so `logging.basicConfig()` in a test does nothing, as under pytest), with PYTEST_CURRENT_TEST set,
+with pytest's assertion-comparison hooks in place, as many frames deep as under pytest's runner (recursion near
+the limit ends the same way), through pytest's own `pytest_pyfunc_call` (a test returning an awaitable fails;
+another return value warns). A test passes only if that call returns; anything raised fails it (pytest.skip is
+counted as skipped and xfail as failed, as the harness's plugin counts them; neither passes a check). The final
+record has the fields and meaning of the pytest plugin's (harness.Verdict). Known differences, none of which
+passes a check that pytest's runner fails: a failing assert over values the channel cannot compare (a NaN met
+only while pytest builds its failure explanation) fails as a plain failure rather than "not checkable", since the
+explanation is built after the verdict; the report is a short one in pytest's format (the failing tests, their
+traceback as `--tb=short` shows it, their captured output and log, the warnings summary), not pytest's full
+terminal report.
 """
 
 import os
 import sys
 import types
 
+# names that change what pytest collects or runs around a module's tests (a module-level __getattr__ or __dir__
+# answers pytest's getattr of any of them)
 _SPECIAL = frozenset({"pytestmark", "__test__", "setup_module", "setUpModule", "teardown_module", "tearDownModule",
-                      "setup_function", "teardown_function", "pytest_generate_tests", "pytest_plugins"})
+                      "setup_function", "teardown_function", "pytest_generate_tests", "pytest_plugins",
+                      "__getattr__", "__dir__"})
+# pytest's rewritten asserts evaluate these differently from plain Python (a BoolOp asks an operand for its truth
+# twice, a comparison chain does not stop at a false link, so a walrus in a later link still binds), and its
+# rewriter recurses over the expression (a RecursionError in pytest's import for a deep one): an assert with any
+# of them, or nested deeper than this, keeps pytest's rewriting
+_REWRITE_ONLY = ("BoolOp", "NamedExpr")
+_MAX_PLAIN_ASSERT_DEPTH = 100
+# the frames pytest's runner has below a test function that the direct path does not (32 against 12 with pytest
+# 9.2, counted from the test's own frame; tests/tasks/sandbox/test_sandbox_direct.py checks they are equal): the
+# direct path calls the test under as many more, so recursion near the limit ends as it would under pytest
+_PYTEST_EXTRA_FRAMES = 20
 _FLAGS = 0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200  # varargs, varkeywords, generator, coroutine, async gen, ...
 _NO_FIXTURES = types.SimpleNamespace(argnames=())
 # ExitCode values (pytest's), bound here so the record does not depend on the test's view of pytest
@@ -74,9 +93,21 @@ def usable(config, session) -> bool:
                 and not getattr(option, "deselect", None) and not getattr(option, "exitfirst", False)
                 and not getattr(option, "usepdb", False) and not config.getini("xfail_strict")
                 and not list(session._fixturemanager._getautousenames(session))
-                and callable(getattr(pytest, "Item", None)))
+                and callable(getattr(pytest, "Item", None)) and _logging_ok(config))
     except Exception:  # noqa: BLE001 - another pytest: its own runner
         return False
+
+
+def _deeper(n: int, fn, arg):
+    """fn(arg), called n frames deeper."""
+    return fn(arg) if n <= 1 else _deeper(n - 1, fn, arg)
+
+
+def _logging_ok(config) -> bool:
+    """pytest's logging plugin is off, or has what Direct._logging uses of it."""
+    logs = config.pluginmanager.get_plugin("logging-plugin")
+    return logs is None or (callable(getattr(logs, "_runtest_for", None))
+                            and callable(getattr(getattr(logs, "log_cli_handler", None), "set_when", None)))
 
 
 class _Item:
@@ -87,6 +118,14 @@ class _Item:
         self.obj, self.nodeid, self.config, self.ihook = obj, nodeid, config, config.hook
         self.funcargs: dict = {}
         self._fixtureinfo = _NO_FIXTURES
+        from _pytest.stash import Stash
+
+        self.stash = Stash()
+        self.sections: list = []  # (title, text) as pytest's report sections: the logging plugin's captured log
+
+    def add_report_section(self, when: str, key: str, content: str) -> None:
+        if content:
+            self.sections.append((f"Captured {key} {when}", content))
 
     def iter_markers(self, name=None):
         return iter(())
@@ -154,12 +193,28 @@ def _defines_test_or_yields(node) -> bool:
     return False
 
 
+def _plain_assert(node) -> bool:
+    """An assert whose rewritten form fails and passes exactly as the plain one does, and that pytest's rewriter
+    neither warns about (a non-empty tuple) nor recurses too deep on."""
+    import ast
+
+    if isinstance(node.test, ast.Tuple) and node.test.elts:
+        return False
+    stack = [(node.test, 1)]
+    while stack:
+        n, depth = stack.pop()
+        if depth > _MAX_PLAIN_ASSERT_DEPTH or type(n).__name__ in _REWRITE_ONLY \
+                or isinstance(n, ast.Compare) and len(n.ops) > 1:
+            return False
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(n))
+    return True
+
+
 def plain_source(tree) -> bool:
     """Whether a parsed test file looks plain before it runs (the worker's guess, so it can compile the file
     without pytest's assertion rewriting; `plain_tests` decides after the import): no decorator, async def,
     `Test*` class or class with bases at the top level, no test function with parameters or a yield, none of
-    the names that change pytest's collection bound at the top level, and no assert pytest's rewriter warns
-    about (a non-empty tuple)."""
+    the names that change pytest's collection bound at the top level, and every assert `_plain_assert`."""
     import ast
 
     for node in tree.body:
@@ -172,7 +227,7 @@ def plain_source(tree) -> bool:
                 node.name.startswith("test") and _defines_test_or_yields(node))):
             return False
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assert) and isinstance(node.test, ast.Tuple) and node.test.elts:
+        if isinstance(node, ast.Assert) and not _plain_assert(node):
             return False
         if isinstance(node, ast.Name) and node.id in _SPECIAL or isinstance(node, ast.alias) and \
                 (node.asname or node.name) in _SPECIAL:
@@ -198,7 +253,7 @@ def compile_plain(source: bytes, path: str):
         return None
 
 
-def _report(info, path: str | None, out: str, err: str) -> str:
+def _report(info, path: str | None, out: str, err: str, log: str = "") -> str:
     """A failure as pytest's --tb=short shows it (from the first frame in the test file at `path`), and the
     test's captured output."""
     text = ""
@@ -214,7 +269,7 @@ def _report(info, path: str | None, out: str, err: str) -> str:
             text = info.exconly()
         except Exception:  # noqa: BLE001
             text = "(the exception could not be formatted)"
-    for title, captured in (("stdout", out), ("stderr", err)):
+    for title, captured in (("stdout", out), ("stderr", err), ("log", log)):
         if captured:
             text += f"\n{'-' * 30} Captured {title} call {'-' * 30}\n{captured[-4000:]}"
     return text
@@ -352,7 +407,8 @@ class Direct:
                 _update_current_test_var(item, "call")
                 capman.resume_global_capture()
                 try:
-                    pytest_pyfunc_call(item)
+                    with self._logging(item):
+                        _deeper(_PYTEST_EXTRA_FRAMES, pytest_pyfunc_call, item)
                 except BaseException as e:  # noqa: BLE001 - the test's outcome
                     exc = e
                 finally:
@@ -363,6 +419,20 @@ class Direct:
                 hooks.close()
                 os.environ.pop("PYTEST_CURRENT_TEST", None)
         return exc, out, err
+
+    def _logging(self, item):
+        """pytest's logging plugin around the call: its handlers on the root logger while the test runs (so
+        `logging.basicConfig()` in a test does nothing, as under pytest), what the test logs kept for the report."""
+        import contextlib
+
+        from _pytest.logging import caplog_records_key
+
+        logs = self.config.pluginmanager.get_plugin("logging-plugin")
+        if logs is None:
+            return contextlib.nullcontext()
+        item.stash[caplog_records_key] = {}
+        logs.log_cli_handler.set_when("call")
+        return logs._runtest_for(item, "call")
 
     def _warnings_summary(self) -> None:
         """The warnings recorded in collection and in the tests, as pytest's terminal summary lists them."""
@@ -401,6 +471,7 @@ class Direct:
         for name, obj in tests:
             item = _Item(name, obj, f"{self.relpath}::{name}", self.config)
             exc, out, err = self._call(item)
+            log = "\n".join(text for _, text in item.sections)
             if exc is None:
                 counts["passed"] += 1
                 marks.append(".")
@@ -415,7 +486,7 @@ class Direct:
             else:
                 counts["failed"] += 1
                 marks.append("F")
-                failures.append((name, ExceptionInfo.from_exception(exc), out, err))
+                failures.append((name, ExceptionInfo.from_exception(exc), out, err, log))
             if isinstance(exc, (KeyboardInterrupt, Exit)):
                 interrupted = True
                 break
@@ -427,10 +498,10 @@ class Direct:
         lines = ["".join(marks)]
         if failures:
             lines.append(_banner("FAILURES"))
-            for name, info, out, err in failures:
-                lines += [_banner(name, "_"), _report(info, self.path, out, err)]
+            for name, info, out, err, log in failures:
+                lines += [_banner(name, "_"), _report(info, self.path, out, err, log)]
             lines.append(_banner("short test summary info"))
-            lines += [f"FAILED {self.relpath}::{name} - {_first_line(info)}" for name, info, _, _ in failures]
+            lines += [f"FAILED {self.relpath}::{name} - {_first_line(info)}" for name, info, *_ in failures]
         shown = {"failed": counts["failed"] - xfailed, "passed": counts["passed"], "skipped": counts["skipped"],
                  "xfailed": xfailed}
         summary = ", ".join(f"{n} {k}" for k, n in shown.items() if n) or "no tests ran"
@@ -465,16 +536,18 @@ class Direct:
         except BaseException:  # noqa: BLE001 - the first reports stand
             return failures
         again = []
-        for name, info, out, err in failures:
+        for name, info, out, err, log in failures:
             obj = module.__dict__.get(name)
             if type(obj) is not types.FunctionType:
-                again.append((name, info, out, err))
+                again.append((name, info, out, err, log))
                 continue
-            exc, out2, err2 = self._call(_Item(name, obj, f"{self.relpath}::{name}", self.config))
+            item = _Item(name, obj, f"{self.relpath}::{name}", self.config)
+            exc, out2, err2 = self._call(item)
             if exc is None:
                 note = ("\n(this test failed, then passed when run again to show the values in this report: the "
                         "code under test did not give the same answers twice)")
-                again.append((name, info, out, err + note))
+                again.append((name, info, out, err + note, log))
             else:
-                again.append((name, ExceptionInfo.from_exception(exc), out2, err2))
+                again.append((name, ExceptionInfo.from_exception(exc), out2, err2,
+                              "\n".join(text for _, text in item.sections)))
         return again

@@ -247,3 +247,15 @@ def test_a_solution_that_passes_the_run_for_the_report_still_fails():
     assert not on.passed and not off.passed
     _same(on, off)
     assert "passed when run again" in on.stdout + on.stderr, (on.stdout, on.stderr)
+
+
+def test_a_test_runs_as_deep_in_the_stack_as_under_pytest():
+    """Recursion near the limit ends the same way on both paths: the direct path calls a test under as many frames
+    as pytest's runner has below it (direct._PYTEST_EXTRA_FRAMES; a new pytest that changes its depth fails here)."""
+    tests = _tests("def test_a():\n    import os, sys\n    f, n = sys._getframe(), 0\n"
+                   "    while f is not None:\n        n += 1\n        f = f.f_back\n"
+                   "    _which_path()\n    os.write(1, b'DEPTH %d\\n' % n)\n")
+    on, off = _both(ADD, tests)
+    assert _path(on) == "direct"
+    depths = [re.findall(r"DEPTH (\d+)", r.stdout) for r in (on, off)]
+    assert depths[0] and depths[0] == depths[1], depths

@@ -115,16 +115,16 @@ def test_a_report_rerun_that_passes_does_not_pass_the_check():
     _same(on, off)
 
 
-# ---------------------------------------------------------------- differences found (xfail strict: fix, then drop)
+# ------------------------------ differences the review found: fixed (plain tests), or kept and documented (xfail)
 
 BOOL = "class R:\n    n = 0\n    def __bool__(self):\n        R.n += 1\n        return {}\ndef f():\n    return R()\n"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "solution-controlled (a solution passes only on the direct path): pytest's rewritten `assert r or x` asks bool(r) "
-    "twice (the `or`, then the assert on the result), plain Python once; a solution object truthy only on its "
-    "first __bool__ passes direct (True) and fails under pytest's runner (False). Any BoolOp operand that is a "
-    "solution object (bool is a free op over the bridge) is affected."))
+# fixed after review (both paths now agree); the difference was:
+# solution-controlled (a solution passes only on the direct path): pytest's rewritten `assert r or x` asks bool(r)
+# twice (the `or`, then the assert on the result), plain Python once; a solution object truthy only on its
+# first __bool__ passes direct (True) and fails under pytest's runner (False). Any BoolOp operand that is a
+# solution object (bool is a free op over the bridge) is affected.
 def test_or_asks_a_solution_object_for_its_truth_once_on_the_direct_path():
     on, off = _both(BOOL.format("R.n == 1"), _tests("def test_a():\n    _which_path()\n    assert f() or False\n"))
     assert not off.passed
@@ -132,30 +132,30 @@ def test_or_asks_a_solution_object_for_its_truth_once_on_the_direct_path():
     _same(on, off)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the mirror image: rewritten `assert r and x` with r falsy asks bool(r) again for the assert, so a solution "
-    "object falsy on its first __bool__ and truthy after passes under pytest's runner WITHOUT x being evaluated, "
-    "and fails on the direct path (pytest's own leniency; the direct path is the stricter one here)"))
+# fixed after review (both paths now agree); the difference was:
+# the mirror image: rewritten `assert r and x` with r falsy asks bool(r) again for the assert, so a solution
+# object falsy on its first __bool__ and truthy after passes under pytest's runner WITHOUT x being evaluated,
+# and fails on the direct path (pytest's own leniency; the direct path is the stricter one here)
 def test_and_asks_a_falsy_solution_object_twice_under_pytest():
     on, off = _both(BOOL.format("R.n != 1"), _tests("def test_a():\n    _which_path()\n    assert f() and False\n"))
     assert _path(on) == "direct"
     _same(on, off)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "plain data, a correct stateful solution: pytest's rewriter evaluates every operand of a chained comparison "
-    "(no short-circuit), plain Python stops at the first false link; `assert 5 < 3 < next_id() or next_id() == 1` "
-    "calls next_id once on the direct path (passes) and twice under pytest (fails)"))
+# fixed after review (both paths now agree); the difference was:
+# plain data, a correct stateful solution: pytest's rewriter evaluates every operand of a chained comparison
+# (no short-circuit), plain Python stops at the first false link; `assert 5 < 3 < next_id() or next_id() == 1`
+# calls next_id once on the direct path (passes) and twice under pytest (fails)
 def test_a_chained_comparison_calls_the_solution_fewer_times_on_the_direct_path():
     solution = "N = [0]\ndef next_id():\n    N[0] += 1\n    return N[0]\n"
     on, off = _both(solution, _tests("def test_a():\n    _which_path()\n    assert 5 < 3 < next_id() or next_id() == 1\n"))
-    assert on.passed and not off.passed
+    assert not off.passed
     _same(on, off)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "plain data, ADD: a walrus in a later operand of a chained comparison runs under pytest's rewriting even when "
-    "an earlier link is false; `x = 1; assert (add(1, 1) > 3 > (x := 0)) or x == 1` passes direct, fails pytest"))
+# fixed after review (both paths now agree); the difference was:
+# plain data, ADD: a walrus in a later operand of a chained comparison runs under pytest's rewriting even when
+# an earlier link is false; `x = 1; assert (add(1, 1) > 3 > (x := 0)) or x == 1` passes direct, fails pytest
 def test_a_walrus_in_a_chained_comparison_binds_only_under_pytest():
     on, off = _both(ADD, _tests("def test_a():\n    _which_path()\n    x = 1\n"
                                 "    assert (add(1, 1) > 3 > (x := 0)) or x == 1\n"))
@@ -174,29 +174,29 @@ def test_a_nan_met_only_by_the_failure_explanation_is_not_checkable_only_under_p
     _same(on, off)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "test file pytest cannot import: an assert over a 700-term `1 + 1 + ...` is a RecursionError in pytest's "
-    "(recursive) assertion rewriter, a collection error (exit 2); compile_plain compiles it unrewritten and the "
-    "direct path passes ADD. compile_plain does not check that pytest's rewrite of the file would succeed"))
+# fixed after review (both paths now agree); the difference was:
+# test file pytest cannot import: an assert over a 700-term `1 + 1 + ...` is a RecursionError in pytest's
+# (recursive) assertion rewriter, a collection error (exit 2); compile_plain compiles it unrewritten and the
+# direct path passes ADD. compile_plain does not check that pytest's rewrite of the file would succeed
 def test_an_assert_too_deep_for_pytests_rewriter_passes_only_on_the_direct_path():
     chain = " + ".join(["1"] * 700)
     on, off = _both(ADD, _tests(f"def test_a():\n    _which_path()\n    assert add(699, 1) == {chain}\n"))
     _same(on, off)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "recursion headroom: a test runs 13 frames deep on the direct path and 33 under pytest's runner (limit "
-    "1000), so a recursive helper of depth 975 passes direct and is a RecursionError under pytest"))
+# fixed after review (both paths now agree); the difference was:
+# recursion headroom: a test runs 13 frames deep on the direct path and 33 under pytest's runner (limit
+# 1000), so a recursive helper of depth 975 passes direct and is a RecursionError under pytest
 def test_recursion_near_the_limit_passes_only_on_the_direct_path():
     on, off = _both(ADD, _tests("def depth(n):\n    return 0 if n == 0 else 1 + depth(n - 1)\n"
                                 "def test_a():\n    _which_path()\n    assert depth(975) == add(975, 0)\n"))
     _same(on, off)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "logging: under pytest's runner the logging plugin's handlers are on the root logger during a test, so "
-    "logging.basicConfig() does nothing; on the direct path the root logger has no handler and basicConfig "
-    "configures it: a test reading its log through basicConfig(stream=...) passes only on the direct path"))
+# fixed after review (both paths now agree); the difference was:
+# logging: under pytest's runner the logging plugin's handlers are on the root logger during a test, so
+# logging.basicConfig() does nothing; on the direct path the root logger has no handler and basicConfig
+# configures it: a test reading its log through basicConfig(stream=...) passes only on the direct path
 def test_logging_basic_config_takes_effect_only_on_the_direct_path():
     on, off = _both(ADD, _tests("import io, logging\ndef test_a():\n    _which_path()\n    buf = io.StringIO()\n"
                                 "    logging.basicConfig(stream=buf, level=logging.INFO)\n"
@@ -205,11 +205,11 @@ def test_logging_basic_config_takes_effect_only_on_the_direct_path():
     _same(on, off)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a module-level __getattr__ (PEP 562) in the test file: pytest reads __test__, pytestmark, setup_module, "
-    "pytest_generate_tests, ... with getattr on the module, so `def __getattr__(name): return None` makes it "
-    "collect nothing (exit 5); plain_tests only looks at the module's __dict__ and the direct path runs and "
-    "passes the test"))
+# fixed after review (both paths now agree); the difference was:
+# a module-level __getattr__ (PEP 562) in the test file: pytest reads __test__, pytestmark, setup_module,
+# pytest_generate_tests, ... with getattr on the module, so `def __getattr__(name): return None` makes it
+# collect nothing (exit 5); plain_tests only looks at the module's __dict__ and the direct path runs and
+# passes the test
 def test_a_module_getattr_changes_pytests_collection_but_not_the_direct_path():
     on, off = _both(ADD, _tests("def __getattr__(name):\n    return None\n" + CALL))
     _same(on, off)
