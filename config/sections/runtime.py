@@ -38,7 +38,9 @@ class EmbeddedModelSettings(Section):
         "collapse as soon as a neighbour takes a core (3 to 6 completion tokens/s instead of 17 to 44 measured with "
         "1 thread, BENCHMARKS.md); more threads only pay on idle cores.")
     n_ctx: int = Field(2048, ge=256, description="Context window.")
-    startup_timeout_seconds: float = Field(180.0, gt=0)
+    startup_timeout_seconds: float = Field(
+        180.0, gt=0, description="How long the embedded model server may take to load the model and answer its "
+        "health check before the run fails with the end of its log.")
     stall_seconds: float = Field(
         60.0, ge=0, description="llama-server: a watchdog kills the server when calls are in flight and no slot "
         "processes a prompt token or decodes a token for this many seconds (or the server stops answering /slots), "
