@@ -67,6 +67,7 @@ _MAX_PLAIN_ASSERT_DEPTH = 100
 # 9.2, counted from the test's own frame; tests/tasks/sandbox/test_sandbox_direct.py checks they are equal): the
 # direct path calls the test under as many more, so recursion near the limit ends as it would under pytest
 _PYTEST_EXTRA_FRAMES = 20
+_RERUN_SECONDS = 2.0  # the run again of failed tests for their report (after the verdict) is given up after this
 _FLAGS = 0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200  # varargs, varkeywords, generator, coroutine, async gen, ...
 _NO_FIXTURES = types.SimpleNamespace(argnames=())
 # ExitCode values (pytest's), bound here so the record does not depend on the test's view of pytest
@@ -108,6 +109,10 @@ def _logging_ok(config) -> bool:
     logs = config.pluginmanager.get_plugin("logging-plugin")
     return logs is None or (callable(getattr(logs, "_runtest_for", None))
                             and callable(getattr(getattr(logs, "log_cli_handler", None), "set_when", None)))
+
+
+class _RerunTimeout(BaseException):
+    """The run again of failed tests for their report took too long (Direct._rerun)."""
 
 
 class _Item:
@@ -291,11 +296,12 @@ def _banner(title: str, fill: str = "=") -> str:
 class Direct:
     """One check's run: `run(config, path, relpath, emit_final, fallback)`; see the module's docstring."""
 
-    def __init__(self, config, path: str, relpath: str, cached_code=None) -> None:
+    def __init__(self, config, path: str, relpath: str, cached_code=None, rerun: bool = True) -> None:
         self.config, self.path, self.relpath = config, path, relpath
         self.capman = config.pluginmanager.getplugin("capturemanager")
         self.cached_code = cached_code  # source bytes -> (code, plain) the worker compiled of them, or None
         self.plain = False  # the module runs code compiled without pytest's assertion rewriting
+        self.rerun = rerun  # a failed test of unrewritten code is run again for its report (False: a reward's check)
         self.source = b""
 
     def _load(self):
@@ -493,8 +499,11 @@ class Direct:
         status = _INTERRUPTED if interrupted else _TESTS_FAILED if counts["failed"] > xfailed else \
             _NO_TESTS if not tests else _OK
         emit_final({**counts, "exitstatus": status})  # the verdict is written before any report is made
-        if failures and self.plain:
-            failures = self._rerun(failures)
+        if failures and self.plain and self.rerun:
+            try:
+                failures = self._rerun(failures)
+            except _RerunTimeout:  # the alarm between the rerun's end and its cancel
+                pass
         lines = ["".join(marks)]
         if failures:
             lines.append(_banner("FAILURES"))
@@ -514,7 +523,30 @@ class Direct:
         """The module ran without pytest's assertion rewriting: after the verdict, for the report only, the file
         rewritten as pytest would and run again (in a module of its own), and each failed test called again, so
         its report shows the values as pytest's would. A test that passes when run again keeps its first report,
-        with a line saying so. Anything that goes wrong here keeps the first reports."""
+        with a line saying so. Anything that goes wrong here, or a rerun longer than _RERUN_SECONDS (SIGALRM),
+        keeps the first reports."""
+        import signal
+
+        def too_long(signum, frame):
+            raise _RerunTimeout
+
+        note = f"\n(running the failed tests again for their values took over {_RERUN_SECONDS:g} s: first reports)"
+        first = [(name, info, out, err + note, log) for name, info, out, err, log in failures]
+        try:
+            previous = signal.signal(signal.SIGALRM, too_long)
+        except (ValueError, OSError):  # not the main thread: no time limit, so no rerun
+            return failures
+        try:
+            try:
+                signal.setitimer(signal.ITIMER_REAL, _RERUN_SECONDS)
+                return self._rerun_reports(failures)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+        except _RerunTimeout:
+            return first
+
+    def _rerun_reports(self, failures: list) -> list:
         import ast
         import types
 
@@ -533,6 +565,8 @@ class Direct:
             finally:
                 self.capman.suspend_global_capture()
                 self.capman.read_global_capture()
+        except _RerunTimeout:
+            raise
         except BaseException:  # noqa: BLE001 - the first reports stand
             return failures
         again = []
@@ -543,6 +577,8 @@ class Direct:
                 continue
             item = _Item(name, obj, f"{self.relpath}::{name}", self.config)
             exc, out2, err2 = self._call(item)
+            if isinstance(exc, _RerunTimeout):
+                raise exc
             if exc is None:
                 note = ("\n(this test failed, then passed when run again to show the values in this report: the "
                         "code under test did not give the same answers twice)")

@@ -344,7 +344,8 @@ class PytestTemplate:
         self.test_file = test_file
         direct = sys.modules.get("_evolforge_direct")  # the worker preloads it
         self.direct_usable = direct is not None and direct.usable(self.config, self.session)
-        self.direct = False  # set per check in the runner (worker._runner_child): the job allows it
+        self.direct = False  # set per check by the worker (worker._run_check): the job allows it
+        self.report = True  # set per check by the worker: a failure's report is read (not a reward)
         self.compiled: collections.OrderedDict = collections.OrderedDict()  # sha256 of the file -> (size, code)
         self.compiled_bytes = 0
         self._serve_compiled()
@@ -427,7 +428,7 @@ class PytestTemplate:
         self.plugin.start(emit, ep)
         if self.direct:
             check = sys.modules["_evolforge_direct"].Direct(self.config, self.test_path, self.test_file,
-                                                            self.cached_code)
+                                                            self.cached_code, rerun=self.report)
 
             def final(counts: dict) -> None:
                 emit({"runner": "pytest", **counts, **channel_state(ep)})

@@ -298,13 +298,15 @@ def _commands(settings: SandboxSettings, lang: Language, runner: str, args: list
 
 def run_in_worker(settings: SandboxSettings, files: dict[str, str], args: list[str], runner: str,
                   declared: int = 0, stdin: str | None = None, run: int = 0,
-                  lang: Language = LANGUAGES["python"]) -> SandboxResult:
+                  lang: Language = LANGUAGES["python"], report: bool = True) -> SandboxResult:
     """One check in a warm worker (sandbox.reuse_workers; else in a worker started for it alone): runner
     "pytest"/"script" (args: the test file, then pytest options; files: solution.py and the test file) as a
     runner and a solution process joined by the bridge, judged from the runner's result channel and the
     solution's state; or "raw" (args: the script) with `stdin` on its standard input. `run`: which run of the
     check this is (its hash seed: a worker started with host.hash_seed(run)). `lang`: the language's row
-    (tasks/sandbox/languages.py); a row with a bridge of its own has its interpreter exec'd by the children."""
+    (tasks/sandbox/languages.py); a row with a bridge of its own has its interpreter exec'd by the children.
+    `report` False: nobody reads a failure's report (a reward), so a pytest check's failed tests are not run again
+    to show their values (tasks/sandbox/direct.py)."""
     root = os.geteuid() == 0
     uid = take_uid(settings.uid_base) if root else None
     solution_uid = take_uid(settings.uid_base) if root and runner != "raw" else None
@@ -329,7 +331,7 @@ def run_in_worker(settings: SandboxSettings, files: dict[str, str], args: list[s
         header = {"id": next(_ids), "runner": runner, "args": args, "files": list(files), "uid": uid,
                   "solution_uid": solution_uid, "rlimits": _rlimits(settings, lang),
                   "tmpfs_bytes": settings.tmpfs_size_mb * 1024 * 1024,
-                  "pytest_direct": bool(settings.pytest_direct), **_commands(settings, lang, runner, args)}
+                  "pytest_direct": bool(settings.pytest_direct), "pytest_report": bool(report), **_commands(settings, lang, runner, args)}
         return _check(settings, header, fds, ours, out_r, err_r, channel, runner, declared, run, lang.one_thread)
     finally:
         for fd in ours + keep:

@@ -218,7 +218,8 @@ def run_tests(solution_code: str, test_code: str, settings: SandboxSettings, *, 
     spent = 0.0
     for run in range(runs):
         if settings.mode == "bwrap":  # warm workers, or (reuse_workers off) a worker started for this check alone
-            result = run_in_worker(settings, files, [lang.test_file, *options], runner, declared, run=run, lang=lang)
+            result = run_in_worker(settings, files, [lang.test_file, *options], runner, declared, run=run, lang=lang,
+                                   report=not reward)
         else:
             result = _run_split(settings, solution_code, test_code, runner, options, declared, run, lang)
         spent += result.duration_s

@@ -437,6 +437,7 @@ def _run_check(job: dict, fds: list[int], harness, template) -> tuple[int, dict]
     if template is not None:  # direct calls only for the job's two files: no conftest.py or package beside them
         template.direct = template.direct_usable and job.get("pytest_direct") is True \
             and sorted(job["files"]) == sorted({job["args"][0], solution_file})
+        template.report = job.get("pytest_report") is not False
     if template is not None and job["args"][0] in files:
         try:  # parse, rewrite and compile only: nothing of the file runs here
             template.precompile(files[job["args"][0]], plain=template.direct)

@@ -259,3 +259,25 @@ def test_a_test_runs_as_deep_in_the_stack_as_under_pytest():
     assert _path(on) == "direct"
     depths = [re.findall(r"DEPTH (\d+)", r.stdout) for r in (on, off)]
     assert depths[0] and depths[0] == depths[1], depths
+
+
+def test_a_rewards_failed_tests_are_not_run_again_for_a_report():
+    """run_tests(reward=True): nobody reads the report, so an unrewritten failed test is not run again."""
+    tests = _tests("def test_a():\n    _which_path()\n    assert add(2, 2) == 5\n")
+    reward = run_python_tests(ADD, tests, _settings(True).model_copy(update={"confirm_runs": 1}), reward=True)
+    plain = run_python_tests(ADD, tests, _settings(True))
+    assert not reward.passed and not plain.passed and _path(reward) == "direct"
+    assert "where 4 = add(2, 2)" in plain.stdout and "where 4 = add(2, 2)" not in reward.stdout, reward.stdout
+    assert "assert add(2, 2) == 5" in reward.stdout and "AssertionError" in reward.stdout, reward.stdout
+
+
+def test_the_run_for_the_report_is_given_up_after_its_time():
+    """A solution that sleeps on its second call (the run for the report) does not hold the check: after
+    direct._RERUN_SECONDS the first report stands."""
+    slow = "import time\nCALLS = [0]\ndef add(a, b):\n    CALLS[0] += 1\n    if CALLS[0] > 1:\n" \
+           "        time.sleep(15)\n    return a - b\n"
+    tests = _tests("def test_a():\n    _which_path()\n    assert add(2, 2) == 4\n")
+    on = run_python_tests(slow, tests, _settings(True))
+    assert not on.passed and on.tests_failed == 1 and not on.timed_out, on
+    assert on.duration_s < 8, on.duration_s
+    assert "took over 2 s: first reports" in on.stdout, on.stdout
