@@ -291,6 +291,12 @@ MAX_PRECOMPILED_BYTES = 2 * 1024 * 1024  # and at most this much of their source
 REWRITE_STATS = {"compiled": 0, "reused": 0, "served": 0, "rewritten": 0}
 
 
+def _keys(digest: bytes, plain_ok: bool) -> tuple:
+    """The cache keys a test file's code may be kept under, in the order to look: (sha256, compiled without
+    assertion rewriting), the unrewritten code first when it will do."""
+    return ((digest, True), (digest, False)) if plain_ok else ((digest, False),)
+
+
 def _compile_rewritten(source: bytes, path: str, config):
     """What pytest's `_rewrite_test` makes of `source` at `path` (parse, rewrite the asserts, compile), or None if
     that fails or warns (the runner's pytest then does it again and reports the error or the warnings)."""
@@ -363,7 +369,7 @@ class PytestTemplate:
         if len(source) != size:
             return
         digest = hashlib.sha256(source).digest()
-        for key in ((digest, True), (digest, False)) if plain else ((digest, False),):
+        for key in _keys(digest, plain):
             if key in self.compiled:
                 self.compiled.move_to_end(key)
                 REWRITE_STATS["reused"] += 1
@@ -389,11 +395,11 @@ class PytestTemplate:
         if not self.compiled:
             return None
         digest = hashlib.sha256(source).digest()
-        for plain in (True, False) if plain_ok else (False,):
-            hit = self.compiled.get((digest, plain))
+        for key in _keys(digest, plain_ok):
+            hit = self.compiled.get(key)
             if hit is not None:
                 REWRITE_STATS["served"] += 1
-                return hit[1], plain
+                return hit[1], key[1]
         return None
 
     def _serve_compiled(self) -> None:

@@ -61,6 +61,16 @@ def _same(on, off, exact: bool = True) -> None:
                (off.tests_passed, off.tests_failed, off.verdict_error, off.not_checkable), (on.stdout, off.stdout)
 
 
+def _agree(case: tuple, on_paths: tuple, off_paths: tuple) -> None:
+    """(solution, test body, passes) checked with the setting on and off: the expected verdict, the path each
+    took (one of `on_paths` / `off_paths`; None: no test printed one), the same record."""
+    solution, body, passes = case
+    on, off = _both(solution, _tests(body))
+    assert on.passed is passes, (on.verdict_error, on.stdout[-2000:])
+    assert _path(on) in on_paths and _path(off) in off_paths
+    _same(on, off)
+
+
 DIRECT = {  # name: (solution, test body, passes); each must take the direct path
     "one test passes": (ADD, "def test_a():\n    _which_path()\n    assert add(1, 2) == 3\n", True),
     "one test fails": (SUB, "def test_a():\n    _which_path()\n    assert add(1, 2) == 3\n", False),
@@ -107,11 +117,7 @@ DIRECT = {  # name: (solution, test body, passes); each must take the direct pat
 
 @pytest.mark.parametrize("name", sorted(DIRECT))
 def test_plain_files_take_the_direct_path_with_pytests_verdict(name):
-    solution, body, passes = DIRECT[name]
-    on, off = _both(solution, _tests(body))
-    assert on.passed is passes, (on.verdict_error, on.stdout[-2000:])
-    assert _path(on) == "direct" and _path(off) == "pytest"
-    _same(on, off)
+    _agree(DIRECT[name], ("direct",), ("pytest",))
 
 
 FALLBACK = {  # name: (solution, test body, passes); each must go to pytest's runner
@@ -155,11 +161,7 @@ FALLBACK = {  # name: (solution, test body, passes); each must go to pytest's ru
 
 @pytest.mark.parametrize("name", sorted(FALLBACK))
 def test_everything_else_runs_under_pytests_runner(name):
-    solution, body, passes = FALLBACK[name]
-    on, off = _both(solution, _tests(body))
-    assert on.passed is passes, (on.verdict_error, on.stdout[-2000:])
-    assert _path(on) in ("pytest", None) and _path(off) in ("pytest", None)
-    _same(on, off)
+    _agree(FALLBACK[name], ("pytest", None), ("pytest", None))
 
 
 INJECTED = {  # a solution that defines test-like names the test file uses freely (the star import binds them)

@@ -1,7 +1,8 @@
 """Adversarial probes of the direct path (tasks/sandbox/direct.py): a solution (and ordinary generated test files)
 trying to get a different verdict with sandbox.pytest_direct on than off. Each check runs both ways (the helpers of
-test_sandbox_direct.py). HELD: the verdicts agree, as they must. The xfail(strict) tests are differences found:
-each asserts the two verdicts agree and fails today; its reason says how the verdicts differ and why."""
+test_sandbox_direct.py). HELD: the verdicts agree, as they must. The tests after them are the differences the
+review found: those fixed since are plain tests (a comment says what differed); the one left is an xfail(strict)
+that asserts the two agree, its reason saying how they differ and why."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 
 import pytest
 
-from tests.tasks.sandbox.test_sandbox_direct import ADD, _both, _path, _same, _tests
+from tests.tasks.sandbox.test_sandbox_direct import ADD, _agree, _both, _path, _same, _tests
 
 pytestmark = pytest.mark.skipif(not os.access("/usr/bin/bwrap", os.X_OK), reason="bubblewrap not installed")
 
@@ -86,11 +87,7 @@ HELD = {  # name: (solution, test body, passes); the same verdict, counts and re
 
 @pytest.mark.parametrize("name", sorted(HELD))
 def test_held(name):
-    solution, body, passes = HELD[name]
-    on, off = _both(solution, _tests(body))
-    assert on.passed is passes, (on.verdict_error, on.stdout[-2000:])
-    assert _path(on) in ("direct", None) and _path(off) in ("pytest", None)
-    _same(on, off)
+    _agree(HELD[name], ("direct", None), ("pytest", None))
 
 
 @pytest.mark.parametrize("how", ["os._exit(3)", "os.kill(os.getpid(), 9)", "time.sleep(0.5)",
